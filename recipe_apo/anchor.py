@@ -1,0 +1,117 @@
+"""The capability anchor C_t (APO paper, section 4.4), kept in the driver process.
+
+Paper symbols and their names here:
+
+- C_t: ``CapabilityAnchor.value``, the model's tracked success rate in [0, 1].
+- y_t: ``batch_success``, the mean success s(R) over all responses of a batch.
+- H: ``CapabilityAnchor.history``, the last m anchor values (C_0 included at the start).
+- eta_t: the rate of one update, ``clip(eta * std(H), eta_min, 1)``; std is the population std (ddof=0).
+
+Update rule: C_{t+1} = (1 - eta_t) C_t + eta_t y_t, then C_{t+1} is appended to H.
+
+With ``eta_min = 0`` this is the paper's rule to the letter, and it has a trap: H starts with the single value
+C_0, so std(H) = 0, eta_t = 0 and the anchor never moves. ``eta_min > 0`` (the default, see
+``ApoSettings.eta_min``) resolves it; so does nothing else in the paper's formula, since a warm start still
+leaves H constant.
+
+verl calls an advantage estimator as a plain function on the driver (the TaskRunner actor), so the anchor
+lives in this module: one object per driver process, which the recipe's trainer resets at the start of each
+run, saves into each checkpoint and restores on resume.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from typing import Any, Optional
+
+import numpy as np
+
+STATE_VERSION = 1
+
+
+class CapabilityAnchor:
+    """C_t with its history H. Holds no hyperparameters: each update takes them, so state stays plain data."""
+
+    def __init__(self, init: Optional[float] = None, history: int = 20) -> None:
+        if history < 1:
+            raise ValueError(f"anchor history length must be >= 1, got {history}")
+        self.value: Optional[float] = None if init is None else float(init)
+        self.history: deque[float] = deque([] if init is None else [float(init)], maxlen=history)
+        self.steps = 0
+        self.last_metrics: dict[str, float] = {}
+
+    @property
+    def started(self) -> bool:
+        return self.value is not None
+
+    def next_rate(self, eta: float, eta_min: float) -> float:
+        """eta_t for the next update, from the current history."""
+        spread = float(np.std(np.fromiter(self.history, dtype=np.float64))) if self.history else 0.0
+        return min(max(eta * spread, eta_min), 1.0)
+
+    def update(self, batch_success: float, eta: float, eta_min: float, history: int) -> tuple[float, float]:
+        """Move C_t toward y_t = ``batch_success``; return (C_{t+1}, eta_t).
+
+        The first update of an anchor without a start value is a warm start: C_1 = y_1, eta_1 = 1.
+        """
+        if not (math.isfinite(batch_success) and 0.0 <= batch_success <= 1.0):
+            raise ValueError(f"batch success rate must lie in [0, 1], got {batch_success!r}")
+        if self.history.maxlen != history:
+            self.history = deque(self.history, maxlen=history)
+        if self.value is None:
+            rate, new_value = 1.0, float(batch_success)
+        else:
+            rate = self.next_rate(eta, eta_min)
+            new_value = (1.0 - rate) * self.value + rate * float(batch_success)
+        self.value = new_value
+        self.history.append(new_value)
+        self.steps += 1
+        return new_value, rate
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-safe state: plain floats, ints and lists."""
+        return {
+            "version": STATE_VERSION,
+            "value": self.value,
+            "history": list(self.history),
+            "history_len": self.history.maxlen,
+            "steps": self.steps,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a state from ``state_dict``; a malformed state raises and leaves this anchor unchanged."""
+        try:
+            version = int(state["version"])
+            value = state["value"]
+            value = None if value is None else float(value)
+            history = [float(v) for v in state["history"]]
+            history_len = int(state["history_len"])
+            steps = int(state["steps"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"malformed anchor state ({type(exc).__name__}: {exc})") from exc
+        if version != STATE_VERSION:
+            raise ValueError(f"anchor state version {version} is not supported (expected {STATE_VERSION})")
+        values = history + ([] if value is None else [value])
+        if history_len < 1 or steps < 0 or any(not (math.isfinite(v) and 0.0 <= v <= 1.0) for v in values):
+            raise ValueError("malformed anchor state: values must lie in [0, 1], history_len >= 1, steps >= 0")
+        self.value = value
+        self.history = deque(history, maxlen=history_len)
+        self.steps = steps
+
+
+_driver_anchor: Optional[CapabilityAnchor] = None
+
+
+def get_driver_anchor(init: Optional[float] = None, history: int = 20) -> CapabilityAnchor:
+    """The driver process's anchor, created on first use with ``init`` and ``history``."""
+    global _driver_anchor
+    if _driver_anchor is None:
+        _driver_anchor = CapabilityAnchor(init=init, history=history)
+    return _driver_anchor
+
+
+def reset_driver_anchor() -> None:
+    """Forget the driver's anchor; the next APO step starts a fresh one (a new run, a new multirun job)."""
+    global _driver_anchor
+    _driver_anchor = None

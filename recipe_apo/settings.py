@@ -1,0 +1,141 @@
+"""Settings of the APO advantage estimator, read from verl's ``algorithm.apo`` config node.
+
+Every setting has its default here, in code, so plain ``python -m verl.trainer.main_ppo
+algorithm.adv_estimator=apo`` works without a single ``algorithm.apo`` key. With plain verl, add or change
+one with ``+algorithm.apo.<key>=<value>`` (verl's yaml does not declare the node); the recipe's own config
+(``conf/``) declares it, so there the ``+`` is not needed.
+
+Paper symbols (APO paper, sections 4.4-4.5 and table 4.9) and their names here:
+
+======================  ==================  =====================================================
+paper                   setting             meaning
+======================  ==================  =====================================================
+lambda_scale            ``lambda_scale``    scale of the difficulty weight Phi_i
+eta                     ``eta``             anchor rate scale: eta_t = clip(eta * std(H), eta_min, 1)
+(not in the paper)      ``eta_min``         floor on eta_t; 0 gives the paper's literal rule
+m                       ``history``         length of the anchor history H
+C_0                     ``anchor_init``     the anchor's start value; ``null`` = first batch's y_t
+s(.)                    ``success``         how a reward R_i maps to a success s_i in [0, 1]
+======================  ==================  =====================================================
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import Any, Optional
+
+SUCCESS_MODES = ("binary", "threshold", "minmax")
+ANCHOR_SCOPES = ("global",)
+
+
+class ApoConfigError(ValueError):
+    """A setting under ``algorithm.apo`` is invalid; the message names the key."""
+
+
+@dataclass(frozen=True)
+class ApoSettings:
+    """The ``algorithm.apo`` settings, validated. Defaults follow the paper's table 4.9."""
+
+    # Phi_i = lambda_scale * exp(D_i * |Delta|). Paper range 1.1-2.0. It multiplies every advantage alike,
+    # so beside an adaptive optimizer it acts mostly as a learning-rate factor; the reallocation between
+    # hard and easy prompts comes from exp(D_i * |Delta|).
+    lambda_scale: float = 1.5
+    # eta in eta_t = clip(eta * std(H), eta_min, 1). Paper range 0.1-2.0.
+    eta: float = 1.0
+    # Floor on eta_t. The paper's rule alone (eta_min = 0) never moves an anchor whose history holds one
+    # value: std(H) = 0, so eta_t = 0 forever. The floor makes the anchor an EMA of the batch success rate
+    # with time constant <= 1/eta_min steps, and std(H) speeds it up while it is moving.
+    eta_min: float = 0.05
+    # m, the length of the history H of anchor values. Paper range 10-50.
+    history: int = 20
+    # C_0. None: warm start, C_0 = y_1, the first batch's success rate.
+    anchor_init: Optional[float] = None
+    # s(R): "binary" uses rewards as they are (they must lie in [0, 1], e.g. verl's gsm8k / math scores);
+    # "threshold": s = 1 if R > success_threshold else 0 (verl's +1/-1 `math_dapo` rewards: threshold 0);
+    # "minmax": s = (R - success_min) / (success_max - success_min), rewards must lie in that range.
+    success: str = "binary"
+    success_threshold: float = 0.5
+    success_min: float = 0.0
+    success_max: float = 1.0
+    # False turns the difficulty reweighting off: advantages are then R_i - mean_g(R), exactly verl's
+    # `grpo` with norm_adv_by_std_in_grpo=False (Dr. GRPO), while the anchor is still tracked and logged.
+    reweight: bool = True
+    # One anchor for the whole batch ("global").
+    anchor_scope: str = "global"
+
+    def __post_init__(self) -> None:
+        _check_number("lambda_scale", self.lambda_scale, low=0.0, low_open=True)
+        _check_number("eta", self.eta, low=0.0)
+        _check_number("eta_min", self.eta_min, low=0.0, high=1.0)
+        if isinstance(self.history, bool) or not isinstance(self.history, int) or self.history < 1:
+            raise ApoConfigError(f"algorithm.apo.history must be an integer >= 1, got {self.history!r}")
+        if self.anchor_init is not None:
+            _check_number("anchor_init", self.anchor_init, low=0.0, high=1.0)
+        if self.success not in SUCCESS_MODES:
+            raise ApoConfigError(
+                f"algorithm.apo.success must be one of {', '.join(SUCCESS_MODES)}, got {self.success!r}"
+            )
+        _check_number("success_threshold", self.success_threshold)
+        _check_number("success_min", self.success_min)
+        _check_number("success_max", self.success_max)
+        if self.success == "minmax" and not self.success_max > self.success_min:
+            raise ApoConfigError(
+                "algorithm.apo.success_max must be greater than algorithm.apo.success_min for success=minmax, "
+                f"got min={self.success_min!r}, max={self.success_max!r}"
+            )
+        if not isinstance(self.reweight, bool):
+            raise ApoConfigError(f"algorithm.apo.reweight must be true or false, got {self.reweight!r}")
+        if self.anchor_scope not in ANCHOR_SCOPES:
+            raise ApoConfigError(
+                f"algorithm.apo.anchor_scope must be one of {', '.join(ANCHOR_SCOPES)}, got {self.anchor_scope!r}"
+            )
+
+    @classmethod
+    def from_algorithm_config(cls, algorithm_config: Any) -> "ApoSettings":
+        """Read ``algorithm_config.apo`` (an OmegaConf node, a dict, or absent) into settings.
+
+        An unknown key is refused, so a typo such as ``lambda_sacle`` cannot pass unnoticed.
+        """
+        node = None
+        if algorithm_config is not None:
+            getter = getattr(algorithm_config, "get", None)
+            node = getter("apo", None) if callable(getter) else getattr(algorithm_config, "apo", None)
+        if node is None:
+            return cls()
+        items = _as_plain_dict(node)
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(items) - known)
+        if unknown:
+            raise ApoConfigError(
+                f"unknown setting algorithm.apo.{unknown[0]}; known settings: {', '.join(sorted(known))}"
+            )
+        return cls(**items)
+
+
+def _as_plain_dict(node: Any) -> dict:
+    if isinstance(node, dict):
+        return dict(node)
+    try:
+        from omegaconf import DictConfig, OmegaConf
+
+        if isinstance(node, DictConfig):
+            return OmegaConf.to_container(node, resolve=True)  # type: ignore[return-value]
+    except ImportError:  # pragma: no cover - omegaconf ships with verl
+        pass
+    raise ApoConfigError(f"algorithm.apo must be a mapping of settings, got {type(node).__name__}")
+
+
+def _check_number(
+    key: str,
+    value: Any,
+    low: Optional[float] = None,
+    high: Optional[float] = None,
+    low_open: bool = False,
+) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ApoConfigError(f"algorithm.apo.{key} must be a finite number, got {value!r}")
+    if low is not None and (value <= low if low_open else value < low):
+        raise ApoConfigError(f"algorithm.apo.{key} must be {'>' if low_open else '>='} {low}, got {value!r}")
+    if high is not None and value > high:
+        raise ApoConfigError(f"algorithm.apo.{key} must be <= {high}, got {value!r}")
