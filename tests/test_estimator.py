@@ -1,0 +1,315 @@
+"""The APO advantage estimator: hand-computed numbers, properties, and verl's own call path."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings as hsettings, strategies as st
+from omegaconf import OmegaConf
+from verl import DataProto
+from verl.trainer.ppo import core_algos
+from verl.trainer.ppo.ray_trainer import compute_advantage
+
+from recipe_apo.anchor import CapabilityAnchor, get_driver_anchor, reset_driver_anchor
+from recipe_apo.estimator import ApoInputError, compute_apo_advantage
+from recipe_apo.settings import ApoConfigError, ApoSettings
+
+E_QUARTER = 1.2840254166877414  # exp(0.25)
+E_MINUS_QUARTER = 0.7788007830714049  # exp(-0.25)
+
+
+def outcome_rewards(rewards, lengths, width=6):
+    """Token-level rewards with each response's reward on its last valid token, as verl's reward managers do."""
+    n = len(rewards)
+    token_rewards = torch.zeros(n, width)
+    mask = torch.zeros(n, width)
+    for i, (r, length) in enumerate(zip(rewards, lengths)):
+        mask[i, :length] = 1.0
+        if length:
+            token_rewards[i, length - 1] = r
+    return token_rewards, mask
+
+
+@pytest.fixture(autouse=True)
+def fresh_driver_anchor():
+    reset_driver_anchor()
+    yield
+    reset_driver_anchor()
+
+
+def test_four_quadrants_of_table_4_5_by_hand():
+    # Hard group (p_hat = 0.25) and easy group (p_hat = 0.75); y_t = 0.5 keeps C at 0.5, so Delta = -/+0.25.
+    rewards = [1, 0, 0, 0, 1, 1, 1, 0]
+    lengths = [3, 6, 2, 5, 1, 4, 6, 2]
+    token_rewards, mask = outcome_rewards(rewards, lengths)
+    index = np.array(["hard"] * 4 + ["easy"] * 4, dtype=object)
+    cfg = ApoSettings(lambda_scale=1.5, anchor_init=0.5)
+    adv, metrics = compute_apo_advantage(token_rewards, mask, index, cfg, CapabilityAnchor(0.5))
+
+    boost, temper = 1.5 * E_QUARTER, 1.5 * E_MINUS_QUARTER
+    expected = [
+        0.75 * boost,  # hard, A > 0: boost the rare success
+        -0.25 * temper, -0.25 * temper, -0.25 * temper,  # hard, A < 0: temper expected failures
+        0.25 * temper, 0.25 * temper, 0.25 * temper,  # easy, A > 0: dampen
+        -0.75 * boost,  # easy, A < 0: amplify the rare failure
+    ]
+    torch.testing.assert_close(adv, torch.tensor(expected).unsqueeze(-1) * mask)
+    assert metrics["apo/anchor"] == 0.5
+    assert metrics["apo/batch_success"] == 0.5
+    assert metrics["apo/harder_group_share"] == 0.5
+    assert metrics["apo/uniform_group_share"] == 0.0
+    assert metrics["apo/weight_pos_mean"] == pytest.approx((boost + 3 * temper) / 4)
+    assert metrics["apo/weight_neg_mean"] == pytest.approx((3 * temper + boost) / 4)
+
+
+def test_anchor_is_updated_before_the_gap_is_measured():
+    # eta_min = 1 makes C jump to y_t = 0.5; measured after the update every gap is 0 and Phi = lambda.
+    # Measured before it (C = 0.2), every group would look easy and get a weight != lambda.
+    token_rewards, mask = outcome_rewards([1, 0, 0, 1], [2, 2, 2, 2])
+    cfg = ApoSettings(lambda_scale=2.0, anchor_init=0.2, eta_min=1.0)
+    adv, metrics = compute_apo_advantage(token_rewards, mask, np.array([0, 0, 1, 1]), cfg, CapabilityAnchor(0.2))
+    torch.testing.assert_close(adv[:, 0], torch.tensor([1.0, -1.0, -1.0, 1.0]))
+    assert metrics["apo/anchor"] == 0.5 and metrics["apo/anchor_rate"] == 1.0
+
+
+def test_uneven_groups_singletons_and_padding_give_exact_values():
+    # Group a: rewards 1, 0, 0 (p_hat 1/3); group b: a single response; the last response is all padding.
+    token_rewards, mask = outcome_rewards([1, 0, 0, 1, 0], [2, 3, 1, 4, 0])
+    index = np.array(["a", "a", "a", "b", "a"], dtype=object)
+    cfg = ApoSettings(lambda_scale=1.0, anchor_init=0.5, eta_min=0.0)
+    adv, metrics = compute_apo_advantage(token_rewards, mask, index, cfg, CapabilityAnchor(0.5))
+    # Group a has 4 responses (the padded one scores 0): mean 0.25, p_hat 0.25, Delta = -0.25.
+    expected = torch.tensor([0.75 * E_QUARTER, -0.25 * E_MINUS_QUARTER, -0.25 * E_MINUS_QUARTER, 0.0, 0.0])
+    torch.testing.assert_close(adv, expected.unsqueeze(-1) * mask)
+    assert torch.isfinite(adv).all()
+    assert adv[3].abs().sum() == 0 and adv[4].abs().sum() == 0
+    assert metrics["apo/uniform_group_share"] == 0.5  # the singleton group carries no signal
+
+
+def reference_apo(rewards, groups, anchor_value, lambda_scale):
+    """APO weights written out per response, straight from the paper's formulas, without vectorization."""
+    out = []
+    for r, g in zip(rewards, groups):
+        members = [rr for rr, gg in zip(rewards, groups) if gg == g]
+        centered = r - sum(members) / len(members)
+        gap = sum(members) / len(members) - anchor_value
+        sign = lambda x: (x > 0) - (x < 0)  # noqa: E731
+        out.append(lambda_scale * math.exp(-sign(centered) * sign(gap) * abs(gap)) * centered)
+    return out
+
+
+group_batches = st.lists(
+    st.tuples(st.integers(min_value=0, max_value=5), st.floats(min_value=0.0, max_value=1.0, width=32)),
+    min_size=1,
+    max_size=40,
+)
+
+
+@hsettings(max_examples=150, deadline=None)
+@given(
+    batch=group_batches,
+    anchor_init=st.floats(min_value=0.0, max_value=1.0),
+    lambda_scale=st.floats(min_value=0.05, max_value=5.0),
+    binary=st.booleans(),
+)
+def test_matches_the_per_response_formula_preserves_sign_and_bounds_phi(batch, anchor_init, lambda_scale, binary):
+    groups = [g for g, _ in batch]
+    rewards = [float(round(r)) if binary else r for _, r in batch]
+    token_rewards, mask = outcome_rewards(rewards, [3] * len(rewards), width=3)
+    cfg = ApoSettings(lambda_scale=lambda_scale, anchor_init=anchor_init)
+    anchor = CapabilityAnchor(anchor_init)
+    adv, _ = compute_apo_advantage(token_rewards, mask, np.array(groups), cfg, anchor)
+    scalar = adv[:, -1].double()
+
+    expected = torch.tensor(reference_apo(rewards, groups, anchor.value, lambda_scale), dtype=torch.float64)
+    torch.testing.assert_close(scalar, expected, atol=1e-5, rtol=1e-5)
+
+    scores = torch.tensor(rewards, dtype=torch.float64)
+    means = {g: np.mean([r for r, gg in zip(rewards, groups) if gg == g]) for g in set(groups)}
+    centered = scores - torch.tensor([means[g] for g in groups], dtype=torch.float64)
+    signal = centered.abs() > 1e-6
+    assert torch.equal(torch.sign(scalar[signal]), torch.sign(centered[signal]))
+    phi = scalar[signal] / centered[signal]
+    assert (phi >= lambda_scale / math.e * (1 - 1e-4)).all() and (phi <= lambda_scale * math.e * (1 + 1e-4)).all()
+
+
+@hsettings(max_examples=60, deadline=None)
+@given(batch=group_batches)
+def test_without_reweighting_equals_verl_grpo_without_std(batch):
+    groups = [g for g, _ in batch] * 2  # every group has at least two responses
+    rewards = [r for _, r in batch] * 2
+    token_rewards, mask = outcome_rewards(rewards, [2] * len(rewards), width=4)
+    index = np.array(groups)
+    ours, _ = compute_apo_advantage(token_rewards, mask, index, ApoSettings(reweight=False), CapabilityAnchor())
+    verls, _ = core_algos.compute_grpo_outcome_advantage(token_rewards, mask, index, norm_adv_by_std_in_grpo=False)
+    torch.testing.assert_close(ours, verls, atol=1e-6, rtol=1e-5)
+
+
+def run_steps(anchor, cfg, success_rate, steps, n=80):
+    """Feed `steps` batches whose success rate is exactly `success_rate`; return the anchor after each."""
+    k = round(success_rate * n)
+    token_rewards, mask = outcome_rewards([1.0] * k + [0.0] * (n - k), [2] * n, width=2)
+    index = np.repeat(np.arange(n // 8), 8)
+    values = []
+    for _ in range(steps):
+        _, metrics = compute_apo_advantage(token_rewards, mask, index, cfg, anchor)
+        values.append(metrics["apo/anchor"])
+    return values
+
+
+def test_default_anchor_follows_a_step_in_success_within_50_steps():
+    cfg = ApoSettings()
+    anchor = CapabilityAnchor(cfg.anchor_init, cfg.history)
+    run_steps(anchor, cfg, 0.2, 60)
+    assert anchor.value == pytest.approx(0.2)
+    after = run_steps(anchor, cfg, 0.8, 50)
+    assert after[-1] > 0.5, after  # more than half of the step 0.2 -> 0.8
+    assert all(b >= a for a, b in zip(after, after[1:]))
+
+
+@pytest.mark.parametrize("rate", [0.05, 0.5, 0.95])
+@pytest.mark.parametrize("anchor_init", [None, 0.5, 0.0, 1.0])
+def test_default_anchor_settles_near_a_constant_success_rate_within_30_steps(rate, anchor_init):
+    cfg = ApoSettings(anchor_init=anchor_init)
+    anchor = CapabilityAnchor(cfg.anchor_init, cfg.history)
+    values = run_steps(anchor, cfg, rate, 30)
+    assert abs(values[-1] - rate) < 0.15, values
+
+
+def test_papers_literal_rate_rule_never_moves_the_anchor():
+    # eta_min = 0 is the paper's rule: H = [C_0] has std 0, so eta_t = 0 at every step.
+    cfg = ApoSettings(eta_min=0.0, anchor_init=0.5, eta=2.0)
+    values = run_steps(CapabilityAnchor(0.5, cfg.history), cfg, 0.9, 40)
+    assert values == [0.5] * 40
+
+
+def test_rate_grows_with_the_spread_of_the_history():
+    anchor = CapabilityAnchor(0.2, history=4)
+    assert anchor.next_rate(eta=1.0, eta_min=0.05) == 0.05
+    anchor.history.extend([0.4, 0.2, 0.4])  # std of [0.2, 0.4, 0.2, 0.4] = 0.1
+    assert anchor.next_rate(eta=3.0, eta_min=0.05) == pytest.approx(0.3)
+    assert anchor.next_rate(eta=30.0, eta_min=0.05) == 1.0
+
+
+def test_state_dict_round_trips_through_json_and_continues_identically():
+    cfg = ApoSettings(anchor_init=0.3, history=5)
+    anchor = CapabilityAnchor(0.3, 5)
+    run_steps(anchor, cfg, 0.7, 7)
+    restored = CapabilityAnchor()
+    restored.load_state_dict(json.loads(json.dumps(anchor.state_dict())))
+    assert restored.state_dict() == anchor.state_dict()
+    assert run_steps(restored, cfg, 0.4, 3) == run_steps(anchor, cfg, 0.4, 3)
+
+
+def test_malformed_state_is_refused_and_changes_nothing():
+    anchor = CapabilityAnchor(0.3)
+    before = anchor.state_dict()
+    for bad in ({}, {**before, "value": 1.5}, {**before, "version": 99}, {**before, "history": ["x"]}):
+        with pytest.raises(ValueError):
+            anchor.load_state_dict(bad)
+        assert anchor.state_dict() == before
+
+
+def assert_anchor_untouched(call):
+    anchor = CapabilityAnchor(0.4)
+    run_steps(anchor, ApoSettings(), 0.6, 3)
+    before = anchor.state_dict()
+    with pytest.raises(ApoInputError) as info:
+        call(anchor)
+    assert anchor.state_dict() == before
+    return str(info.value)
+
+
+def test_nan_and_inf_rewards_are_counted_located_and_leave_the_anchor_alone():
+    token_rewards, mask = outcome_rewards([1, 0, 0, 1], [2, 2, 2, 2])
+    token_rewards[1, 0] = float("nan")
+    token_rewards[3, 1] = float("inf")
+    message = assert_anchor_untouched(
+        lambda a: compute_apo_advantage(token_rewards, mask, np.array([0, 0, 1, 1]), ApoSettings(), a)
+    )
+    assert "2 of 4 responses" in message and "[1, 3]" in message and "NaN/inf" in message
+
+
+def test_rewards_outside_the_success_domain_name_the_setting():
+    token_rewards, mask = outcome_rewards([1, -1, -1, 1], [2, 2, 2, 2])  # math_dapo-style +1/-1
+    message = assert_anchor_untouched(
+        lambda a: compute_apo_advantage(token_rewards, mask, np.array([0, 0, 1, 1]), ApoSettings(), a)
+    )
+    assert "algorithm.apo.success" in message and "2 of 4" in message
+    minmax = ApoSettings(success="minmax", success_min=0.0, success_max=0.5)
+    message = assert_anchor_untouched(
+        lambda a: compute_apo_advantage(token_rewards.abs(), mask, np.array([0, 0, 1, 1]), minmax, a)
+    )
+    assert "success=minmax" in message
+
+
+def test_index_length_mismatch_is_refused():
+    token_rewards, mask = outcome_rewards([1, 0, 0], [2, 2, 2])
+    message = assert_anchor_untouched(
+        lambda a: compute_apo_advantage(token_rewards, mask, np.array([0, 0]), ApoSettings(), a)
+    )
+    assert "3 responses" in message and "uid" in message
+
+
+def test_success_mappings_for_other_reward_ranges():
+    token_rewards, mask = outcome_rewards([1, -1, -1, -1], [2, 2, 2, 2])
+    for cfg in (ApoSettings(success="threshold", success_threshold=0.0, anchor_init=0.5),
+                ApoSettings(success="minmax", success_min=-1.0, success_max=1.0, anchor_init=0.5)):
+        anchor = CapabilityAnchor(0.5)
+        adv, metrics = compute_apo_advantage(token_rewards, mask, np.zeros(4, dtype=int), cfg, anchor)
+        assert metrics["apo/batch_success"] == 0.25
+        # A = R - mean(R) = 1.5, -0.5, -0.5, -0.5 with the group harder than the anchor.
+        gap = 0.25 - anchor.value
+        assert adv[0, 1].item() == pytest.approx(1.5 * 1.5 * math.exp(-gap))
+        assert adv[1, 1].item() == pytest.approx(-0.5 * 1.5 * math.exp(gap))
+
+
+@pytest.mark.parametrize(
+    "apo_node, key",
+    [
+        ({"lambda_scale": 0}, "lambda_scale"),
+        ({"lambda_scale": -1.0}, "lambda_scale"),
+        ({"history": 0}, "history"),
+        ({"eta": -0.1}, "eta"),
+        ({"eta_min": 1.5}, "eta_min"),
+        ({"anchor_init": 1.2}, "anchor_init"),
+        ({"success": "sigmoid"}, "success"),
+        ({"success": "minmax", "success_min": 1, "success_max": 1}, "success_max"),
+        ({"lambda_sacle": 1.2}, "lambda_sacle"),
+    ],
+)
+def test_invalid_settings_are_one_line_errors_naming_the_key(apo_node, key):
+    with pytest.raises(ApoConfigError) as info:
+        ApoSettings.from_algorithm_config(OmegaConf.create({"apo": apo_node}))
+    message = str(info.value)
+    assert f"algorithm.apo.{key}" in message and "\n" not in message
+
+
+def test_settings_default_when_the_node_is_absent():
+    assert ApoSettings.from_algorithm_config(OmegaConf.create({"gamma": 1.0})) == ApoSettings()
+    assert ApoSettings.from_algorithm_config(None) == ApoSettings()
+
+
+def test_through_verl_compute_advantage_with_a_real_dataproto():
+    rewards = [1, 0, 0, 0, 1, 1, 1, 0]
+    token_rewards, mask = outcome_rewards(rewards, [3, 6, 2, 5, 1, 4, 6, 2])
+    uids = np.array(["u1"] * 4 + ["u2"] * 4, dtype=object)
+    data = DataProto.from_dict(
+        tensors={"token_level_rewards": token_rewards, "response_mask": mask},
+        non_tensors={"uid": uids},
+    )
+    algorithm = OmegaConf.create({"adv_estimator": "apo", "apo": {"lambda_scale": 1.5, "anchor_init": 0.5}})
+    out = compute_advantage(data, adv_estimator="apo", config=algorithm)
+
+    direct, _ = compute_apo_advantage(
+        token_rewards, mask, uids, ApoSettings(lambda_scale=1.5, anchor_init=0.5), CapabilityAnchor(0.5)
+    )
+    torch.testing.assert_close(out.batch["advantages"], direct)
+    torch.testing.assert_close(out.batch["returns"], direct)
+    anchor = get_driver_anchor()
+    assert anchor.steps == 1 and anchor.last_metrics["apo/anchor"] == 0.5
+
+    compute_advantage(data, adv_estimator="apo", config=algorithm)
+    assert get_driver_anchor().steps == 2  # one anchor per driver process, carried across steps
