@@ -1,0 +1,237 @@
+"""Benchmark: the registered ``apo`` advantage estimator against verl's ``grpo`` and ``grpo_vectorized``.
+
+What is measured: wall time of one estimator call on the driver (CPU), on the same batch for every method.
+The batch is shaped like verl's: groups of ``--group`` responses sharing a uid (uuid4 strings, each repeated
+``--group`` times in a row, as ``DataProto.repeat(interleave=True)`` lays them out), ``--length`` response
+tokens, random response lengths, an int64 ``response_mask`` (what verl's agent loop produces) and a binary
+0/1 reward on the last valid token of each response.
+
+Every method is called the way verl calls it:
+
+- ``apo``: ``get_adv_estimator_fn("apo")(token_level_rewards=, response_mask=, config=, index=)`` with
+  ``config`` an OmegaConf ``algorithm`` node ``{"apo": {}}``; the driver anchor is reset before each call, so
+  every call does the same work (a warm start).
+- ``grpo``: ``core_algos.compute_grpo_outcome_advantage(..., norm_adv_by_std_in_grpo=True)``, verl's
+  per-response Python loop.
+- ``grpo_vectorized``: ``get_adv_estimator_fn("grpo_vectorized")`` with the same config.
+
+Repeats are interleaved (one call of each method per round, method order rotated every round), so load from
+other processes on the machine falls on all methods alike. The table gives the median per method and the
+ratios of medians, with the targets apo <= 0.05x grpo and apo <= 0.5x grpo_vectorized at 65,536 responses.
+
+Run from the repository root::
+
+    .venv/bin/python scripts/bench_estimator.py
+    .venv/bin/python scripts/bench_estimator.py --sizes 65536 --repeats 15 --out /tmp/bench_estimator.json
+    .venv/bin/python scripts/bench_estimator.py --no-skip-slow      # full repeats of grpo at every size
+
+By default (``--skip-slow``) verl's Python-loop ``grpo`` is called only ``--slow-repeats`` times (default 1)
+at sizes above 65,536, where one call takes several seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+import uuid
+from typing import Callable
+
+import numpy as np
+import torch
+
+METHODS = ("apo", "grpo", "grpo_vectorized")
+# Targets are stated for this size only.
+TARGET_SIZE = 65_536
+TARGETS = {"apo/grpo": 0.05, "apo/grpo_vectorized": 0.5}
+# Above this size verl's per-response Python loop is slow enough that --skip-slow thins its repeats.
+SLOW_ABOVE = 65_536
+
+
+def make_batch(n: int, group: int, length: int, seed: int) -> dict:
+    if n % group:
+        raise SystemExit(f"--sizes: {n} is not a multiple of the group size {group}")
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, length + 1, (n,), generator=gen)
+    response_mask = (torch.arange(length).unsqueeze(0) < lengths.unsqueeze(1)).to(torch.int64)
+    rewards = torch.zeros(n, length, dtype=torch.float32)
+    rewards[torch.arange(n), lengths - 1] = torch.randint(0, 2, (n,), generator=gen).to(torch.float32)
+    # uuid4 strings from a seeded RNG: verl's uids are random, but a seed keeps runs comparable.
+    rng = np.random.default_rng(seed)
+    uids = [str(uuid.UUID(bytes=rng.bytes(16), version=4)) for _ in range(n // group)]
+    index = np.repeat(np.array(uids, dtype=object), group)
+    return {"token_level_rewards": rewards, "response_mask": response_mask, "index": index}
+
+
+def make_methods(batch: dict) -> dict[str, Callable[[], object]]:
+    from omegaconf import OmegaConf
+    from verl.trainer.ppo import core_algos
+
+    from recipe_apo.anchor import reset_driver_anchor
+
+    config = OmegaConf.create({"apo": {}})
+    apo_fn = core_algos.get_adv_estimator_fn("apo")
+    grpo_vec_fn = core_algos.get_adv_estimator_fn("grpo_vectorized")
+    rewards, mask, index = batch["token_level_rewards"], batch["response_mask"], batch["index"]
+
+    def apo():
+        # Without the reset, the first call warm-starts the anchor and later calls do a regular update.
+        reset_driver_anchor()
+        return apo_fn(token_level_rewards=rewards, response_mask=mask, config=config, index=index)
+
+    def grpo():
+        return core_algos.compute_grpo_outcome_advantage(
+            token_level_rewards=rewards, response_mask=mask, index=index, norm_adv_by_std_in_grpo=True
+        )
+
+    def grpo_vectorized():
+        return grpo_vec_fn(token_level_rewards=rewards, response_mask=mask, config=config, index=index)
+
+    return {"apo": apo, "grpo": grpo, "grpo_vectorized": grpo_vectorized}
+
+
+def time_call(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    out = fn()
+    elapsed = time.perf_counter() - start
+    # Freed outside the timed region, so deallocating the (batch, length) result is charged to no one.
+    del out
+    return elapsed
+
+
+def bench_size(n: int, args: argparse.Namespace) -> dict:
+    log(f"[n={n}] building batch ({n} x {args.length}, group {args.group})")
+    batch = make_batch(n, args.group, args.length, args.seed)
+    methods = make_methods(batch)
+    repeats = {name: args.repeats for name in METHODS}
+    if args.skip_slow and n > SLOW_ABOVE:
+        repeats["grpo"] = min(args.slow_repeats, args.repeats)
+
+    # First calls pay one-off costs (lazy imports, allocator growth); the slow loop has none worth a call.
+    for name, fn in methods.items():
+        if repeats[name] == args.repeats:
+            time_call(fn)
+
+    samples: dict[str, list[float]] = {name: [] for name in METHODS}
+    for rnd in range(args.repeats):
+        # Rotating the order keeps any position effect (cache state, allocator state) off a single method.
+        order = METHODS[rnd % len(METHODS):] + METHODS[: rnd % len(METHODS)]
+        for name in order:
+            if len(samples[name]) >= repeats[name]:
+                continue
+            seconds = time_call(methods[name])
+            samples[name].append(seconds)
+            log(f"[n={n}] round {rnd + 1}/{args.repeats} {name:<16} {seconds * 1e3:10.1f} ms")
+    del batch, methods
+    medians = {name: statistics.median(s) if s else None for name, s in samples.items()}
+    return {"responses": n, "samples_s": samples, "median_s": medians}
+
+
+def ratio(a, b):
+    return None if a is None or b is None else a / b
+
+
+def fmt_ms(seconds) -> str:
+    return "n/a" if seconds is None else f"{seconds * 1e3:,.1f}"
+
+
+def fmt_ratio(value, target, n) -> str:
+    if value is None:
+        return "n/a"
+    text = f"{value:.3f}x"
+    if n == TARGET_SIZE:
+        text += f" (target <= {target}x: {'met' if value <= target else 'MISSED'})"
+    return text
+
+
+def render(results: list[dict]) -> str:
+    lines = [
+        "| responses | apo median ms | grpo median ms (n) | grpo_vectorized median ms | apo/grpo | apo/grpo_vectorized |",
+        "|---:|---:|---:|---:|---|---|",
+    ]
+    for row in results:
+        n, med = row["responses"], row["median_s"]
+        lines.append(
+            f"| {n:,} | {fmt_ms(med['apo'])} | {fmt_ms(med['grpo'])} ({len(row['samples_s']['grpo'])}) "
+            f"| {fmt_ms(med['grpo_vectorized'])} "
+            f"| {fmt_ratio(row['ratios']['apo/grpo'], TARGETS['apo/grpo'], n)} "
+            f"| {fmt_ratio(row['ratios']['apo/grpo_vectorized'], TARGETS['apo/grpo_vectorized'], n)} |"
+        )
+    return "\n".join(lines)
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[8_192, 65_536, 262_144],
+                        help="numbers of responses (multiples of --group)")
+    parser.add_argument("--repeats", type=int, default=7, help="timed calls per method and size")
+    parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
+    parser.add_argument("--skip-slow", action=argparse.BooleanOptionalAction, default=True,
+                        help=f"call verl's Python-loop grpo only --slow-repeats times above {SLOW_ABOVE:,} responses")
+    parser.add_argument("--slow-repeats", type=int, default=1,
+                        help="grpo calls at the slow sizes with --skip-slow (0 leaves grpo out there)")
+    parser.add_argument("--group", type=int, default=8, help="responses per prompt (rollout.n)")
+    parser.add_argument("--length", type=int, default=512, help="response length (padded width)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default=None, help="also write the results as JSON to this path")
+    args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error("--repeats must be >= 1")
+    return args
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    import recipe_apo  # noqa: F401  (registers `apo` even with VERL_USE_EXTERNAL_PLUGINS=none)
+
+    results = []
+    for n in args.sizes:
+        row = bench_size(n, args)
+        med = row["median_s"]
+        row["ratios"] = {
+            "apo/grpo": ratio(med["apo"], med["grpo"]),
+            "apo/grpo_vectorized": ratio(med["apo"], med["grpo_vectorized"]),
+        }
+        results.append(row)
+
+    print(
+        f"\nAdvantage estimators, median wall time per call ({args.repeats} interleaved repeats; grpo count in "
+        f"brackets), group {args.group}, length {args.length}, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads\n"
+    )
+    print(render(results))
+    target_rows = [r for r in results if r["responses"] == TARGET_SIZE]
+    for row in target_rows:
+        verdicts = []
+        for key, target in TARGETS.items():
+            value = row["ratios"][key]
+            verdicts.append(f"{key} = {'n/a' if value is None else f'{value:.3f}'} (target <= {target})"
+                            f" {'met' if value is not None and value <= target else 'MISSED'}")
+        print(f"\nTargets at {TARGET_SIZE:,}: " + "; ".join(verdicts))
+
+    if args.out:
+        payload = {
+            "benchmark": "advantage_estimator",
+            "args": vars(args),
+            "torch": torch.__version__,
+            "threads": torch.get_num_threads(),
+            "python": platform.python_version(),
+            "targets_at": TARGET_SIZE,
+            "targets": TARGETS,
+            "results": results,
+        }
+        with open(args.out, "w") as fh:
+            json.dump(payload, fh, indent=2)
+        log(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,196 @@
+"""The APO policy loss: the paper's objective by an independent formula, gradients, bounds and aggregation."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings as hsettings, strategies as st
+from verl.trainer.ppo.core_algos import get_policy_loss_fn
+from verl.workers.config import FSDPActorConfig, PolicyLossConfig
+
+from recipe_apo.loss import compute_policy_loss_apo
+
+L0 = 8
+
+
+def actor_config(loss_agg_mode="seq-mean-token-sum-norm", loss_scale_factor=L0, tau_pos=1.0, tau_neg=1.5):
+    return FSDPActorConfig(
+        strategy="fsdp2",
+        rollout_n=2,
+        ppo_micro_batch_size_per_gpu=1,
+        loss_agg_mode=loss_agg_mode,
+        loss_scale_factor=loss_scale_factor,
+        tau_pos=tau_pos,
+        tau_neg=tau_neg,
+        policy_loss=PolicyLossConfig(loss_mode="apo"),
+    )
+
+
+def apo_loss(log_prob, old_log_prob, advantages, mask, config, weights=None):
+    return compute_policy_loss_apo(
+        old_log_prob=old_log_prob,
+        log_prob=log_prob,
+        advantages=advantages,
+        response_mask=mask,
+        loss_agg_mode=config.loss_agg_mode,
+        config=config,
+        rollout_is_weights=weights,
+    )
+
+
+def paper_objective(log_ratios, advantages, lengths, tau_pos, tau_neg, l0):
+    """-(1/G) sum_i (1/L0) sum_t (4/tau_i) sigmoid(tau_i (r - 1)) A_i, with plain Python floats."""
+    total = 0.0
+    for row, a, n in zip(log_ratios, advantages, lengths):
+        tau = tau_pos if a > 0 else tau_neg
+        total += sum(4 / tau / (1 + math.exp(-tau * (math.exp(x) - 1))) * a for x in row[:n]) / l0
+    return -total / len(lengths)
+
+
+def batch(lengths, advantages, width=L0, log_ratio=None, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    mask = torch.zeros(len(lengths), width, dtype=torch.bool)
+    for i, n in enumerate(lengths):
+        mask[i, :n] = True
+    old = -torch.rand(len(lengths), width, generator=gen) * 3
+    delta = (torch.rand(len(lengths), width, generator=gen) - 0.5) * 0.8 if log_ratio is None else log_ratio
+    log_prob = (old + delta).requires_grad_(True)
+    adv = torch.tensor(advantages, dtype=torch.float32).unsqueeze(-1) * mask
+    return log_prob, old, adv, mask
+
+
+def test_registered_under_apo():
+    assert get_policy_loss_fn("apo") is compute_policy_loss_apo
+
+
+def test_value_equals_the_papers_objective():
+    lengths, advantages = [8, 3, 5, 1], [1.25, -0.5, 0.75, -2.0]
+    log_prob, old, adv, mask = batch(lengths, advantages)
+    loss, _ = apo_loss(log_prob, old, adv, mask, actor_config())
+    expected = paper_objective((log_prob - old).tolist(), advantages, lengths, 1.0, 1.5, L0)
+    assert loss.item() == pytest.approx(expected, rel=1e-5)
+
+
+@hsettings(max_examples=40, deadline=None)
+@given(
+    lengths=st.lists(st.integers(min_value=0, max_value=L0), min_size=1, max_size=6),
+    scale=st.floats(min_value=-3, max_value=3),
+    tau_pos=st.floats(min_value=0.3, max_value=3.0),
+    tau_neg=st.floats(min_value=0.3, max_value=3.0),
+)
+def test_on_policy_gradient_is_minus_a_over_g_l0_for_every_valid_token(lengths, scale, tau_pos, tau_neg):
+    advantages = [scale * (i + 1) * (-1) ** i for i in range(len(lengths))]
+    log_prob, old, adv, mask = batch(lengths, advantages, log_ratio=torch.zeros(len(lengths), L0))
+    loss, _ = apo_loss(log_prob, old, adv, mask, actor_config(tau_pos=tau_pos, tau_neg=tau_neg))
+    loss.backward()
+    groups = sum(1 for n in lengths if n > 0)  # verl's seq-mean counts responses with a valid token
+    expected = -adv / max(groups, 1) / L0
+    torch.testing.assert_close(log_prob.grad, expected * mask, atol=1e-7, rtol=1e-5)
+
+
+@pytest.mark.parametrize("log_ratio", [60.0, -60.0, 19.0, -19.0])
+def test_bounded_loss_and_finite_gradients_far_off_policy(log_ratio):
+    lengths, advantages = [8, 8], [3.0, -3.0]
+    log_prob, old, adv, mask = batch(lengths, advantages, log_ratio=torch.full((2, L0), log_ratio))
+    config = actor_config()
+    loss, metrics = apo_loss(log_prob, old, adv, mask, config)
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(log_prob.grad).all()
+    # |f| <= 4 / tau for every token, so |loss| <= max |A| * 4 / min tau * (tokens per response / L0).
+    assert abs(loss.item()) <= 3.0 * 4 / 1.0 + 1e-5
+    assert all(math.isfinite(v) for v in metrics.values())
+
+
+def test_temperature_is_picked_by_the_sign_of_the_advantage():
+    positive = batch([6, 4], [1.0, 2.0])
+    negative = batch([6, 4], [-1.0, -2.0])
+    base = actor_config(tau_pos=0.8, tau_neg=1.6)
+    other_neg = actor_config(tau_pos=0.8, tau_neg=0.5)
+    other_pos = actor_config(tau_pos=1.9, tau_neg=1.6)
+    assert apo_loss(*positive, base)[0].item() == apo_loss(*positive, other_neg)[0].item()
+    assert apo_loss(*positive, base)[0].item() != apo_loss(*positive, other_pos)[0].item()
+    assert apo_loss(*negative, base)[0].item() == apo_loss(*negative, other_pos)[0].item()
+    assert apo_loss(*negative, base)[0].item() != apo_loss(*negative, other_neg)[0].item()
+
+
+def test_micro_batches_sum_to_the_global_batch_loss_and_gradient():
+    lengths, advantages = [8, 2, 5, 7], [1.0, -0.5, 0.25, -1.5]
+    log_prob, old, adv, mask = batch(lengths, advantages)
+    config = actor_config()
+    full, _ = apo_loss(log_prob, old, adv, mask, config)
+    (full_grad,) = torch.autograd.grad(full, log_prob)
+
+    config.global_batch_info.update(dp_size=1, global_batch_size=4, batch_num_tokens=int(mask.sum()))
+    parts = []
+    for rows in (slice(0, 1), slice(1, 4)):
+        lp = log_prob.detach()[rows].clone().requires_grad_(True)
+        loss, _ = apo_loss(lp, old[rows], adv[rows], mask[rows], config)
+        (grad,) = torch.autograd.grad(loss, lp)
+        parts.append((loss, grad))
+    assert sum(p[0] for p in parts).item() == pytest.approx(full.item(), rel=1e-6)
+    torch.testing.assert_close(torch.cat([p[1] for p in parts]), full_grad)
+
+
+def masked_mean(x, mask):
+    return (x * mask).sum() / mask.sum()
+
+
+def test_other_aggregation_modes_are_honoured():
+    lengths, advantages = [8, 2, 5], [1.0, -0.5, 0.25]
+    log_prob, old, adv, mask = batch(lengths, advantages)
+    ratio = torch.exp(log_prob - old)
+    tau = torch.where(adv > 0, 1.0, 1.5)
+    per_token = -(4 / tau) * torch.sigmoid(tau * (ratio - 1)) * adv
+    m = mask.float()
+    expected = {
+        "token-mean": masked_mean(per_token, m),
+        "token-sum": (per_token * m).sum(),
+        "seq-mean-token-sum": (per_token * m).sum(-1).mean(),
+        "seq-mean-token-mean": ((per_token * m).sum(-1) / m.sum(-1)).mean(),
+        "seq-mean-token-sum-norm": (per_token * m).sum(-1).mean() / L0,
+    }
+    for mode, value in expected.items():
+        loss, _ = apo_loss(log_prob, old, adv, mask, actor_config(loss_agg_mode=mode))
+        assert loss.item() == pytest.approx(value.item(), rel=1e-5), mode
+
+
+def test_rollout_importance_weights_scale_each_token():
+    log_prob, old, adv, mask = batch([8, 4], [1.0, -1.0])
+    weights = torch.rand(2, L0, generator=torch.Generator().manual_seed(3))
+    config = actor_config(loss_agg_mode="token-sum")
+    weighted, _ = apo_loss(log_prob, old, adv, mask, config, weights)
+    ratio = torch.exp(log_prob - old)
+    tau = torch.where(adv > 0, 1.0, 1.5)
+    expected = (-(4 / tau) * torch.sigmoid(tau * (ratio - 1)) * adv * weights * mask).sum()
+    assert weighted.item() == pytest.approx(expected.item(), rel=1e-5)
+
+
+def test_missing_l0_for_the_constant_norm_mode_is_refused():
+    log_prob, old, adv, mask = batch([8, 4], [1.0, -1.0])
+    with pytest.raises(ValueError, match="actor_rollout_ref.actor.loss_scale_factor"):
+        apo_loss(log_prob, old, adv, mask, actor_config(loss_scale_factor=None))
+    # Other modes do not use L0.
+    apo_loss(log_prob, old, adv, mask, actor_config(loss_agg_mode="token-mean", loss_scale_factor=None))
+
+
+@pytest.mark.parametrize("key, value", [("tau_pos", 0.0), ("tau_neg", -1.0)])
+def test_non_positive_temperature_is_refused(key, value):
+    log_prob, old, adv, mask = batch([8], [1.0])
+    with pytest.raises(ValueError, match=f"actor_rollout_ref.actor.{key}"):
+        apo_loss(log_prob, old, adv, mask, actor_config(**{key: value}))
+
+
+def test_gate_metrics_by_hand():
+    # Response 0 on-policy (r = 1); response 1 with r = e^0.5 on 2 of its 4 tokens and r = 1 on the others.
+    log_ratio = torch.zeros(2, L0)
+    log_ratio[1, :2] = 0.5
+    log_prob, old, adv, mask = batch([4, 4], [1.0, -1.0], log_ratio=log_ratio)
+    _, metrics = apo_loss(log_prob, old, adv, mask, actor_config(tau_pos=1.0, tau_neg=4.0))
+    s = 1 / (1 + math.exp(-4.0 * (math.exp(0.5) - 1)))  # tau_neg on the negative response
+    w = 4 * s * (1 - s)
+    assert metrics["actor/apo_gate_weight"] == pytest.approx((6 + 2 * w) / 8, rel=1e-5)
+    assert metrics["actor/apo_gate_low_share"] == pytest.approx(2 / 8 if w < 0.5 else 0.0)
+    assert w < 0.5
+    assert metrics["actor/apo_ratio_out_share"] == pytest.approx(2 / 8)  # e^0.5 = 1.65 > 1.2
+    assert metrics["actor/ppo_kl"] == pytest.approx(-2 * 0.5 / 8, rel=1e-5)
+    assert not any("max" in k or "min" in k for k in metrics)  # verl reduces by substrings of the name

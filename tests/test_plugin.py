@@ -1,0 +1,129 @@
+"""Registration through verl's plugin entry point: fresh interpreters, Ray workers, and loud failures."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from recipe_apo import plugin
+
+
+def run_python(code, timeout=180, env=None):
+    """Run `code` in a fresh interpreter with no APO-specific environment, from a neutral directory."""
+    child_env = {k: v for k, v in os.environ.items() if not k.startswith("VERL_USE_EXTERNAL")}
+    child_env.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=child_env,
+        cwd="/",
+    )
+
+
+def last_json_line(stdout):
+    return json.loads([line for line in stdout.splitlines() if line.startswith("{")][-1])
+
+
+def test_plain_import_verl_registers_both_in_a_fresh_interpreter():
+    result = run_python(
+        """
+        import json, sys
+        import verl
+        from verl.trainer.ppo.core_algos import get_adv_estimator_fn, get_policy_loss_fn
+        print(json.dumps({
+            "estimator": get_adv_estimator_fn("apo").__module__,
+            "loss": get_policy_loss_fn("apo").__module__,
+            "loaded_by_verl": "recipe_apo.plugin" in sys.modules,
+        }))
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert last_json_line(result.stdout) == {
+        "estimator": "recipe_apo.estimator",
+        "loss": "recipe_apo.loss",
+        "loaded_by_verl": True,
+    }
+    assert "recipe-apo" not in result.stderr  # no error and no version warning with the pinned verl
+
+
+def test_registered_in_a_ray_worker_without_environment_variables():
+    # The task is defined in the child's __main__, so Ray ships it by value and the worker imports nothing of
+    # recipe_apo itself: only `import verl` can have registered APO there.
+    result = run_python(
+        """
+        import json, os
+        import ray
+
+        @ray.remote
+        def probe():
+            import sys
+            import verl
+            from verl.trainer.ppo import core_algos
+            return {
+                "pid": os.getpid(),
+                "estimator": "apo" in core_algos.ADV_ESTIMATOR_REGISTRY,
+                "loss": "apo" in core_algos.POLICY_LOSS_REGISTRY,
+                "plugin_env": os.environ.get("VERL_USE_EXTERNAL_MODULES"),
+            }
+
+        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+        try:
+            seen = ray.get(probe.remote(), timeout=120)
+        finally:
+            ray.shutdown()
+        print(json.dumps({**seen, "driver_pid": os.getpid()}))
+        """,
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    seen = last_json_line(result.stdout)
+    assert seen["pid"] != seen["driver_pid"]
+    assert seen["estimator"] and seen["loss"]
+    assert seen["plugin_env"] is None
+
+
+def test_a_broken_plugin_import_is_reported_as_an_error():
+    # verl logs a failing plugin at DEBUG only; the plugin must say so itself, naming the cause.
+    result = run_python(
+        """
+        import sys
+        sys.modules["recipe_apo.loss"] = None  # makes `import recipe_apo.loss` fail
+        import verl
+        from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY
+        print("apo registered:", "apo" in ADV_ESTIMATOR_REGISTRY)
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert "apo registered: False" in result.stdout
+    assert "ERROR" in result.stderr
+    assert "recipe-apo: registering the 'apo' advantage estimator and policy loss with verl failed" in result.stderr
+    assert "recipe_apo.loss" in result.stderr
+
+
+def test_version_check_warns_only_off_the_pin():
+    assert plugin.verl_version_warning(plugin.PINNED_VERL_VERSION) is None
+    message = plugin.verl_version_warning("0.8.0")
+    assert "verl==0.9.1" in message and "verl 0.8.0" in message
+
+
+def test_register_is_idempotent_and_refuses_to_shadow_another_apo():
+    from verl.trainer.ppo import core_algos
+
+    plugin.register()
+    plugin.register()
+    original = core_algos.POLICY_LOSS_REGISTRY["apo"]
+
+    def impostor(**_):
+        raise AssertionError("never called")
+
+    core_algos.POLICY_LOSS_REGISTRY["apo"] = impostor
+    try:
+        with pytest.raises(RuntimeError, match="another policy loss is already registered as 'apo'"):
+            plugin.register()
+    finally:
+        core_algos.POLICY_LOSS_REGISTRY["apo"] = original
