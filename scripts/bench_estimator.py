@@ -207,7 +207,7 @@ def main(argv=None) -> None:
         f"brackets), group {args.group}, length {args.length}, torch {torch.__version__}, "
         f"{torch.get_num_threads()} threads\n"
     )
-    print(render(results))
+    print(render(results), flush=True)
     target_rows = [r for r in results if r["responses"] == TARGET_SIZE]
     for row in target_rows:
         verdicts = []

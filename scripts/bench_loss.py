@@ -40,13 +40,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
 import time
 from typing import Callable
 
-import torch
+# Kineto prints two log lines per profiler session; the memory runs open several. Read before torch loads it.
+os.environ.setdefault("KINETO_LOG_LEVEL", "99")
+
+import torch  # noqa: E402
 
 METHODS = ("apo", "vanilla", "sapo")
 TIME_TARGET = 1.05  # apo / sapo
@@ -64,7 +68,7 @@ def make_inputs(batch: int, length: int, device: torch.device, seed: int) -> dic
     # A log-ratio spread of 0.1 puts some ratios outside the clip band, so every branch of every loss runs.
     log_prob = old_log_prob + 0.1 * torch.randn(batch, length, generator=gen)
     # Outcome advantages: one value per response (group-centered binary rewards), broadcast over its tokens.
-    rewards = torch.randint(0, 2, (batch // 8 if batch >= 8 else 1, min(8, batch)), generator=gen).float()
+    rewards = torch.randint(0, 2, (-(-batch // 8), 8), generator=gen).float()
     centered = (rewards - rewards.mean(dim=1, keepdim=True)).reshape(-1)[:batch]
     advantages = centered.unsqueeze(1) * response_mask
     tensors = {
@@ -269,7 +273,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batch", type=int, default=256, help="responses in the micro-batch")
     parser.add_argument("--length", type=int, default=4096, help="response length (padded width)")
-    parser.add_argument("--repeats", type=int, default=15, help="timed calls per loss")
+    parser.add_argument("--repeats", type=int, default=50, help="timed calls per loss")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                         help="auto: CPU, then CUDA too when torch.cuda.is_available()")
     parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
@@ -295,7 +299,7 @@ def main(argv=None) -> None:
     for device in devices:
         result = bench_device(device, args)
         results.append(result)
-        print("\n" + render(result, args))
+        print("\n" + render(result, args), flush=True)
 
     if args.out:
         payload = {

@@ -12,43 +12,41 @@ from __future__ import annotations
 import os
 import socket
 from contextlib import contextmanager
-from types import SimpleNamespace
 
 import torch
-from verl.plugin.platform import PlatformBase, PlatformRegistry, set_platform
+from verl.plugin.platform import PlatformBase, set_platform
 
 
-def _device_module() -> SimpleNamespace:
-    """``torch.cpu`` plus the CUDA-only calls verl makes unconditionally (memory logging, cache release)."""
-    zero = lambda *args, **kwargs: 0  # noqa: E731
-    noop = lambda *args, **kwargs: None  # noqa: E731
-    return SimpleNamespace(
-        is_available=lambda: True,
-        current_device=lambda: "cpu",
-        device_count=lambda: 1,
-        set_device=noop,
-        synchronize=noop,
-        manual_seed=torch.manual_seed,
-        manual_seed_all=torch.manual_seed,
-        empty_cache=noop,
-        memory_allocated=zero,
-        memory_reserved=zero,
-        max_memory_allocated=zero,
-        max_memory_reserved=zero,
-        reset_peak_memory_stats=noop,
-        mem_get_info=lambda *args, **kwargs: (0, 0),
-        get_device_name=lambda *args, **kwargs: "cpu",
-        is_initialized=lambda: True,
-        Stream=torch.cpu.Stream,
-        current_stream=torch.cpu.current_stream,
-        stream=torch.cpu.stream,
-    )
+class _CPUDeviceModule:
+    """``torch.cpu`` plus the allocator queries verl makes unconditionally (memory logging, perf metrics)."""
+
+    def __getattr__(self, name):
+        return getattr(torch.cpu, name)
+
+    @staticmethod
+    def get_device_name(*args, **kwargs) -> str:
+        return "cpu"
+
+    @staticmethod
+    def mem_get_info(*args, **kwargs) -> tuple[int, int]:
+        return 0, 0
+
+    @staticmethod
+    def _zero(*args, **kwargs) -> int:
+        return 0
+
+    memory_allocated = memory_reserved = max_memory_allocated = max_memory_reserved = _zero
 
 
-@PlatformRegistry.register(platform="cpu")
 class PlatformCPU(PlatformBase):
+    """Device "cpu" for verl's device helpers: FSDP2 meshes, autocast and `.to()` then all target the CPU.
+
+    Installed with ``set_platform`` rather than registered by name: nothing in verl looks a platform up by
+    name once the singleton is set, and a registry entry would only be dead weight.
+    """
+
     def __init__(self):
-        self._module = _device_module()
+        self._module = _CPUDeviceModule()
 
     device_name = property(lambda self: "cpu")
     vendor_name = property(lambda self: "cpu")
@@ -122,16 +120,16 @@ def _free_port() -> int:
 
 def install() -> None:
     """Make this process a single-rank, CPU-only verl training worker."""
+    # verl's Worker.__init__ reads these, and init_process_group's env:// rendezvous uses them.
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(_free_port()),
         RANK="0",
         LOCAL_RANK="0",
         WORLD_SIZE="1",
-        LOCAL_WORLD_SIZE="1",
-        # Engines are registered for cuda/npu only; this is verl's own override of the registry lookup.
+        # EngineRegistry holds engines for cuda/npu only; this is verl's own override of its device lookup
+        # (the engine class is device-agnostic; every device call goes through the platform below).
         VERL_ENGINE_DEVICE="cuda",
-        VERL_ENGINE_VENDOR="nvidia",
     )
     set_platform(PlatformCPU())
     # verl would initialise "cpu:gloo,cpu:gloo", which torch rejects; an existing group is reused as is.

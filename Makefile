@@ -1,0 +1,32 @@
+# Two commands for a fresh machine; each creates .venv and installs what it needs on first use.
+#   make demo   the main job on a CPU machine (see README)
+#   make test   the test suite (what CI runs)
+# TORCH selects the torch build installed beside verl, in the same pip call: pinning it there is what keeps
+# pip from resolving a multi-GB CUDA build on a CPU-only machine. GPU users: see README, "GPU training".
+
+PYTHON ?= python3
+VENV ?= .venv
+TORCH ?= torch==2.13.0
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.recipe-apo-installed
+
+.PHONY: demo test bench clean
+
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install "$(TORCH)" -e ".[test]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -W ignore::UserWarning -m recipe_apo
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+bench: $(STAMP)
+	$(PY) scripts/bench_estimator.py
+	$(PY) scripts/bench_loss.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis
