@@ -1,0 +1,93 @@
+"""The recipe's entry point: ``python -m recipe_apo.main method=grpo|drgrpo|apo [Hydra overrides]``.
+
+The config is verl's own ``ppo_trainer`` (from the installed verl) with one method preset from
+``conf/method/`` and the ``algorithm.apo`` settings on top (``conf/apo_trainer.yaml``). Before Ray starts, the
+config is checked here and a bad setting ends the run with one line naming the key. Training then runs in
+verl's ``main_ppo`` machinery with the recipe's trainer (``recipe_apo.trainer``): verl's synchronous trainer
+plus anchor checkpointing and ``apo/`` metrics.
+
+``--cfg job`` prints the composed config and starts nothing; ``-m`` runs a Hydra multirun sweep, each job with
+its own experiment name, checkpoint folder and logs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import sys
+from typing import Any, Iterable
+
+import hydra
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from recipe_apo.validation import RecipeConfigError, validate_recipe_config
+
+# Overrides that say where things are rather than what is trained: left out of the experiment name.
+_NAME_EXCLUDED_PREFIXES = ("method", "data.", "trainer.", "ray_kwargs.", "hydra.", "actor_rollout_ref.model.")
+_MAX_NAME_LEN = 96
+
+
+def experiment_name(method: str, task_overrides: Iterable[str]) -> str:
+    """``<method>`` followed by the command line's training overrides, e.g. ``apo-algorithm.apo.eta=0.5``.
+
+    Deterministic, so rerunning a command resumes its own checkpoints (verl's ``resume_mode=auto``), and
+    distinct for every job of a sweep.
+    """
+    kept = []
+    for item in task_overrides:
+        key = item.split("=", 1)[0].lstrip("+~")
+        if not key.startswith(_NAME_EXCLUDED_PREFIXES):
+            kept.append(item.lstrip("+~"))
+    name = "-".join([method, *sorted(kept)]) if kept else method
+    name = re.sub(r"[^A-Za-z0-9_.=,+-]", "_", name)
+    if len(name) > _MAX_NAME_LEN:
+        digest = hashlib.sha1(name.encode()).hexdigest()[:10]
+        name = f"{name[: _MAX_NAME_LEN - 11]}-{digest}"
+    return name
+
+
+def name_the_run(config: DictConfig) -> None:
+    """Fill ``trainer.experiment_name`` from Hydra's view of this job, when the user has not set it."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if config.trainer.get("experiment_name"):
+        return
+    hydra_config = HydraConfig.get()
+    method = hydra_config.runtime.choices.get("method") or str(config.algorithm.adv_estimator)
+    with open_dict(config):
+        config.trainer.experiment_name = experiment_name(method, hydra_config.overrides.task)
+
+
+def prepare(config: DictConfig) -> DictConfig:
+    """Name the run, resolve every interpolation here (Ray actors do not know Hydra's resolvers) and validate."""
+    name_the_run(config)
+    OmegaConf.resolve(config)
+    validate_recipe_config(config)
+    return config
+
+
+def run(config: DictConfig) -> None:
+    from verl.trainer.main_ppo import run_ppo
+    from verl.utils.config import validate_config
+    from verl.utils.device import auto_set_device
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+
+    from recipe_apo.task_runner import ApoTaskRunner
+
+    auto_set_device(config)
+    validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+    run_ppo(config, task_runner_class=ApoTaskRunner)
+
+
+@hydra.main(config_path="pkg://recipe_apo.conf", config_name="apo_trainer", version_base=None)
+def main(config: DictConfig) -> Any:
+    try:
+        prepare(config)
+    except RecipeConfigError as exc:
+        print(f"recipe-apo: error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    run(config)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,80 @@
+"""Checks of a composed training config, run in the launching process before Ray starts.
+
+A wrong setting found here costs a second and one line naming the key; found in a Ray worker it costs a
+model load, a rollout and a traceback.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from recipe_apo.settings import ApoConfigError, ApoSettings
+
+NORM_MODE = "seq-mean-token-sum-norm"
+AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", NORM_MODE)
+# Estimators that compare the responses of one prompt with each other: a group of one carries no signal.
+GROUP_ESTIMATORS = ("apo", "grpo", "grpo_vectorized", "rloo", "rloo_vectorized", "grpo_passk", "opo", "gdpo")
+# verl's driver calls these two without looking them up in the registry.
+HARD_WIRED_ESTIMATORS = ("gae", "grpo")
+
+
+class RecipeConfigError(ValueError):
+    """A setting of the composed config is invalid; the message is one line naming the key."""
+
+
+def _positive_number(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+
+
+def validate_recipe_config(config: Any) -> None:
+    """Raise ``RecipeConfigError`` for the first invalid setting of a resolved trainer config."""
+    from verl.trainer.ppo import core_algos
+
+    import recipe_apo  # noqa: F401  (registers apo in this process even with VERL_USE_EXTERNAL_PLUGINS=none)
+
+    algorithm = config.algorithm
+    actor = config.actor_rollout_ref.actor
+    estimator = str(algorithm.adv_estimator)
+
+    try:
+        ApoSettings.from_algorithm_config(algorithm)
+    except ApoConfigError as exc:
+        raise RecipeConfigError(str(exc)) from None
+
+    if estimator not in HARD_WIRED_ESTIMATORS and estimator not in core_algos.ADV_ESTIMATOR_REGISTRY:
+        known = ", ".join(sorted(set(core_algos.ADV_ESTIMATOR_REGISTRY) | set(HARD_WIRED_ESTIMATORS)))
+        raise RecipeConfigError(f"algorithm.adv_estimator={estimator} is not a registered estimator; known: {known}")
+
+    loss_mode = str(actor.policy_loss.loss_mode)
+    if loss_mode not in core_algos.POLICY_LOSS_REGISTRY:
+        known = ", ".join(sorted(core_algos.POLICY_LOSS_REGISTRY))
+        raise RecipeConfigError(
+            f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode} is not a registered policy loss; known: {known}"
+        )
+
+    agg_mode = str(actor.loss_agg_mode)
+    if agg_mode not in AGG_MODES:
+        raise RecipeConfigError(
+            f"actor_rollout_ref.actor.loss_agg_mode={agg_mode} is not one of {', '.join(AGG_MODES)}"
+        )
+    scale = actor.get("loss_scale_factor", None)
+    if agg_mode == NORM_MODE and scale is None:
+        raise RecipeConfigError(
+            f"actor_rollout_ref.actor.loss_scale_factor (L0) must be set with loss_agg_mode={NORM_MODE}: "
+            "set it to data.max_response_length"
+        )
+    if scale is not None and not _positive_number(scale):
+        raise RecipeConfigError(f"actor_rollout_ref.actor.loss_scale_factor must be a number > 0, got {scale!r}")
+
+    if loss_mode == "apo":
+        for key in ("tau_pos", "tau_neg"):
+            if not _positive_number(actor.get(key)):
+                raise RecipeConfigError(f"actor_rollout_ref.actor.{key} must be a number > 0, got {actor.get(key)!r}")
+
+    rollout_n = config.actor_rollout_ref.rollout.get("n", 1)
+    if estimator in GROUP_ESTIMATORS and (not isinstance(rollout_n, int) or rollout_n < 2):
+        raise RecipeConfigError(
+            f"actor_rollout_ref.rollout.n={rollout_n}: algorithm.adv_estimator={estimator} compares the responses "
+            "of a prompt with each other and needs at least 2 per prompt"
+        )
