@@ -100,18 +100,64 @@ class CapabilityAnchor:
         self.steps = steps
 
 
-_driver_anchor: Optional[CapabilityAnchor] = None
+GLOBAL_SCOPE = "global"
+
+
+class AnchorBook:
+    """The anchors of one run, by scope: ``"global"``, or one per ``data_source`` (``anchor_scope``).
+
+    New scopes start from ``init`` (None: a warm start at their first batch's success rate).
+    """
+
+    def __init__(self, init: Optional[float] = None, history: int = 20) -> None:
+        self.init = init
+        self.history = history
+        self.anchors: dict[str, CapabilityAnchor] = {}
+        self.last_metrics: dict[str, float] = {}
+
+    def anchor(self, scope: str = GLOBAL_SCOPE) -> CapabilityAnchor:
+        if scope not in self.anchors:
+            self.anchors[scope] = CapabilityAnchor(init=self.init, history=self.history)
+        return self.anchors[scope]
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-safe state of every anchor."""
+        return {"version": STATE_VERSION, "anchors": {k: a.state_dict() for k, a in self.anchors.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Replace all anchors by those in ``state``; a malformed state raises and changes nothing."""
+        try:
+            version = int(state["version"])
+            items = dict(state["anchors"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"malformed anchor state ({type(exc).__name__}: {exc})") from exc
+        if version != STATE_VERSION:
+            raise ValueError(f"anchor state version {version} is not supported (expected {STATE_VERSION})")
+        restored = {}
+        for scope, anchor_state in items.items():
+            anchor = CapabilityAnchor(history=self.history)
+            anchor.load_state_dict(anchor_state)
+            restored[str(scope)] = anchor
+        self.anchors = restored
+
+
+_driver_book: Optional[AnchorBook] = None
+
+
+def driver_anchors(init: Optional[float] = None, history: int = 20) -> AnchorBook:
+    """The driver process's anchors, created on first use with ``init`` and ``history``."""
+    global _driver_book
+    if _driver_book is None:
+        _driver_book = AnchorBook(init=init, history=history)
+    return _driver_book
 
 
 def get_driver_anchor(init: Optional[float] = None, history: int = 20) -> CapabilityAnchor:
-    """The driver process's anchor, created on first use with ``init`` and ``history``."""
-    global _driver_anchor
-    if _driver_anchor is None:
-        _driver_anchor = CapabilityAnchor(init=init, history=history)
-    return _driver_anchor
+    """The driver's global-scope anchor."""
+    return driver_anchors(init, history).anchor(GLOBAL_SCOPE)
 
 
 def reset_driver_anchor() -> None:
-    """Forget the driver's anchor; the next APO step starts a fresh one (a new run, a new multirun job)."""
-    global _driver_anchor
-    _driver_anchor = None
+    """Forget the driver's anchors; the next APO step starts fresh ones (a new run, a new multirun job)."""
+    global _driver_book
+    _driver_book = None

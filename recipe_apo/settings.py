@@ -26,7 +26,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Optional
 
 SUCCESS_MODES = ("binary", "threshold", "minmax")
-ANCHOR_SCOPES = ("global",)
+ANCHOR_SCOPES = ("global", "data_source")
 
 
 class ApoConfigError(ValueError):
@@ -61,7 +61,9 @@ class ApoSettings:
     # False turns the difficulty reweighting off: advantages are then R_i - mean_g(R), exactly verl's
     # `grpo` with norm_adv_by_std_in_grpo=False (Dr. GRPO), while the anchor is still tracked and logged.
     reweight: bool = True
-    # One anchor for the whole batch ("global").
+    # "global": one anchor for the whole batch. "data_source": one anchor per data_source of the batch, for
+    # training mixes whose sources differ in difficulty (the paper's first stated limitation). verl does not
+    # pass data sources to estimators: this needs the recipe's trainer (`python -m recipe_apo.main`).
     anchor_scope: str = "global"
 
     def __post_init__(self) -> None:

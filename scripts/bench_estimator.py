@@ -16,8 +16,11 @@ Every method is called the way verl calls it:
 - ``grpo_vectorized``: ``get_adv_estimator_fn("grpo_vectorized")`` with the same config.
 
 Repeats are interleaved (one call of each method per round, method order rotated every round), so load from
-other processes on the machine falls on all methods alike. The table gives the median per method and the
-ratios of medians, with the targets apo <= 0.05x grpo and apo <= 0.5x grpo_vectorized at 65,536 responses.
+other processes on the machine falls on all methods in the same time window. It does not slow them alike: a
+method made of many small multi-threaded torch ops stalls far more than one made of a few large ones when
+another process holds a core, so the table header gives the 1-min load average; trust ratios from a quiet
+machine (or compare with ``--threads 1``). The table gives the median per method and the ratios of medians,
+with the targets apo <= 0.05x grpo and apo <= 0.5x grpo_vectorized at 65,536 responses.
 
 Run from the repository root::
 
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
@@ -149,7 +153,8 @@ def fmt_ratio(value, target, n) -> str:
 
 def render(results: list[dict]) -> str:
     lines = [
-        "| responses | apo median ms | grpo median ms (n) | grpo_vectorized median ms | apo/grpo | apo/grpo_vectorized |",
+        "| responses | apo median ms | grpo median ms (calls) | grpo_vectorized median ms "
+        "| apo/grpo | apo/grpo_vectorized |",
         "|---:|---:|---:|---:|---|---|",
     ]
     for row in results:
@@ -171,7 +176,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[8_192, 65_536, 262_144],
                         help="numbers of responses (multiples of --group)")
-    parser.add_argument("--repeats", type=int, default=7, help="timed calls per method and size")
+    parser.add_argument("--repeats", type=int, default=11, help="timed calls per method and size")
     parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
     parser.add_argument("--skip-slow", action=argparse.BooleanOptionalAction, default=True,
                         help=f"call verl's Python-loop grpo only --slow-repeats times above {SLOW_ABOVE:,} responses")
@@ -192,6 +197,7 @@ def main(argv=None) -> None:
     torch.set_num_threads(args.threads)
     import recipe_apo  # noqa: F401  (registers `apo` even with VERL_USE_EXTERNAL_PLUGINS=none)
 
+    load_before = os.getloadavg()[0]
     results = []
     for n in args.sizes:
         row = bench_size(n, args)
@@ -205,7 +211,8 @@ def main(argv=None) -> None:
     print(
         f"\nAdvantage estimators, median wall time per call ({args.repeats} interleaved repeats; grpo count in "
         f"brackets), group {args.group}, length {args.length}, torch {torch.__version__}, "
-        f"{torch.get_num_threads()} threads\n"
+        f"{torch.get_num_threads()} threads; 1-min load average {load_before:.2f} before, "
+        f"{os.getloadavg()[0]:.2f} after (the benchmark itself adds up to {args.threads})\n"
     )
     print(render(results), flush=True)
     target_rows = [r for r in results if r["responses"] == TARGET_SIZE]
@@ -226,6 +233,7 @@ def main(argv=None) -> None:
             "python": platform.python_version(),
             "targets_at": TARGET_SIZE,
             "targets": TARGETS,
+            "loadavg_1min": {"before": load_before, "after": os.getloadavg()[0]},
             "results": results,
         }
         with open(args.out, "w") as fh:

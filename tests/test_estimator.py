@@ -12,7 +12,7 @@ from verl import DataProto
 from verl.trainer.ppo import core_algos
 from verl.trainer.ppo.ray_trainer import compute_advantage
 
-from recipe_apo.anchor import CapabilityAnchor, get_driver_anchor, reset_driver_anchor
+from recipe_apo.anchor import AnchorBook, CapabilityAnchor, driver_anchors, get_driver_anchor, reset_driver_anchor
 from recipe_apo.estimator import ApoInputError, compute_apo_advantage
 from recipe_apo.settings import ApoConfigError, ApoSettings
 
@@ -308,8 +308,66 @@ def test_through_verl_compute_advantage_with_a_real_dataproto():
     )
     torch.testing.assert_close(out.batch["advantages"], direct)
     torch.testing.assert_close(out.batch["returns"], direct)
-    anchor = get_driver_anchor()
-    assert anchor.steps == 1 and anchor.last_metrics["apo/anchor"] == 0.5
+    assert get_driver_anchor().steps == 1 and driver_anchors().last_metrics["apo/anchor"] == 0.5
 
     compute_advantage(data, adv_estimator="apo", config=algorithm)
     assert get_driver_anchor().steps == 2  # one anchor per driver process, carried across steps
+
+
+def test_one_anchor_per_data_source_measures_its_own_groups():
+    # Source "easy" succeeds 3 of 4 times, source "hard" 1 of 4; eta_min = 1 puts each anchor at its own rate.
+    token_rewards, mask = outcome_rewards([1, 1, 1, 0, 1, 0, 0, 0], [2] * 8)
+    index = np.array(["e1", "e1", "e2", "e2", "h1", "h1", "h2", "h2"], dtype=object)
+    scopes = np.array(["easy"] * 4 + ["hard"] * 4, dtype=object)
+    cfg = ApoSettings(lambda_scale=1.0, eta_min=1.0, anchor_scope="data_source")
+    book = AnchorBook(init=0.5)
+    adv, metrics = compute_apo_advantage(token_rewards, mask, index, cfg, book, scopes)
+    assert book.anchor("easy").value == 0.75 and book.anchor("hard").value == 0.25
+    assert metrics["apo/anchor/easy"] == 0.75 and metrics["apo/anchor/hard"] == 0.25
+    assert metrics["apo/batch_success"] == 0.5
+    # Group e2 (p_hat 0.5) is harder than its anchor 0.75: Delta = -0.25. Group h1 (0.5) is easier than 0.25.
+    torch.testing.assert_close(adv[2:6, 0], torch.tensor(
+        [0.5 * E_QUARTER, -0.5 * E_MINUS_QUARTER, 0.5 * E_MINUS_QUARTER, -0.5 * E_QUARTER]))
+    torch.testing.assert_close(adv[:2, 0], torch.zeros(2))  # e1 is uniform
+
+    # A global anchor (0.5) would see both e2 and h1 exactly at the anchor: Phi = lambda.
+    glob, _ = compute_apo_advantage(token_rewards, mask, index, ApoSettings(lambda_scale=1.0, eta_min=1.0),
+                                    CapabilityAnchor(0.5))
+    torch.testing.assert_close(glob[2:6, 0], torch.tensor([0.5, -0.5, 0.5, -0.5]))
+
+
+def test_a_group_spanning_two_data_sources_is_refused():
+    token_rewards, mask = outcome_rewards([1, 0, 1, 0], [2] * 4)
+    book = AnchorBook(init=0.5)
+    book.anchor("a")
+    before = book.state_dict()
+    with pytest.raises(ApoInputError, match="mix data sources"):
+        compute_apo_advantage(token_rewards, mask, np.array([0, 0, 1, 1]), ApoSettings(anchor_scope="data_source"),
+                              book, np.array(["a", "b", "b", "b"], dtype=object))
+    assert book.state_dict() == before
+
+
+def test_data_source_scope_without_the_recipe_trainer_is_a_clear_error():
+    token_rewards, mask = outcome_rewards([1, 0], [2, 2])
+    algorithm = OmegaConf.create({"apo": {"anchor_scope": "data_source"}})
+    with pytest.raises(ApoInputError, match="python -m recipe_apo.main"):
+        core_algos.get_adv_estimator_fn("apo")(token_level_rewards=token_rewards, response_mask=mask,
+                                               config=algorithm, index=np.array([0, 0]))
+
+
+def test_anchor_book_state_round_trips_and_refuses_bad_states():
+    book = AnchorBook(init=0.3, history=5)
+    cfg = ApoSettings(history=5, anchor_scope="data_source")
+    token_rewards, mask = outcome_rewards([1, 0, 0, 0], [2] * 4)
+    scopes = np.array(["x", "x", "y", "y"], dtype=object)
+    for _ in range(4):
+        compute_apo_advantage(token_rewards, mask, np.array([0, 0, 1, 1]), cfg, book, scopes)
+    restored = AnchorBook(history=5)
+    restored.load_state_dict(json.loads(json.dumps(book.state_dict())))
+    assert restored.state_dict() == book.state_dict()
+    before = restored.state_dict()
+    bad = json.loads(json.dumps(before))
+    bad["anchors"]["y"]["value"] = 7.0
+    with pytest.raises(ValueError):
+        restored.load_state_dict(bad)
+    assert restored.state_dict() == before
