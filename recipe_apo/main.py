@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from recipe_apo.validation import RecipeConfigError, validate_recipe_config
 
 # Overrides that say where things are rather than what is trained: left out of the experiment name.
-_NAME_EXCLUDED_PREFIXES = ("method", "data.", "trainer.", "ray_kwargs.", "hydra.", "actor_rollout_ref.model.")
+_NAME_EXCLUDED_PREFIXES = ("method", "dry_run", "data.", "trainer.", "ray_kwargs.", "hydra.", "actor_rollout_ref.model.")
 _MAX_NAME_LEN = 96
 
 
@@ -66,7 +66,24 @@ def prepare(config: DictConfig) -> DictConfig:
     return config
 
 
+def describe(config: DictConfig) -> str:
+    """Where this run writes, for a dry run and for the start of a real one."""
+    from hydra.core.hydra_config import HydraConfig
+
+    trainer = config.trainer
+    return "\n".join([
+        f"experiment: {trainer.project_name}/{trainer.experiment_name}",
+        f"method: {HydraConfig.get().runtime.choices.get('method')} (estimator {config.algorithm.adv_estimator}, "
+        f"loss {config.actor_rollout_ref.actor.policy_loss.loss_mode}, "
+        f"aggregation {config.actor_rollout_ref.actor.loss_agg_mode})",
+        f"checkpoints: {trainer.default_local_dir}",
+        f"hydra output: {HydraConfig.get().runtime.output_dir}",
+        f"loggers: {', '.join(trainer.logger) if not isinstance(trainer.logger, str) else trainer.logger}",
+    ])
+
+
 def run(config: DictConfig) -> None:
+    import ray
     from verl.trainer.main_ppo import run_ppo
     from verl.utils.config import validate_config
     from verl.utils.device import auto_set_device
@@ -76,7 +93,13 @@ def run(config: DictConfig) -> None:
 
     auto_set_device(config)
     validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
-    run_ppo(config, task_runner_class=ApoTaskRunner)
+    started_ray = not ray.is_initialized()
+    try:
+        run_ppo(config, task_runner_class=ApoTaskRunner)
+    finally:
+        # Each job of a multirun gets its own Ray session, runtime env and driver (hence its own anchor).
+        if started_ray and ray.is_initialized():
+            ray.shutdown()
 
 
 @hydra.main(config_path="pkg://recipe_apo.conf", config_name="apo_trainer", version_base=None)
@@ -86,6 +109,10 @@ def main(config: DictConfig) -> Any:
     except RecipeConfigError as exc:
         print(f"recipe-apo: error: {exc}", file=sys.stderr)
         sys.exit(2)
+    print(describe(config), flush=True)
+    if config.get("dry_run", False):
+        print("dry run: stopping before Ray starts", flush=True)
+        return
     run(config)
 
 

@@ -1,0 +1,119 @@
+"""The anchor in verl's checkpoints: ``global_step_N/apo_state.json`` next to ``actor/`` and ``data.pt``.
+
+verl saves no estimator state, so a resumed run would restart C_t from ``anchor_init`` and reweight its first
+steps against the wrong capability. The recipe's trainer (``recipe_apo.trainer``) writes the driver's anchors
+into every checkpoint folder and reads them back on resume; ``AnchorCheckpointCallback`` does the same for
+plain ``verl.trainer.main_ppo`` through ``trainer.checkpoint_callback_class``.
+
+Fallback on resume: a missing or unreadable state file is a warning, not an error, and the anchors restart
+fresh (from ``algorithm.apo.anchor_init``, or the first batch's success rate when that is null). The model and
+optimizer still resume, and a fresh anchor settles within a few tens of steps.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from typing import Any, Optional
+
+from verl.trainer.ppo.checkpoint_callback import CheckpointCallback
+
+from recipe_apo.anchor import driver_anchors, reset_driver_anchor
+from recipe_apo.settings import ApoSettings
+
+logger = logging.getLogger("recipe_apo")
+
+STATE_FILE = "apo_state.json"
+
+
+def save_anchor_state(checkpoint_dir: str, global_step: int) -> str:
+    """Write the driver's anchors to ``checkpoint_dir/apo_state.json`` atomically; return the path.
+
+    Written to a temporary file in the same folder, flushed and fsynced, then renamed: a crash mid-write
+    leaves the previous file (or none), never a truncated one.
+    """
+    os.makedirs(checkpoint_dir, exist_ok=True)
+    payload = {"global_step": int(global_step), **driver_anchors().state_dict()}
+    path = os.path.join(checkpoint_dir, STATE_FILE)
+    fd, tmp = tempfile.mkstemp(prefix=f".{STATE_FILE}.", dir=checkpoint_dir)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            json.dump(payload, handle, indent=1)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def load_anchor_state(checkpoint_dir: str, settings: Optional[ApoSettings] = None) -> bool:
+    """Restore the driver's anchors from ``checkpoint_dir``; True if restored, False on the documented fallback."""
+    settings = settings or ApoSettings()
+    reset_driver_anchor()
+    book = driver_anchors(init=settings.anchor_init, history=settings.history)
+    path = os.path.join(checkpoint_dir, STATE_FILE)
+    fallback = (
+        "the APO anchor restarts fresh (algorithm.apo.anchor_init="
+        f"{settings.anchor_init if settings.anchor_init is not None else 'null: first batch success rate'})"
+    )
+    if not os.path.exists(path):
+        logger.warning("recipe-apo: no %s in %s to resume from; %s", STATE_FILE, checkpoint_dir, fallback)
+        return False
+    try:
+        with open(path) as handle:
+            book.load_state_dict(json.load(handle))
+    except (OSError, ValueError, TypeError) as exc:
+        logger.warning("recipe-apo: cannot read %s (%s: %s); %s", path, type(exc).__name__, exc, fallback)
+        return False
+    logger.info("recipe-apo: restored the APO anchor from %s (scopes: %s)", path, ", ".join(book.anchors) or "none")
+    return True
+
+
+def resume_folder(trainer_config: Any) -> Optional[str]:
+    """The ``global_step_N`` folder verl's trainer resumes from, by its own rules, or None for a fresh start."""
+    from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path
+
+    mode = trainer_config.get("resume_mode", "auto")
+    if mode == "disable":
+        return None
+    if mode == "resume_path":
+        folder = trainer_config.get("resume_from_path")
+        return None if not folder else os.path.abspath(str(folder))
+    base = trainer_config.get("default_local_dir")
+    return None if base is None else find_latest_ckpt_path(os.path.abspath(str(base)))
+
+
+def restore_for_run(config: Any) -> bool:
+    """Start a run's anchors: fresh, or restored from the checkpoint verl resumes from."""
+    settings = ApoSettings.from_algorithm_config(config.algorithm)
+    reset_driver_anchor()
+    driver_anchors(init=settings.anchor_init, history=settings.history)
+    folder = resume_folder(config.trainer)
+    return False if folder is None else load_anchor_state(folder, settings)
+
+
+def uses_apo(config: Any) -> bool:
+    return str(config.algorithm.adv_estimator) == "apo"
+
+
+class AnchorCheckpointCallback(CheckpointCallback):
+    """For plain ``verl.trainer.main_ppo``: ``trainer.checkpoint_callback_class=recipe_apo.checkpoint.AnchorCheckpointCallback``.
+
+    verl builds the callback on the driver when the trainer starts, before it loads its checkpoint: the
+    anchors are restored here from the folder verl will resume from, and saved after each checkpoint.
+    """
+
+    def __init__(self, config: Any = None) -> None:
+        super().__init__(config)
+        self.active = config is not None and uses_apo(config)
+        if self.active:
+            restore_for_run(config)
+
+    def on_save(self, trainer: Any, global_step: int, checkpoint_dir: str, async_save: bool = False, **kwargs) -> None:
+        if self.active:
+            save_anchor_state(checkpoint_dir, global_step)

@@ -1,0 +1,38 @@
+"""Start-up check that every node of the Ray cluster has APO registered.
+
+verl's workers on another node import verl from that node's Python environment. Without the plugin there, an
+`apo` run fails only when the first batch reaches the estimator or the actor's loss, after the model load and
+the rollout. This check runs one tiny task on every alive node before training starts.
+"""
+
+from __future__ import annotations
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from recipe_apo import _node_probe
+
+# Shipped by value, so that a node unpickling the probe does not import recipe_apo (which would register APO
+# by itself and hide a missing entry point).
+ray.cloudpickle.register_pickle_by_value(_node_probe)
+
+INSTALL_HINT = (
+    "install recipe-apo in every node's environment, or ship it with Ray's runtime_env "
+    "(+ray_kwargs.ray_init.runtime_env.py_modules or pip)"
+)
+
+
+def check_apo_on_every_node(timeout_s: float = 300.0) -> list[dict]:
+    """Probe every alive node; raise ``RuntimeError`` naming the nodes where APO is not registered."""
+    probe = ray.remote(num_cpus=0)(_node_probe.probe)
+    nodes = [node for node in ray.nodes() if node.get("Alive")]
+    refs = [
+        probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node["NodeID"], soft=False)).remote()
+        for node in nodes
+    ]
+    reports = ray.get(refs, timeout=timeout_s)
+    missing = [r for r in reports if not (r["estimator"] and r["loss"])]
+    if missing:
+        where = "; ".join(f"{r['host']} ({r['error'] or 'not registered'})" for r in missing)
+        raise RuntimeError(f"recipe-apo: the apo estimator/loss is not registered on Ray node(s) {where}: {INSTALL_HINT}")
+    return reports

@@ -1,0 +1,100 @@
+"""The actor update, as verl's ``ppo_loss`` and FSDP actor run it: a real verl actor config, the registered
+policy loss called with verl's arguments, ``global_batch_info`` refreshed per micro-batch so the loss of a
+mini-batch does not depend on how it is split, gradient clipping at ``grad_clip``."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from recipe_apo.testbed.policy import TokenPolicy
+
+# Nested or runtime-only fields of verl's actor config that the testbed does not take from its yaml.
+_NOT_FROM_YAML = {"policy_loss", "optim", "checkpoint", "fsdp_config", "profiler", "engine", "model_config",
+                  "qat", "global_batch_info", "strategy", "rollout_n", "router_replay", "megatron"}
+
+
+def actor_config(actor: DictConfig, rollout_n: int):
+    """verl's ``FSDPActorConfig`` from the composed ``actor_rollout_ref.actor`` node.
+
+    Every scalar key of the node that is a field of verl's config is passed on, so any verl actor setting a
+    registered loss reads (``clip_ratio_c``, ``tau_pos``, ``policy_loss.clip_cov_ratio`` ...) can be set from
+    the command line. ``ppo_mini_batch_size`` is in prompts, as in verl.
+    """
+    from verl.workers.config import FSDPActorConfig, PolicyLossConfig
+
+    plain = OmegaConf.to_container(actor, resolve=True)
+    if plain.get("use_kl_loss"):
+        raise ValueError("the testbed has no reference policy: actor_rollout_ref.actor.use_kl_loss must be false")
+    known = {f.name for f in dataclasses.fields(FSDPActorConfig)}
+    kwargs = {key: value for key, value in plain.items() if key in known and key not in _NOT_FROM_YAML}
+    loss_fields = {f.name for f in dataclasses.fields(PolicyLossConfig)} - {"rollout_correction"}
+    policy_loss = PolicyLossConfig(**{k: v for k, v in plain.get("policy_loss", {}).items() if k in loss_fields})
+    return FSDPActorConfig(strategy="fsdp2", rollout_n=rollout_n, policy_loss=policy_loss, **kwargs)
+
+
+def ppo_update(
+    policy: TokenPolicy,
+    optimizer: torch.optim.Optimizer,
+    config: Any,
+    batch: dict[str, Any],
+    advantages: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    shuffle_generator: torch.Generator,
+) -> dict[str, float]:
+    """``ppo_epochs`` passes over the round's responses in mini-batches of ``ppo_mini_batch_size`` prompts.
+
+    Returns the mean loss metrics and the gradient norm before clipping (an adaptive optimizer rescales its
+    steps, so the update norm would hide how large the loss gradient was).
+    """
+    from verl.trainer.ppo.core_algos import get_policy_loss_fn
+
+    loss_fn = get_policy_loss_fn(config.policy_loss.loss_mode)
+    n = batch["responses"].shape[0]
+    mini = config.ppo_mini_batch_size * config.rollout_n
+    micro = config.ppo_micro_batch_size_per_gpu or mini
+    mask = batch["response_mask"].to(torch.bool)
+    grad_norms, metric_sums, metric_counts = [], {}, {}
+    for _ in range(config.ppo_epochs):
+        order = torch.randperm(n, generator=shuffle_generator) if config.shuffle else torch.arange(n)
+        for start in range(0, n, mini):
+            rows = order[start : start + mini]
+            # What verl's trainer and ppo_loss put there for each micro-batch of this mini-batch.
+            config.global_batch_info.update(
+                dp_size=1,
+                global_batch_size=len(rows),
+                batch_num_tokens=int(mask[rows].sum()),
+                loss_scale_factor=config.loss_scale_factor,
+            )
+            optimizer.zero_grad(set_to_none=True)
+            for micro_start in range(0, len(rows), micro):
+                part = rows[micro_start : micro_start + micro]
+                log_prob = policy.log_probs(batch["prompts"][part], batch["responses"][part])
+                loss, metrics = loss_fn(
+                    old_log_prob=old_log_prob[part],
+                    log_prob=log_prob,
+                    advantages=advantages[part],
+                    response_mask=mask[part],
+                    loss_agg_mode=config.loss_agg_mode,
+                    config=config,
+                    rollout_is_weights=None,
+                )
+                loss.backward()
+                for key, value in metrics.items():
+                    value = float(value)
+                    if math.isfinite(value):
+                        metric_sums[key] = metric_sums.get(key, 0.0) + value
+                        metric_counts[key] = metric_counts.get(key, 0) + 1
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(policy.parameters(), config.grad_clip))
+            grad_norms.append(grad_norm)
+            # verl skips the step when the norm is not finite rather than poisoning the weights.
+            if math.isfinite(grad_norm):
+                optimizer.step()
+    out = {key: metric_sums[key] / metric_counts[key] for key in metric_sums}
+    out["grad_norm"] = sum(grad_norms) / len(grad_norms)
+    out["grad_norm_max"] = max(grad_norms)
+    return out

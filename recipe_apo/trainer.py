@@ -1,0 +1,78 @@
+"""The recipe's trainer: verl's synchronous V1 trainer, plus the APO anchor's checkpoints and metrics.
+
+Registered with verl as ``trainer.v1.trainer_mode=apo_sync``. verl picks the trainer class by that name, and
+any name other than ``sync`` turns on asynchronous code paths in verl's base trainer; so this class sets the
+mode back to ``sync`` before verl reads it, and every step runs exactly as verl's own sync trainer runs it.
+
+What it adds, only when ``algorithm.adv_estimator=apo``:
+- a fresh anchor at the start of each run (also for each job of a multirun), or the anchor of the checkpoint
+  the run resumes from (``recipe_apo.checkpoint``);
+- ``global_step_N/apo_state.json`` in every checkpoint folder;
+- the anchor's ``apo/...`` metrics in every step's metrics, so they reach whatever ``trainer.logger`` names;
+- the per-response ``data_source`` handed to the estimator when ``algorithm.apo.anchor_scope=data_source``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import transfer_queue as tq
+from omegaconf import DictConfig, open_dict
+from verl.trainer.ppo.v1.trainer_base import register_trainer
+from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+
+from recipe_apo.anchor import driver_anchors, reset_driver_anchor
+from recipe_apo.checkpoint import restore_for_run, save_anchor_state, uses_apo
+from recipe_apo.estimator import ApoInputError, batch_scopes
+from recipe_apo.settings import ApoSettings
+
+TRAINER_NAME = "apo_sync"
+
+
+@register_trainer(TRAINER_NAME)
+class ApoSyncTrainer(PPOTrainerSync):
+    def __init__(self, config: DictConfig) -> None:
+        with open_dict(config):
+            config.trainer.v1.trainer_mode = "sync"
+        super().__init__(config)
+        self.apo_active = uses_apo(config)
+        self.apo_settings = ApoSettings.from_algorithm_config(config.algorithm)
+        reset_driver_anchor()
+
+    def _load_checkpoint(self):
+        result = super()._load_checkpoint()
+        if self.apo_active:
+            restore_for_run(self.config)
+        return result
+
+    def _save_checkpoint(self):
+        if self.apo_active:
+            # Before verl's own save, which ends by pointing latest_checkpointed_iteration.txt at this folder:
+            # a folder that resume can find always has its anchor state.
+            folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
+            save_anchor_state(folder, self.global_steps)
+        return super()._save_checkpoint()
+
+    def _compute_advantage(self, batch, metrics: dict):
+        scopes = None
+        if self.apo_active and self.apo_settings.anchor_scope == "data_source":
+            scopes = self._data_sources(batch)
+        with batch_scopes(scopes):
+            batch = super()._compute_advantage(batch, metrics)
+        if self.apo_active:
+            metrics.update(driver_anchors().last_metrics)
+        return batch
+
+    @staticmethod
+    def _data_sources(batch) -> np.ndarray:
+        try:
+            data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["data_source"])
+            sources = data["data_source"]
+        except Exception as exc:  # the storage's own error types vary with its backend
+            raise ApoInputError(
+                f"algorithm.apo.anchor_scope=data_source: the batch has no data_source field ({exc}); "
+                "add data_source to your dataset rows or use anchor_scope=global"
+            ) from exc
+        values = sources.tolist() if hasattr(sources, "tolist") else list(sources)
+        return np.array([str(v) for v in values], dtype=object)

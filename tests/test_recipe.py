@@ -1,0 +1,159 @@
+"""The recipe entry: presets, validation, naming, dry runs and multirun (no Ray, no GPU)."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+from hydra import compose, initialize_config_module
+from omegaconf import OmegaConf
+
+from recipe_apo.main import experiment_name
+from recipe_apo.validation import RecipeConfigError, validate_recipe_config
+
+L0 = 3000
+
+
+def composed(*overrides, resolve=True):
+    with initialize_config_module(config_module="recipe_apo.conf", version_base=None):
+        config = compose("apo_trainer", overrides=list(overrides))
+    if resolve:
+        OmegaConf.resolve(config)
+    return config
+
+
+def method_settings(config):
+    actor = config.actor_rollout_ref.actor
+    return {
+        "adv_estimator": config.algorithm.adv_estimator,
+        "norm_adv_by_std_in_grpo": config.algorithm.norm_adv_by_std_in_grpo,
+        "use_kl_in_reward": config.algorithm.use_kl_in_reward,
+        "loss_mode": actor.policy_loss.loss_mode,
+        "loss_agg_mode": actor.loss_agg_mode,
+        "loss_scale_factor": actor.loss_scale_factor,
+        "clip_ratio": (actor.clip_ratio, actor.clip_ratio_low, actor.clip_ratio_high),
+        "taus": (actor.tau_pos, actor.tau_neg),
+        "use_kl_loss": actor.use_kl_loss,
+    }
+
+
+EXPECTED = {
+    "grpo": {
+        "adv_estimator": "grpo", "norm_adv_by_std_in_grpo": True, "use_kl_in_reward": False,
+        "loss_mode": "vanilla", "loss_agg_mode": "seq-mean-token-mean", "loss_scale_factor": None,
+        "clip_ratio": (0.2, 0.2, 0.2), "taus": (1.0, 1.05), "use_kl_loss": False,
+    },
+    "drgrpo": {
+        "adv_estimator": "grpo", "norm_adv_by_std_in_grpo": False, "use_kl_in_reward": False,
+        "loss_mode": "vanilla", "loss_agg_mode": "seq-mean-token-sum-norm", "loss_scale_factor": L0,
+        "clip_ratio": (0.2, 0.2, 0.2), "taus": (1.0, 1.05), "use_kl_loss": False,
+    },
+    "apo": {
+        "adv_estimator": "apo", "norm_adv_by_std_in_grpo": False, "use_kl_in_reward": False,
+        "loss_mode": "apo", "loss_agg_mode": "seq-mean-token-sum-norm", "loss_scale_factor": L0,
+        "clip_ratio": (0.2, 0.2, 0.2), "taus": (1.0, 1.5), "use_kl_loss": False,
+    },
+}
+
+
+@pytest.mark.parametrize("method", ["grpo", "drgrpo", "apo"])
+def test_each_preset_composes_to_its_exact_settings(method):
+    config = composed(f"method={method}", f"data.max_response_length={L0}")
+    assert method_settings(config) == EXPECTED[method]
+    assert config.trainer.v1.trainer_mode == "apo_sync"
+    assert config.algorithm.apo.lambda_scale == 1.5 and config.algorithm.apo.eta_min == 0.05
+
+
+def test_apo_is_the_default_method_and_presets_win_over_the_base():
+    assert method_settings(composed(f"data.max_response_length={L0}")) == EXPECTED["apo"]
+    # A command-line override still beats the preset.
+    config = composed("method=apo", "actor_rollout_ref.actor.tau_neg=2.0")
+    assert config.actor_rollout_ref.actor.tau_neg == 2.0
+
+
+def test_the_recipe_yaml_declares_the_estimators_defaults_exactly():
+    from dataclasses import asdict
+
+    from recipe_apo.settings import ApoSettings
+
+    assert OmegaConf.to_container(composed().algorithm.apo) == asdict(ApoSettings())
+
+
+def valid(*overrides):
+    return composed("actor_rollout_ref.rollout.n=8", f"data.max_response_length={L0}", *overrides)
+
+
+@pytest.mark.parametrize("method", ["grpo", "drgrpo", "apo"])
+def test_valid_presets_pass_validation(method):
+    validate_recipe_config(valid(f"method={method}"))
+
+
+@pytest.mark.parametrize(
+    "overrides, key",
+    [
+        (["algorithm.apo.lambda_scale=0"], "algorithm.apo.lambda_scale"),
+        (["algorithm.apo.history=0"], "algorithm.apo.history"),
+        (["algorithm.apo.eta=-1"], "algorithm.apo.eta"),
+        (["+algorithm.apo.lambda=2"], "algorithm.apo.lambda"),
+        (["actor_rollout_ref.actor.loss_scale_factor=null"], "actor_rollout_ref.actor.loss_scale_factor"),
+        (["method=drgrpo", "actor_rollout_ref.actor.loss_scale_factor=null"], "actor_rollout_ref.actor.loss_scale_factor"),
+        (["actor_rollout_ref.actor.loss_scale_factor=-5"], "actor_rollout_ref.actor.loss_scale_factor"),
+        (["actor_rollout_ref.actor.tau_neg=0"], "actor_rollout_ref.actor.tau_neg"),
+        (["algorithm.adv_estimator=apo_typo"], "algorithm.adv_estimator"),
+        (["actor_rollout_ref.actor.policy_loss.loss_mode=nope"], "actor_rollout_ref.actor.policy_loss.loss_mode"),
+        (["actor_rollout_ref.rollout.n=1"], "actor_rollout_ref.rollout.n"),
+    ],
+)
+def test_invalid_settings_fail_validation_naming_the_key(overrides, key):
+    with pytest.raises(RecipeConfigError) as info:
+        validate_recipe_config(valid(*overrides))
+    assert key in str(info.value) and "\n" not in str(info.value)
+
+
+def test_experiment_names_are_deterministic_distinct_and_leave_out_paths():
+    task = ["method=apo", "data.train_files=/x/train.parquet", "algorithm.apo.lambda_scale=1.1",
+            "+algorithm.apo.eta=0.5", "trainer.logger=[console]", "dry_run=true"]
+    assert experiment_name("apo", task) == "apo-algorithm.apo.eta=0.5-algorithm.apo.lambda_scale=1.1"
+    assert experiment_name("apo", list(reversed(task))) == experiment_name("apo", task)
+    assert experiment_name("grpo", []) == "grpo"
+    long = experiment_name("apo", [f"algorithm.apo.history={'9' * 200}"])
+    assert len(long) <= 96 and long != experiment_name("apo", [f"algorithm.apo.history={'8' * 200}"])
+
+
+def run_main(*args, cwd):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VERL_USE_EXTERNAL")}
+    return subprocess.run([sys.executable, "-m", "recipe_apo.main", *args], capture_output=True, text=True,
+                          timeout=180, cwd=cwd, env=env)
+
+
+def test_cfg_job_prints_the_composed_config_without_starting_ray(tmp_path):
+    result = run_main("method=drgrpo", "data.max_response_length=1024", "--cfg", "job", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    config = OmegaConf.create(result.stdout)
+    assert config.actor_rollout_ref.actor.loss_agg_mode == "seq-mean-token-sum-norm"
+    assert config.algorithm.norm_adv_by_std_in_grpo is False
+    assert "Ray" not in result.stdout + result.stderr
+
+
+def test_a_bad_setting_stops_the_launch_with_one_line(tmp_path):
+    result = run_main("actor_rollout_ref.rollout.n=8", "algorithm.apo.lambda_scale=-1", cwd=tmp_path)
+    assert result.returncode == 2
+    errors = [line for line in result.stderr.splitlines() if line.startswith("recipe-apo: error:")]
+    assert errors == ["recipe-apo: error: algorithm.apo.lambda_scale must be > 0.0, got -1"]
+    assert "Traceback" not in result.stderr
+
+
+def test_multirun_dry_run_gives_each_job_its_own_name_folders_and_method(tmp_path):
+    result = run_main("-m", "method=grpo,drgrpo,apo", "algorithm.apo.lambda_scale=1.1", "dry_run=true",
+                      "actor_rollout_ref.rollout.n=8", f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    experiments = [line.split(": ", 1)[1] for line in result.stdout.splitlines() if line.startswith("experiment:")]
+    checkpoints = [line.split(": ", 1)[1] for line in result.stdout.splitlines() if line.startswith("checkpoints:")]
+    assert experiments == [f"recipe_apo/{m}-actor_rollout_ref.rollout.n=8-algorithm.apo.lambda_scale=1.1"
+                           for m in ("grpo", "drgrpo", "apo")]
+    assert len(set(checkpoints)) == 3
+    jobs = sorted((tmp_path / "sweep").glob("[0-9]_*"))
+    assert len(jobs) == 3
+    methods = [OmegaConf.load(job / ".hydra" / "config.yaml").algorithm.adv_estimator for job in jobs]
+    assert methods == ["grpo", "grpo", "apo"]
+    assert result.stdout.count("dry run: stopping before Ray starts") == 3
