@@ -94,5 +94,5 @@ def pretrain(
         optimizer.zero_grad(set_to_none=True)
         nll.backward()
         optimizer.step()
-        losses.append(float(nll))
+        losses.append(float(nll.detach()))
     return losses

@@ -1,0 +1,60 @@
+"""One composed config per compared method, through Hydra: ``testbed.yaml`` + the command line + the method's
+entry in ``methods`` (which picks a preset of the recipe's own ``method`` group, conf/method/*.yaml)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from hydra import compose
+from omegaconf import DictConfig, OmegaConf
+
+CONFIG_NAME = "testbed"
+# The keys that make a method what it is; a command-line change to one of them shows in the method's label.
+METHOD_KEYS = (
+    "algorithm.adv_estimator",
+    "algorithm.norm_adv_by_std_in_grpo",
+    "actor_rollout_ref.actor.policy_loss.loss_mode",
+    "actor_rollout_ref.actor.loss_agg_mode",
+)
+
+
+def _key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def _method_signature(cfg: DictConfig) -> tuple:
+    return tuple(OmegaConf.select(cfg, key) for key in METHOD_KEYS)
+
+
+def method_configs(overrides: list[str]) -> dict[str, DictConfig]:
+    """label -> composed config. Needs an initialized Hydra (inside the app, or ``initialize_config_module``).
+
+    ``method=<preset>`` among ``overrides`` runs that preset alone; otherwise every ``methods`` entry runs. A
+    label gains ``[estimator+loss ...]`` when the command line changed what its preset defines.
+    """
+    base = compose(config_name=CONFIG_NAME, overrides=overrides)
+    chosen = [o for o in overrides if _key(o) == "method"]
+    if chosen:
+        entries = {chosen[-1].split("=", 1)[1]: []}
+        user = overrides
+    else:
+        entries = {label: list(extra) for label, extra in base.methods.items()}
+        user = overrides
+    out: dict[str, DictConfig] = {}
+    for label, extra in entries.items():
+        cfg = compose(config_name=CONFIG_NAME, overrides=list(user) + extra)
+        reference = compose(config_name=CONFIG_NAME, overrides=extra if extra else [f"method={label}"])
+        if _method_signature(cfg) != _method_signature(reference):
+            changed = [str(v) for v, r in zip(_method_signature(cfg), _method_signature(reference)) if v != r]
+            label = f"{label}[{'+'.join(changed)}]"
+        out[label] = cfg
+    return out
+
+
+def task_overrides() -> Optional[list[str]]:
+    """The command line's overrides of the running Hydra app (a multirun job's include its sweep values)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return None
+    return list(HydraConfig.get().overrides.task)

@@ -1,0 +1,125 @@
+"""PNG plots of a testbed run: mean over seeds as a line, the seeds' spread (min to max) as a band."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only; no display on a server or in CI
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _series(runs, label, getter):
+    rows = [getter(r) for r in runs if r["label"] == label]
+    width = min(len(r) for r in rows)
+    return np.asarray([r[:width] for r in rows], dtype=np.float64)
+
+
+def _smooth(values: np.ndarray, window: int) -> np.ndarray:
+    if window <= 1 or values.shape[-1] < window:
+        return values
+    kernel = np.ones(window) / window
+    # NaNs (a round without correct responses) are filled from their neighbours before smoothing.
+    out = []
+    for row in np.atleast_2d(values):
+        idx = np.arange(len(row))
+        good = np.isfinite(row)
+        row = np.interp(idx, idx[good], row[good]) if good.any() else row
+        out.append(np.convolve(np.pad(row, (window // 2, window - 1 - window // 2), mode="edge"), kernel, "valid"))
+    return np.asarray(out)
+
+
+def _band(ax, x, values, label, color, style="-"):
+    mean = np.nanmean(values, axis=0)
+    ax.plot(x, mean, style, color=color, label=label)
+    ax.fill_between(x, np.nanmin(values, axis=0), np.nanmax(values, axis=0), color=color, alpha=0.15, lw=0)
+
+
+def plot_runs(summary: dict[str, Any], runs: list[dict[str, Any]], out_dir: Path) -> None:
+    plt = _pyplot()
+    labels = list(summary["methods"])
+    colors = {label: f"C{i}" for i, label in enumerate(labels)}
+    n_seeds = len(summary["seeds"])
+    rounds = summary["config"]["rounds"]
+    window = max(1, rounds // 25)
+    note = f"line: mean of {n_seeds} seeds; band: min-max over seeds"
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=False)
+    for label in labels:
+        x = runs[[r["label"] for r in runs].index(label)]["evals"]["round"]
+        _band(axes[0], x, _series(runs, label, lambda r: r["evals"]["overall"]), label, colors[label])
+        _band(axes[1], x, _series(runs, label, lambda r: r["evals"]["hard"]), label, colors[label])
+    axes[0].set_title("success on the evaluation set")
+    axes[1].set_title("success on its hardest third (by the initial policy)")
+    for ax in axes:
+        ax.set_xlabel("round")
+        ax.set_ylabel("share of correct sampled responses")
+        ax.grid(alpha=0.3)
+    axes[0].legend()
+    fig.suptitle(note, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out_dir / "success.png", dpi=110)
+    plt.close(fig)
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for label in labels:
+        x = np.arange(1, rounds + 1)
+        for ax, key in zip(axes, ("len_correct", "len_incorrect")):
+            values = _smooth(_series(runs, label, lambda r: r["history"][key]), window)
+            _band(ax, x[: values.shape[1]], values, label, colors[label])
+    L0 = summary["config"]["data"]["max_response_length"]
+    for ax, title in zip(axes, ("correct responses", "incorrect responses")):
+        ax.axhline(L0, color="grey", ls=":", lw=1)
+        ax.set_title(f"mean length of {title} (tokens; dotted: L0={L0})")
+        ax.set_xlabel("round")
+        ax.grid(alpha=0.3)
+    axes[0].legend()
+    fig.suptitle(f"{note}; moving average over {window} rounds", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out_dir / "length.png", dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    drew = False
+    for label in labels:
+        rows = [r for r in runs if r["label"] == label and "anchor" in r["history"]]
+        for i, r in enumerate(rows):
+            x = np.arange(1, len(r["history"]["anchor"]) + 1)
+            ax.plot(x, r["history"]["anchor"], color=colors[label], lw=1.2,
+                    label=f"{label}: anchor C_t" if i == 0 else None)
+            ax.plot(x, _smooth(np.asarray(r["history"]["batch_success"]), 1)[0], color=colors[label], lw=0.5,
+                    alpha=0.35, label=f"{label}: batch success y_t" if i == 0 else None)
+            drew = True
+    ax.set_title("APO's capability anchor C_t, one line per seed" if drew else "no APO run: no anchor")
+    ax.set_xlabel("round")
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    if drew:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out_dir / "anchor.png", dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for label in labels:
+        values = _smooth(_series(runs, label, lambda r: r["history"]["grad_norm"]), window)
+        _band(ax, np.arange(1, values.shape[1] + 1), values, label, colors[label])
+    clip = summary["config"]["actor_rollout_ref"]["actor"]["grad_clip"]
+    ax.axhline(clip, color="grey", ls=":", lw=1)
+    ax.set_yscale("log")
+    ax.set_title(f"gradient norm before clipping (dotted: grad_clip={clip})")
+    ax.set_xlabel("round")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.suptitle(f"{note}; moving average over {window} rounds", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out_dir / "grad_norm.png", dpi=110)
+    plt.close(fig)

@@ -1,0 +1,266 @@
+"""From runs to ``summary.json``, ``report.md`` and the plots.
+
+Every comparison is paired: a method's number minus another's on the same seed (same initial weights, same
+prompts). A difference counts as more than seed noise only when every seed agrees on its sign and a paired
+t-test clears the two-sided 5% level; the report says "within seed noise" otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from recipe_apo.testbed.train import BUCKETS
+
+# Two-sided 5% critical values of Student's t for 1..10 degrees of freedom (no scipy dependency).
+_T_CRIT = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
+
+# (key, header, format, higher is better?) of the main table, in order.
+HEADLINE = [
+    ("success_avg", "success, mean over training", "{:.3f}", True),
+    ("success_early", "success, early", "{:.3f}", True),
+    ("success_final", "success, final", "{:.3f}", True),
+    ("hard_success_avg", "hardest third, mean over training", "{:.3f}", True),
+    ("hard_success_final", "hardest third, final", "{:.3f}", True),
+    ("easy_success_avg", "easiest third, mean over training", "{:.3f}", True),
+    ("len_correct", "length of correct (last quarter)", "{:.1f}", None),
+    ("len_incorrect", "length of incorrect (last quarter)", "{:.1f}", None),
+    ("cut_share", "share cut at L0 (last quarter)", "{:.3f}", False),
+    ("grad_norm_mean", "grad norm before clip, mean", "{:.3f}", None),
+    ("grad_norm_max", "grad norm before clip, max", "{:.3f}", None),
+    ("wall_s", "wall time per run (s)", "{:.1f}", None),
+]
+# The metrics compared pair by pair.
+PAIRED = ["success_avg", "success_early", "success_final", "hard_success_avg", "hard_success_final",
+          "len_correct", "len_incorrect", "cut_share"]
+
+
+def _nanmean(values) -> float:
+    values = np.asarray(values, dtype=np.float64)
+    values = values[np.isfinite(values)]
+    return float(values.mean()) if values.size else float("nan")
+
+
+def run_summary(run: dict[str, Any], rounds: int, early_fraction: float) -> dict[str, float]:
+    """The per-run numbers of summary.json."""
+    evals, history = run["evals"], run["history"]
+    eval_rounds = np.asarray(evals["round"])
+    trained = eval_rounds > 0  # round 0 is the shared start, identical for every method of a seed
+    early = trained & (eval_rounds <= max(1, math.ceil(early_fraction * rounds)))
+    if not early.any():
+        early = trained & (eval_rounds == eval_rounds[trained].min())
+    out: dict[str, float] = {}
+    for name, prefix in [("overall", "success")] + [(b, f"{b}_success") for b in BUCKETS]:
+        series = np.asarray(evals[name])
+        out[f"{prefix}_initial"] = float(series[0])
+        out[f"{prefix}_early"] = float(series[early].mean())
+        out[f"{prefix}_avg"] = float(series[trained].mean())
+        out[f"{prefix}_final"] = float(series[-1])
+    last = slice(-max(1, rounds // 4), None)
+    out["len_correct"] = _nanmean(history["len_correct"][last])
+    out["len_incorrect"] = _nanmean(history["len_incorrect"][last])
+    out["len_correct_first"] = _nanmean(history["len_correct"][: max(1, rounds // 10)])
+    out["len_incorrect_first"] = _nanmean(history["len_incorrect"][: max(1, rounds // 10)])
+    out["cut_share"] = _nanmean(history["cut_share"][last])
+    out["cut_share_avg"] = _nanmean(history["cut_share"])
+    out["grad_norm_mean"] = _nanmean(history["grad_norm"])
+    out["grad_norm_max"] = float(np.nanmax(history["grad_norm_max"]))
+    out["batch_success_avg"] = _nanmean(history["batch_success"])
+    out["wall_s"] = float(run["wall_s"])
+    return out
+
+
+def paired(values_a: list[float], values_b: list[float]) -> dict[str, Any]:
+    """a - b per seed, with how many seeds agree on the sign and whether it clears seed noise."""
+    diff = np.asarray(values_a, dtype=np.float64) - np.asarray(values_b, dtype=np.float64)
+    n = int(np.isfinite(diff).sum())
+    d = diff[np.isfinite(diff)]
+    mean = float(d.mean()) if n else float("nan")
+    std = float(d.std(ddof=1)) if n > 1 else float("nan")
+    positive, negative = int((d > 0).sum()), int((d < 0).sum())
+    agree = max(positive, negative)
+    if n > 1 and std > 0:
+        t = mean / (std / math.sqrt(n))
+        significant = abs(t) > _T_CRIT.get(n - 1, 1.96) and agree == n
+    else:
+        t, significant = float("nan"), bool(n > 1 and std == 0 and mean != 0)
+    return {
+        "per_seed": [float(x) for x in diff],
+        "mean": mean,
+        "std": std,
+        "t": t,
+        "seeds_agree": agree,
+        "seeds": n,
+        "direction": "+" if positive > negative else ("-" if negative > positive else "0"),
+        "beyond_seed_noise": bool(significant),
+    }
+
+
+def build_summary(
+    cfg_by_label: dict[str, Any], setups: dict, runs: list[dict[str, Any]], wall_s: float, base_cfg: dict
+) -> dict[str, Any]:
+    labels = list(cfg_by_label)
+    seeds = sorted(setups)
+    per_run: dict[str, dict[str, dict[str, float]]] = {label: {} for label in labels}
+    for run in runs:
+        cfg = cfg_by_label[run["label"]]
+        per_run[run["label"]][str(run["seed"])] = run_summary(run, cfg["rounds"], cfg["early_fraction"])
+    aggregate = {}
+    for label in labels:
+        keys = next(iter(per_run[label].values())).keys()
+        aggregate[label] = {
+            key: {
+                "mean": _nanmean([per_run[label][str(s)][key] for s in seeds]),
+                "std": float(np.nanstd([per_run[label][str(s)][key] for s in seeds], ddof=1)) if len(seeds) > 1 else 0.0,
+            }
+            for key in keys
+        }
+    comparisons = {}
+    for i, a in enumerate(labels):
+        for b in labels[:i]:
+            # Later methods first: with the default order this reads "apo - grpo", "drgrpo - grpo", ...
+            comparisons[f"{a} - {b}"] = {
+                key: paired([per_run[a][str(s)][key] for s in seeds], [per_run[b][str(s)][key] for s in seeds])
+                for key in PAIRED
+            }
+    methods = {
+        label: {
+            "adv_estimator": cfg["algorithm"]["adv_estimator"],
+            "norm_adv_by_std_in_grpo": cfg["algorithm"].get("norm_adv_by_std_in_grpo"),
+            "loss_mode": cfg["actor_rollout_ref"]["actor"]["policy_loss"]["loss_mode"],
+            "loss_agg_mode": cfg["actor_rollout_ref"]["actor"]["loss_agg_mode"],
+            "loss_scale_factor": cfg["actor_rollout_ref"]["actor"].get("loss_scale_factor"),
+            "apo": cfg["algorithm"].get("apo") if cfg["algorithm"]["adv_estimator"] == "apo" else None,
+        }
+        for label, cfg in cfg_by_label.items()
+    }
+    return {
+        "scenario": base_cfg.get("scenario_name"),
+        "seeds": seeds,
+        "methods": methods,
+        "seed_setup": {
+            str(s): {
+                "init_weights_sha256": setups[s].init_digest,
+                "pretrain_loss": setups[s].pretrain_loss,
+                "initial_success": float(setups[s].initial_success.mean()),
+                "initial_success_by_bucket": {
+                    name: float(setups[s].initial_success[setups[s].bucket == b].mean())
+                    for b, name in enumerate(BUCKETS)
+                },
+            }
+            for s in seeds
+        },
+        "runs": per_run,
+        "aggregate": aggregate,
+        "paired": comparisons,
+        "wall_s": wall_s,
+        "config": base_cfg,
+    }
+
+
+def _fmt(fmt: str, value: float) -> str:
+    return "nan" if value is None or not math.isfinite(value) else fmt.format(value)
+
+
+def report_markdown(summary: dict[str, Any]) -> str:
+    labels = list(summary["methods"])
+    seeds = summary["seeds"]
+    cfg = summary["config"]
+    lines = [
+        f"# CPU testbed: {', '.join(labels)} ({len(seeds)} seeds, scenario `{summary['scenario']}`)",
+        "",
+        f"{cfg['rounds']} rounds of {cfg['data']['train_batch_size']} prompts x G={cfg['actor_rollout_ref']['rollout']['n']} "
+        f"responses, L0={cfg['data']['max_response_length']}, ppo_epochs={cfg['actor_rollout_ref']['actor']['ppo_epochs']}, "
+        f"mini-batch {cfg['actor_rollout_ref']['actor']['ppo_mini_batch_size']} prompts. Success = share of sampled "
+        f"responses (temperature 1) that are correct on a fixed evaluation set; buckets are thirds of that set by "
+        f"the initial policy's own success rate. Wall time of the whole run: {summary['wall_s']:.0f} s.",
+        "",
+        "| method | estimator | std norm | loss | aggregation |",
+        "|---|---|---|---|---|",
+    ]
+    for label, m in summary["methods"].items():
+        std = m["norm_adv_by_std_in_grpo"] if m["adv_estimator"] == "grpo" else "-"
+        agg = m["loss_agg_mode"] + (f" / {m['loss_scale_factor']}" if m["loss_agg_mode"].endswith("norm") else "")
+        lines.append(f"| {label} | `{m['adv_estimator']}` | {std} | `{m['loss_mode']}` | `{agg}` |")
+    init = summary["seed_setup"]
+    lines += [
+        "",
+        "Initial policy (shared by all methods of a seed): success "
+        + ", ".join(
+            f"seed {s}: {init[str(s)]['initial_success']:.2f} "
+            f"(hard {init[str(s)]['initial_success_by_bucket']['hard']:.2f}, "
+            f"easy {init[str(s)]['initial_success_by_bucket']['easy']:.2f})"
+            for s in seeds
+        )
+        + ".",
+        "",
+        "## Mean +- std over seeds",
+        "",
+        "| metric | " + " | ".join(labels) + " |",
+        "|---|" + "---|" * len(labels),
+    ]
+    agg = summary["aggregate"]
+    for key, header, fmt, _ in HEADLINE:
+        cells = [f"{_fmt(fmt, agg[l][key]['mean'])} +- {_fmt(fmt, agg[l][key]['std'])}" for l in labels]
+        lines.append(f"| {header} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "## Paired differences (same seed, same start, same prompts)",
+        "",
+        "Per-seed differences `a - b`; *agree* counts the seeds on the majority side. **Bold**: every seed agrees "
+        "and a paired t-test clears 5%; otherwise the difference is within seed noise.",
+        "",
+        "| comparison | metric | per seed | mean +- std | agree | verdict |",
+        "|---|---|---|---|---|---|",
+    ]
+    headers = {key: header for key, header, _, _ in HEADLINE}
+    formats = {key: fmt for key, _, fmt, _ in HEADLINE}
+    for name, metrics in summary["paired"].items():
+        for key, p in metrics.items():
+            fmt = formats[key]
+            per_seed = " ".join(_fmt(fmt.replace("{:", "{:+"), x) for x in p["per_seed"])
+            mean = f"{_fmt(fmt.replace('{:', '{:+'), p['mean'])} +- {_fmt(fmt, p['std'])}"
+            verdict = f"**{p['direction']}**" if p["beyond_seed_noise"] else "within seed noise"
+            lines.append(f"| {name} | {headers[key]} | {per_seed} | {mean} | {p['seeds_agree']}/{p['seeds']} | {verdict} |")
+    lines += ["", "## Verdict", ""] + verdict_lines(summary)
+    lines += ["", "Plots: `success.png`, `length.png`, `anchor.png`, `grad_norm.png`.", ""]
+    return "\n".join(lines)
+
+
+def verdict_lines(summary: dict[str, Any]) -> list[str]:
+    """Plain sentences on APO against each baseline, for the headline metrics."""
+    out = []
+    labels = list(summary["methods"])
+    apo = [l for l in labels if summary["methods"][l]["adv_estimator"] == "apo"]
+    for a in apo:
+        for b in labels:
+            if b == a:
+                continue
+            key = f"{a} - {b}" if f"{a} - {b}" in summary["paired"] else f"{b} - {a}"
+            sign = 1.0 if key.startswith(a) else -1.0
+            for metric, words in [("success_avg", "mean success over training"),
+                                  ("hard_success_avg", "mean success on the hardest third")]:
+                p = summary["paired"][key][metric]
+                d = sign * p["mean"]
+                if p["beyond_seed_noise"]:
+                    how = "beats" if d > 0 else "trails"
+                    out.append(f"- {a} {how} {b} on {words} by {abs(d):.3f} ({p['seeds_agree']}/{p['seeds']} seeds agree).")
+                else:
+                    out.append(f"- {a} vs {b}, {words}: {d:+.3f}, within seed noise "
+                               f"({p['seeds_agree']}/{p['seeds']} seeds on one side).")
+    return out or ["- no APO method in this run."]
+
+
+def write_outputs(summary: dict[str, Any], runs: list[dict[str, Any]], out_dir: Path, plots: bool = True) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=1, allow_nan=True))
+    (out_dir / "history.json").write_text(json.dumps(runs, allow_nan=True))
+    (out_dir / "report.md").write_text(report_markdown(summary))
+    if plots:
+        from recipe_apo.testbed.plots import plot_runs
+
+        plot_runs(summary, runs, out_dir)

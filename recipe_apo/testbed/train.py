@@ -1,0 +1,274 @@
+"""Paired training runs: per seed one pretrained "base model", prompt stream and evaluation set, shared by every
+method; per (seed, method) one RL run in verl's loop (rollout, advantages, ``ppo_epochs`` of mini-batch updates).
+
+Runs go to a process pool (one torch thread each: a GRU this small gains nothing from intra-op threads, and
+with one thread the numbers are the same whichever worker runs a job). Each job depends only on its seed and
+its config, so results do not depend on scheduling.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import multiprocessing as mp
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from recipe_apo import anchor as anchor_module
+from recipe_apo.anchor import reset_driver_anchor
+from recipe_apo.testbed.policy import TokenPolicy, build_policy, pretrain
+from recipe_apo.testbed.rollout import compute_advantages, rollout
+from recipe_apo.testbed.task import ReverseTask
+from recipe_apo.testbed.update import actor_config, ppo_update
+
+BUCKETS = ("hard", "medium", "easy")
+
+# Independent random streams of a seed; methods share all of them except what their own updates change.
+_PRETRAIN, _PROMPTS, _EVAL_SET, _SAMPLING, _EVAL_SAMPLING, _SHUFFLE = range(6)
+
+
+def generator(seed: int, stream: int, step: int = 0) -> torch.Generator:
+    return torch.Generator().manual_seed(1_000_003 * seed + 7919 * stream + step)
+
+
+def make_task(cfg: DictConfig) -> ReverseTask:
+    return ReverseTask(
+        alphabet=cfg.task.alphabet,
+        min_len=cfg.task.min_len,
+        max_len=cfg.task.max_len,
+        max_response_length=cfg.data.max_response_length,
+        filler_mean=cfg.task.filler_mean,
+    )
+
+
+@dataclass
+class SeedSetup:
+    """What every method of one seed shares: initial weights, prompts, evaluation set and its buckets."""
+
+    seed: int
+    init_state: dict[str, torch.Tensor]
+    init_digest: str
+    train_prompts: torch.Tensor  # [rounds, P, prompt_width]
+    train_k: torch.Tensor  # [rounds, P]
+    eval_prompts: torch.Tensor
+    eval_k: torch.Tensor
+    initial_success: torch.Tensor  # per eval prompt, from cfg.eval.bucket_samples samples
+    bucket: torch.Tensor  # per eval prompt: 0 hard, 1 medium, 2 easy
+    pretrain_loss: float
+
+
+def evaluate(policy: TokenPolicy, task: ReverseTask, prompts, k, samples: int, gen) -> torch.Tensor:
+    """Per-prompt success rate over ``samples`` sampled responses (temperature 1, the policy RL trains)."""
+    responses = policy.sample(prompts.repeat_interleave(samples, 0), task.max_response_length, gen)
+    reward = task.score(prompts.repeat_interleave(samples, 0), k.repeat_interleave(samples, 0), responses)["reward"]
+    return reward.view(-1, samples).mean(dim=1)
+
+
+def state_digest(state: dict[str, torch.Tensor]) -> str:
+    h = hashlib.sha256()
+    for name in sorted(state):
+        h.update(name.encode())
+        h.update(state[name].detach().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def prepare_seed(cfg: DictConfig, seed: int) -> SeedSetup:
+    task = make_task(cfg)
+    policy = build_policy(task, cfg.policy.embed_dim, cfg.policy.hidden_dim, cfg.policy.layers, seed)
+    losses = pretrain(policy, task, cfg.pretrain.steps, cfg.pretrain.batch_size, cfg.pretrain.lr,
+                      generator(seed, _PRETRAIN))
+    prompt_gen = generator(seed, _PROMPTS)
+    rounds, per_round = cfg.rounds, cfg.data.train_batch_size
+    prompts, k = task.sample_prompts(rounds * per_round, prompt_gen)
+    eval_prompts, eval_k = task.stratified_prompts(cfg.eval.prompts_per_length, generator(seed, _EVAL_SET))
+    initial = evaluate(policy, task, eval_prompts, eval_k, cfg.eval.bucket_samples, generator(seed, _EVAL_SAMPLING, 10**6))
+    # Tertiles of the initial policy's own success rates; ties (many zeros) are broken by string length.
+    order = np.lexsort((-eval_k.numpy(), initial.numpy()))
+    bucket = torch.empty(len(order), dtype=torch.int64)
+    for b, part in enumerate(np.array_split(order, len(BUCKETS))):
+        bucket[torch.from_numpy(part)] = b
+    state = {name: t.detach().clone() for name, t in policy.state_dict().items()}
+    return SeedSetup(
+        seed=seed,
+        init_state=state,
+        init_digest=state_digest(state),
+        train_prompts=prompts.view(rounds, per_round, -1),
+        train_k=k.view(rounds, per_round),
+        eval_prompts=eval_prompts,
+        eval_k=eval_k,
+        initial_success=initial,
+        bucket=bucket,
+        pretrain_loss=float(np.mean(losses[-20:])) if losses else float("nan"),
+    )
+
+
+def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
+    return float(values[mask].float().mean()) if bool(mask.any()) else float("nan")
+
+
+def run_method(
+    cfg: DictConfig, label: str, setup: SeedSetup, progress: Optional[Callable[[int], None]] = None
+) -> dict[str, Any]:
+    """One RL run of one method from the seed's shared start. Returns its per-round history and evals."""
+    started = time.perf_counter()
+    seed = setup.seed
+    task = make_task(cfg)
+    policy = build_policy(task, cfg.policy.embed_dim, cfg.policy.hidden_dim, cfg.policy.layers, seed)
+    policy.load_state_dict(setup.init_state)
+    actor = actor_config(cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout.n)
+    optim = cfg.actor_rollout_ref.actor.optim
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=optim.lr, betas=tuple(optim.betas),
+                                  weight_decay=optim.weight_decay)
+    uses_anchor = cfg.algorithm.adv_estimator == "apo"
+    reset_driver_anchor()
+    sampling, shuffling = generator(seed, _SAMPLING), generator(seed, _SHUFFLE)
+    group = cfg.actor_rollout_ref.rollout.n
+
+    history: dict[str, list[float]] = {}
+    evals: dict[str, list[float]] = {"round": [], "overall": [], **{b: [] for b in BUCKETS}}
+
+    def record(key: str, value: float) -> None:
+        history.setdefault(key, []).append(float(value))
+
+    def run_eval(round_index: int) -> None:
+        success = evaluate(policy, task, setup.eval_prompts, setup.eval_k, cfg.eval.samples,
+                           generator(seed, _EVAL_SAMPLING, round_index))
+        evals["round"].append(round_index)
+        evals["overall"].append(float(success.mean()))
+        for b, name in enumerate(BUCKETS):
+            evals[name].append(float(success[setup.bucket == b].mean()))
+
+    run_eval(0)
+    for r in range(cfg.rounds):
+        batch = rollout(policy, task, setup.train_prompts[r], setup.train_k[r], group, sampling)
+        advantages = compute_advantages(batch, cfg.algorithm)
+        with torch.no_grad():
+            old_log_prob = policy.log_probs(batch["prompts"], batch["responses"])
+        metrics = ppo_update(policy, optimizer, actor, batch, advantages, old_log_prob, shuffling)
+
+        correct = batch["reward"] > 0.5
+        record("batch_success", batch["reward"].mean())
+        record("len_correct", _masked_mean(batch["length"], correct))
+        record("len_incorrect", _masked_mean(batch["length"], ~correct))
+        record("cut_share", batch["cut"].float().mean())
+        for key, value in metrics.items():
+            record(key, value)
+        if uses_anchor:
+            anchor_metrics = _anchor_metrics()
+            record("anchor", anchor_metrics.get("apo/anchor", float("nan")))
+            record("anchor_rate", anchor_metrics.get("apo/anchor_rate", float("nan")))
+            record("weight_pos_mean", anchor_metrics.get("apo/weight_pos_mean", float("nan")))
+            record("weight_neg_mean", anchor_metrics.get("apo/weight_neg_mean", float("nan")))
+        if (r + 1) % cfg.eval_every == 0 or r + 1 == cfg.rounds:
+            run_eval(r + 1)
+        if progress is not None:
+            progress(1)
+    reset_driver_anchor()
+    return {
+        "label": label,
+        "seed": seed,
+        "history": history,
+        "evals": evals,
+        "wall_s": time.perf_counter() - started,
+    }
+
+
+def _anchor_metrics() -> dict[str, float]:
+    """The APO estimator's metrics of the last step: on the driver's anchor book when the package has one
+    (per-scope anchors), else on the global anchor."""
+    book = getattr(anchor_module, "driver_anchors", None)
+    metrics = book().last_metrics if book is not None else {}
+    return metrics or anchor_module.get_driver_anchor().last_metrics
+
+
+# --- process pool plumbing ------------------------------------------------------------------------------
+
+_queue = None
+
+
+def _init_worker(queue, threads: int) -> None:
+    global _queue
+    _queue = queue
+    torch.set_num_threads(threads)
+
+
+def _report(n: int) -> None:
+    if _queue is not None:
+        _queue.put(n)
+
+
+def _prepare_job(args):
+    cfg_plain, seed = args
+    return prepare_seed(OmegaConf.create(cfg_plain), seed)
+
+
+def _run_job(args):
+    cfg_plain, label, setup = args
+    return run_method(OmegaConf.create(cfg_plain), label, setup, _report)
+
+
+def run_all(
+    method_cfgs: dict[str, DictConfig], seeds: list[int], workers: int, threads: int, show_progress: bool = True
+) -> tuple[dict[int, SeedSetup], list[dict[str, Any]]]:
+    """Prepare each seed once, then run every (seed, method) pair; returns (setups, runs)."""
+    from tqdm import tqdm
+
+    first = next(iter(method_cfgs.values()))
+    plain = {label: OmegaConf.to_container(cfg, resolve=True) for label, cfg in method_cfgs.items()}
+    base_plain = OmegaConf.to_container(first, resolve=True)
+    total = len(seeds) + sum(cfg.rounds for cfg in method_cfgs.values()) * len(seeds)
+    bar = tqdm(total=total, desc="testbed", unit="round", disable=not show_progress, file=sys.stderr)
+
+    if workers <= 1:
+        previous = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            setups = {}
+            for seed in seeds:
+                setups[seed] = prepare_seed(first, seed)
+                bar.update(1)
+            runs = [
+                run_method(method_cfgs[label], label, setups[seed], bar.update)
+                for seed in seeds
+                for label in method_cfgs
+            ]
+        finally:
+            torch.set_num_threads(previous)
+            bar.close()
+        return setups, runs
+
+    # fork: workers inherit the imported modules (importing verl costs seconds per process); the parent has
+    # run no torch kernel yet, so no OpenMP pool is forked. macOS and Windows spawn.
+    context = mp.get_context("fork" if sys.platform.startswith("linux") else "spawn")
+    queue = context.Queue()
+    with context.Pool(workers, initializer=_init_worker, initargs=(queue, threads)) as pool:
+        pending = pool.map_async(_prepare_job, [(base_plain, seed) for seed in seeds])
+        while not pending.ready():
+            pending.wait(0.2)
+        prepared = pending.get()
+        bar.update(len(seeds))
+        setups = {s.seed: s for s in prepared}
+        jobs = [(plain[label], label, setups[seed]) for seed in seeds for label in method_cfgs]
+        pending = pool.map_async(_run_job, jobs, chunksize=1)
+        while not pending.ready():
+            _drain(queue, bar, timeout=0.2)
+        runs = pending.get()
+        _drain(queue, bar, timeout=0.0)
+    bar.close()
+    return setups, runs
+
+
+def _drain(queue, bar, timeout: float) -> None:
+    import queue as queue_module
+
+    try:
+        bar.update(queue.get(timeout=timeout) if timeout else queue.get_nowait())
+        while True:
+            bar.update(queue.get_nowait())
+    except queue_module.Empty:
+        pass
