@@ -73,24 +73,29 @@ def compute_policy_loss_apo(
 
     log_ratio = torch.clamp(log_prob - old_log_prob, min=-LOG_RATIO_CLAMP, max=LOG_RATIO_CLAMP)
     ratio = torch.exp(log_ratio)
-    tau = torch.where(advantages > 0, tau_pos, tau_neg).to(ratio.dtype)
-    logit = tau * (ratio - 1.0)
+    positive = advantages > 0
+    tau = torch.where(positive, tau_pos, tau_neg).to(ratio.dtype)
+    # -(4 / tau) * A needs no gradient: built once, so the graph holds a single product with the sigmoid.
+    scaled_advantages = torch.where(positive, -4.0 / tau_pos, -4.0 / tau_neg).to(ratio.dtype).mul_(advantages)
+    logit = (ratio - 1.0).mul_(tau)
     gate_sigmoid = torch.sigmoid(logit)
-    pg_losses = -(4.0 / tau) * gate_sigmoid * advantages
+    pg_losses = gate_sigmoid * scaled_advantages
     if rollout_is_weights is not None:
         pg_losses = pg_losses * rollout_is_weights
     pg_loss = agg_loss(loss_mat=pg_losses, loss_mask=response_mask, loss_agg_mode=loss_agg_mode, **aggregation)
 
     with torch.no_grad():
-        mask = response_mask.to(ratio.dtype)
+        # Few full-size passes and no float copies of boolean masks: these metrics run on every micro-batch.
+        valid = response_mask.reshape(-1).to(torch.bool)
+        mask = valid.to(ratio.dtype)
         n_tokens = mask.sum().clamp(min=1.0)
-        s = gate_sigmoid.detach()
-        gate_weight = (4.0 * s * (1.0 - s) * mask).sum() / n_tokens
-        low_weight = ((logit.detach().abs() > _LOW_WEIGHT_LOGIT) * mask).sum() / n_tokens
-        out_of_band = (((ratio.detach() - 1.0).abs() > RATIO_BAND) * mask).sum() / n_tokens
-        ppo_kl = -(log_ratio.detach() * mask).sum() / n_tokens
+        s = gate_sigmoid.detach().reshape(-1)
+        gate_weight = 4.0 * (1.0 - s).mul_(s).mul_(mask).sum() / n_tokens
+        low_weight = torch.count_nonzero((logit.detach().reshape(-1).abs() > _LOW_WEIGHT_LOGIT).logical_and_(valid))
+        out_of_band = torch.count_nonzero(((ratio.detach().reshape(-1) - 1.0).abs_() > RATIO_BAND).logical_and_(valid))
+        ppo_kl = -log_ratio.detach().reshape(-1).mul(mask).sum() / n_tokens
         # One device-to-host transfer for all four metrics.
-        values = torch.stack([gate_weight, low_weight, out_of_band, ppo_kl]).tolist()
+        values = torch.stack([gate_weight, low_weight / n_tokens, out_of_band / n_tokens, ppo_kl]).tolist()
     metrics = {
         "actor/apo_gate_weight": values[0],
         "actor/apo_gate_low_share": values[1],

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import torch
+import numpy as np
 
 from recipe_apo.settings import ApoSettings
 
@@ -14,27 +14,26 @@ class ApoInputError(ValueError):
     """The batch handed to the APO estimator cannot be used; the message names the data or setting at fault."""
 
 
-def success_of(scores: torch.Tensor, settings: ApoSettings) -> torch.Tensor:
-    """Map response rewards R_i (shape (n,)) to successes s_i in [0, 1] (float64).
+def success_of(scores: np.ndarray, settings: ApoSettings) -> np.ndarray:
+    """Map response rewards R_i (float64, shape (n,)) to successes s_i in [0, 1] (float64).
 
     Raises ``ApoInputError`` naming ``algorithm.apo.success`` when a reward lies outside the mapping's domain.
     """
-    scores = scores.to(torch.float64)
     if settings.success == "threshold":
-        return (scores > settings.success_threshold).to(torch.float64)
+        return (scores > settings.success_threshold).astype(np.float64)
     if settings.success == "binary":
         low, high, hint = 0.0, 1.0, "binary (rewards used as they are)"
     else:
         low, high, hint = settings.success_min, settings.success_max, "minmax"
     outside = (scores < low - _DOMAIN_TOLERANCE) | (scores > high + _DOMAIN_TOLERANCE)
-    if bool(outside.any()):
-        rows = torch.nonzero(outside).flatten()
+    if outside.any():
+        rows = np.flatnonzero(outside)
         raise ApoInputError(
-            f"{rows.numel()} of {scores.numel()} response rewards lie outside [{low}, {high}] required by "
+            f"{rows.size} of {scores.size} response rewards lie outside [{low}, {high}] required by "
             f"algorithm.apo.success={hint} (first rows {rows[:5].tolist()}, e.g. reward "
-            f"{scores[rows[0]].item():.6g}); set algorithm.apo.success=threshold with success_threshold, or "
+            f"{scores[rows[0]]:.6g}); set algorithm.apo.success=threshold with success_threshold, or "
             "success=minmax with success_min/success_max, to match your reward range"
         )
     if settings.success == "binary":
-        return scores.clamp(0.0, 1.0)
-    return ((scores - low) / (high - low)).clamp(0.0, 1.0)
+        return np.clip(scores, 0.0, 1.0)
+    return np.clip((scores - low) / (high - low), 0.0, 1.0)

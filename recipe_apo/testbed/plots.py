@@ -95,7 +95,7 @@ def plot_runs(summary: dict[str, Any], runs: list[dict[str, Any]], out_dir: Path
             x = np.arange(1, len(r["history"]["anchor"]) + 1)
             ax.plot(x, r["history"]["anchor"], color=colors[label], lw=1.2,
                     label=f"{label}: anchor C_t" if i == 0 else None)
-            ax.plot(x, _smooth(np.asarray(r["history"]["batch_success"]), 1)[0], color=colors[label], lw=0.5,
+            ax.plot(x, r["history"]["batch_success"], color=colors[label], lw=0.5,
                     alpha=0.35, label=f"{label}: batch success y_t" if i == 0 else None)
             drew = True
     ax.set_title("APO's capability anchor C_t, one line per seed" if drew else "no APO run: no anchor")

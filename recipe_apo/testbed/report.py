@@ -83,11 +83,12 @@ def paired(values_a: list[float], values_b: list[float]) -> dict[str, Any]:
     std = float(d.std(ddof=1)) if n > 1 else float("nan")
     positive, negative = int((d > 0).sum()), int((d < 0).sum())
     agree = max(positive, negative)
-    if n > 1 and std > 0:
+    # Fewer than 3 seeds cannot tell a difference from noise, whatever the numbers say.
+    if n >= 3 and std > 0:
         t = mean / (std / math.sqrt(n))
         significant = abs(t) > _T_CRIT.get(n - 1, 1.96) and agree == n
     else:
-        t, significant = float("nan"), bool(n > 1 and std == 0 and mean != 0)
+        t, significant = float("nan"), bool(n >= 3 and std == 0 and mean != 0)
     return {
         "per_seed": [float(x) for x in diff],
         "mean": mean,

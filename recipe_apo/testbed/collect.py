@@ -1,0 +1,100 @@
+"""Gather the jobs of a testbed sweep into one table: ``python -m recipe_apo.testbed.collect <multirun dir>``.
+
+A Hydra callback (``CollectSweep``, declared in conf/testbed.yaml) runs the same at the end of every
+``-m`` sweep, so ``collected.md`` lands in the sweep folder without a second command.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+
+COLUMNS = [
+    ("success_avg", "success, mean over training", "{:.3f}"),
+    ("hard_success_avg", "hardest third, mean", "{:.3f}"),
+    ("success_final", "success, final", "{:.3f}"),
+    ("len_incorrect", "len. incorrect", "{:.1f}"),
+    ("cut_share", "cut at L0", "{:.3f}"),
+]
+
+
+def _job_overrides(job_dir: Path) -> str:
+    path = job_dir / ".hydra" / "overrides.yaml"
+    if not path.exists():
+        return job_dir.name
+    items = [line[2:].strip() for line in path.read_text().splitlines() if line.startswith("- ")]
+    return " ".join(items) or "(defaults)"
+
+
+def _cell(fmt: str, stat: dict[str, float]) -> str:
+    mean, std = stat["mean"], stat["std"]
+    if not math.isfinite(mean):
+        return "nan"
+    return f"{fmt.format(mean)} +- {fmt.format(std)}"
+
+
+def collect(sweep_dir: Path) -> str:
+    """Write ``collected.md`` and ``collected.json`` in ``sweep_dir``; return the markdown."""
+    sweep_dir = Path(sweep_dir)
+    jobs = sorted(p.parent for p in sweep_dir.rglob("summary.json"))
+    if not jobs:
+        raise FileNotFoundError(f"no summary.json under {sweep_dir}: is it a testbed multirun folder?")
+    rows: list[dict[str, Any]] = []
+    lines = [
+        f"# Testbed sweep: {sweep_dir}",
+        "",
+        "Mean +- std over seeds per job and method. *vs others*: paired difference in mean success over training "
+        "against each other method of the same job (same seeds, same starts), with the seeds that agree; "
+        "bold when every seed agrees and a paired t-test clears 5%.",
+        "",
+        "| job overrides | method | " + " | ".join(h for _, h, _ in COLUMNS) + " | vs others (success, mean) |",
+        "|---|---|" + "---|" * len(COLUMNS) + "---|",
+    ]
+    for job in jobs:
+        summary = json.loads((job / "summary.json").read_text())
+        overrides = _job_overrides(job)
+        for label, stats in summary["aggregate"].items():
+            versus = []
+            for name, metrics in summary["paired"].items():
+                a, b = name.split(" - ")
+                if label not in (a, b):
+                    continue
+                p = metrics["success_avg"]
+                sign = 1.0 if a == label else -1.0
+                other = b if a == label else a
+                text = f"{sign * p['mean']:+.3f} vs {other} ({p['seeds_agree']}/{p['seeds']})"
+                versus.append(f"**{text}**" if p["beyond_seed_noise"] else text)
+            cells = [_cell(fmt, stats[key]) for key, _, fmt in COLUMNS]
+            lines.append(f"| {overrides} | {label} | " + " | ".join(cells) + " | " + "; ".join(versus) + " |")
+            rows.append({"job": str(job), "overrides": overrides, "method": label,
+                         **{key: stats[key] for key, _, _ in COLUMNS}})
+    text = "\n".join(lines) + "\n"
+    (sweep_dir / "collected.md").write_text(text)
+    (sweep_dir / "collected.json").write_text(json.dumps(rows, indent=1))
+    return text
+
+
+class CollectSweep(Callback):
+    """At the end of a ``-m`` sweep, collect its jobs (testbed training jobs only; others are skipped)."""
+
+    def on_multirun_end(self, config, **kwargs) -> None:
+        sweep_dir = Path(config.hydra.sweep.dir)
+        if config.get("mode", "train") != "train" or not any(sweep_dir.rglob("summary.json")):
+            return
+        print(collect(sweep_dir))
+        print(f"Collected into {sweep_dir / 'collected.md'}")
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) != 1:
+        raise SystemExit("usage: python -m recipe_apo.testbed.collect <multirun dir>")
+    print(collect(Path(argv[0])))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
