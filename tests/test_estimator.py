@@ -371,3 +371,13 @@ def test_anchor_book_state_round_trips_and_refuses_bad_states():
     with pytest.raises(ValueError):
         restored.load_state_dict(bad)
     assert restored.state_dict() == before
+
+
+@pytest.mark.parametrize("mask_dtype", [torch.float32, torch.int64, torch.bool])
+def test_the_callers_mask_is_left_untouched_whatever_its_dtype(mask_dtype):
+    token_rewards, mask = outcome_rewards([1, 0, 0, 1], [2, 3, 1, 4])
+    mask = mask.to(mask_dtype)
+    before = mask.clone()
+    adv, _ = compute_apo_advantage(token_rewards, mask, np.array([0, 0, 1, 1]), ApoSettings(), CapabilityAnchor(0.5))
+    assert torch.equal(mask, before) and adv.dtype == torch.float32
+    assert torch.equal(adv != 0, before.bool() & (adv != 0))

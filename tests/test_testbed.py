@@ -1,0 +1,200 @@
+"""The CPU testbed: seconds-long runs of every method, determinism, Proposition 1 against its closed form,
+the config composition from the recipe's own presets, and sweep collection."""
+
+import dataclasses
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from hydra import initialize_config_module
+from omegaconf import OmegaConf
+
+from recipe_apo.settings import ApoSettings
+
+# A run of seconds: few rounds, a small batch, a short warm-up, one process.
+TINY = [
+    "seeds=[0,1]",
+    "workers=1",
+    "rounds=4",
+    "eval_every=2",
+    "pretrain.steps=30",
+    "data.train_batch_size=8",
+    "actor_rollout_ref.rollout.n=4",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+    "eval.prompts_per_length=2",
+    "eval.samples=2",
+    "eval.bucket_samples=4",
+]
+
+
+@pytest.fixture(scope="module")
+def hydra_ctx():
+    with initialize_config_module(config_module="recipe_apo.conf", version_base="1.3"):
+        yield
+
+
+def _run(overrides, out_dir):
+    from recipe_apo.testbed.__main__ import run_testbed
+
+    return run_testbed(overrides, out_dir, show_progress=False)
+
+
+def _finite(value) -> bool:
+    if isinstance(value, dict):
+        return all(_finite(v) for v in value.values())
+    if isinstance(value, list):
+        return all(_finite(v) for v in value)
+    return not isinstance(value, float) or math.isfinite(value)
+
+
+@pytest.fixture(scope="module")
+def tiny_run(hydra_ctx, tmp_path_factory):
+    out = tmp_path_factory.mktemp("tiny")
+    return out, _run(TINY, out)
+
+
+def test_smoke_every_method_writes_its_files_with_finite_numbers(tiny_run):
+    out, summary = tiny_run
+    for name in ("summary.json", "report.md", "success.png", "length.png", "anchor.png", "grad_norm.png"):
+        assert (out / name).stat().st_size > 0, name
+    assert list(summary["methods"]) == ["grpo", "drgrpo", "apo"]
+    on_disk = json.loads((out / "summary.json").read_text())
+    for label in ("grpo", "drgrpo", "apo"):
+        for seed in ("0", "1"):
+            run = on_disk["runs"][label][seed]
+            # len_correct may be NaN in a round without a correct response; everything headline is finite.
+            for key in ("success_avg", "success_final", "hard_success_avg", "len_incorrect", "cut_share",
+                        "grad_norm_mean", "grad_norm_max", "wall_s"):
+                assert math.isfinite(run[key]), (label, seed, key)
+    assert on_disk["methods"]["grpo"]["loss_agg_mode"] == "seq-mean-token-mean"
+    assert on_disk["methods"]["drgrpo"]["loss_scale_factor"] == on_disk["config"]["data"]["max_response_length"]
+    assert on_disk["methods"]["apo"]["loss_mode"] == "apo"
+    report = (out / "report.md").read_text()
+    assert "Paired differences" in report and "seed noise" in report
+
+
+def test_methods_of_a_seed_share_their_start(tiny_run):
+    out, summary = tiny_run
+    history = json.loads((out / "history.json").read_text())
+    for seed in (0, 1):
+        starts = {json.dumps(r["evals"]["overall"][0]) for r in history if r["seed"] == seed}
+        assert len(starts) == 1  # same weights, same evaluation prompts and sampling at round 0
+    assert summary["seed_setup"]["0"]["init_weights_sha256"] != summary["seed_setup"]["1"]["init_weights_sha256"]
+
+
+def test_apo_run_records_its_anchor(tiny_run):
+    out, _ = tiny_run
+    history = json.loads((out / "history.json").read_text())
+    apo = [r for r in history if r["label"] == "apo"]
+    assert apo and all(len(r["history"]["anchor"]) == 4 for r in apo)
+    assert all(0.0 <= c <= 1.0 for r in apo for c in r["history"]["anchor"])
+    assert not any("anchor" in r["history"] for r in history if r["label"] != "apo")
+
+
+def test_same_seed_gives_identical_numbers(hydra_ctx, tmp_path, tiny_run):
+    _, first = tiny_run
+    again = _run(TINY, tmp_path)
+    for summary in (first, again):
+        for runs in summary["runs"].values():
+            for run in runs.values():
+                run.pop("wall_s")
+    assert again["runs"] == first["runs"]
+
+
+def test_any_registered_estimator_and_loss_by_name(hydra_ctx, tmp_path):
+    overrides = TINY[1:] + ["seeds=[0]", "rounds=2", "method=grpo", "algorithm.adv_estimator=rloo",
+                            "actor_rollout_ref.actor.policy_loss.loss_mode=sapo"]
+    summary = _run(overrides, tmp_path)
+    (label,) = summary["methods"]
+    assert summary["methods"][label]["adv_estimator"] == "rloo"
+    assert summary["methods"][label]["loss_mode"] == "sapo"
+    assert "rloo" in label and "sapo" in label
+    assert _finite(summary["runs"][label]["0"]["success_final"])
+
+
+def test_presets_come_from_the_method_group(hydra_ctx):
+    from hydra import compose
+
+    from recipe_apo.testbed.configs import method_configs
+
+    cfgs = method_configs(["seeds=[0]"])
+    assert list(cfgs) == ["grpo", "drgrpo", "apo"]
+    for label, cfg in cfgs.items():
+        preset = OmegaConf.load(f"conf/method/{label}.yaml")
+        assert cfg.algorithm.adv_estimator == preset.algorithm.adv_estimator
+        assert cfg.actor_rollout_ref.actor.loss_agg_mode == preset.actor_rollout_ref.actor.loss_agg_mode
+        assert cfg.actor_rollout_ref.actor.policy_loss.loss_mode == preset.actor_rollout_ref.actor.policy_loss.loss_mode
+    assert cfgs["apo"].actor_rollout_ref.actor.loss_scale_factor == cfgs["apo"].data.max_response_length
+    # The testbed's algorithm.apo node mirrors the estimator's defaults in code.
+    node = OmegaConf.to_container(compose(config_name="testbed").algorithm.apo)
+    assert node == dataclasses.asdict(ApoSettings())
+
+
+def test_actor_config_is_verls_and_carries_the_preset(hydra_ctx):
+    from verl.workers.config import FSDPActorConfig
+
+    from recipe_apo.testbed.configs import method_configs
+    from recipe_apo.testbed.update import actor_config
+
+    cfg = method_configs(["method=apo"])["apo"]
+    actor = actor_config(cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout.n)
+    assert isinstance(actor, FSDPActorConfig)
+    assert (actor.tau_pos, actor.tau_neg, actor.loss_scale_factor) == (1.0, 1.5, cfg.data.max_response_length)
+    assert actor.policy_loss.loss_mode == "apo" and actor.rollout_n == cfg.actor_rollout_ref.rollout.n
+
+
+def test_task_verifier_ignores_fillers_and_scores_cut_responses_zero():
+    from recipe_apo.testbed.task import EOS, FILL, FIRST_SYMBOL, PAD, ReverseTask
+
+    task = ReverseTask(alphabet=4, min_len=1, max_len=3, max_response_length=6, filler_mean=1.0)
+    a, b, c = FIRST_SYMBOL, FIRST_SYMBOL + 1, FIRST_SYMBOL + 2
+    prompts = torch.tensor([[PAD, a, b, 1]] * 4)
+    k = torch.tensor([2, 2, 2, 2])
+    responses = torch.tensor([
+        [b, a, EOS, PAD, PAD, PAD],       # right
+        [FILL, b, FILL, a, EOS, PAD],     # right, with fillers
+        [a, b, EOS, PAD, PAD, PAD],       # wrong order
+        [b, a, FILL, FILL, FILL, FILL],   # right symbols but never ended: cut at L0
+    ])
+    scored = task.score(prompts, k, responses)
+    assert scored["reward"].tolist() == [1.0, 1.0, 0.0, 0.0]
+    assert scored["length"].tolist() == [3, 5, 3, 6]
+    assert scored["cut"].tolist() == [False, False, False, True]
+    demos, fits = task.demonstrations(prompts, k, torch.Generator().manual_seed(0))
+    assert (task.score(prompts, k, demos)["reward"][fits] == 1.0).all()
+    del c
+
+
+def test_signal_matches_the_closed_form_within_sampling_error():
+    from recipe_apo.testbed.signal import closed_form, max_z, measure
+
+    apo = dataclasses.asdict(ApoSettings())
+    result = measure(group_sizes=[4, 8], p_points=6, groups=3000, anchor=0.5, apo_node=apo, seed=0)
+    for size, entry in result["by_G"].items():
+        # The exact expectation of Dr. GRPO, from the estimator's own outputs, is the closed form.
+        np.testing.assert_allclose(entry["Dr. GRPO"]["exact"], closed_form(np.asarray(result["p"]), int(size)),
+                                   atol=1e-6)
+    assert max_z(result, "Dr. GRPO", "closed_form_drgrpo") < 4.5
+    for method in ("GRPO", "APO"):
+        assert max_z(result, method, "exact") < 4.5
+    # Proposition 1's point: at p = 0.2 APO's positive signal exceeds Dr. GRPO's (hard prompts boosted).
+    i = 1
+    assert result["p"][i] == pytest.approx(0.2)
+    assert result["by_G"]["8"]["APO"]["exact"][i] > result["by_G"]["8"]["Dr. GRPO"]["exact"][i]
+
+
+def test_collect_gathers_jobs_into_one_table(tiny_run, tmp_path):
+    from recipe_apo.testbed.collect import collect
+
+    out, _ = tiny_run
+    for i, value in enumerate(("1.1", "2.0")):
+        job = tmp_path / f"{i}_algorithm.apo.lambda_scale={value}"
+        (job / ".hydra").mkdir(parents=True)
+        (job / "summary.json").write_text((out / "summary.json").read_text())
+        (job / ".hydra" / "overrides.yaml").write_text(f"- algorithm.apo.lambda_scale={value}\n")
+    text = collect(tmp_path)
+    assert text.count("algorithm.apo.lambda_scale=1.1") == 3 and text.count("algorithm.apo.lambda_scale=2.0") == 3
+    assert (tmp_path / "collected.md").exists() and len(json.loads((tmp_path / "collected.json").read_text())) == 6
