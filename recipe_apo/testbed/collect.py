@@ -23,12 +23,11 @@ COLUMNS = [
 ]
 
 
-def _job_overrides(job_dir: Path) -> str:
+def _job_overrides(job_dir: Path) -> list[str]:
     path = job_dir / ".hydra" / "overrides.yaml"
     if not path.exists():
-        return job_dir.name
-    items = [line[2:].strip() for line in path.read_text().splitlines() if line.startswith("- ")]
-    return " ".join(items) or "(defaults)"
+        return [job_dir.name]
+    return [line[2:].strip() for line in path.read_text().splitlines() if line.startswith("- ")]
 
 
 def _cell(fmt: str, stat: dict[str, float]) -> str:
@@ -45,8 +44,13 @@ def collect(sweep_dir: Path) -> str:
     if not jobs:
         raise FileNotFoundError(f"no summary.json under {sweep_dir}: is it a testbed multirun folder?")
     rows: list[dict[str, Any]] = []
+    overrides_of = {job: _job_overrides(job) for job in jobs}
+    # Overrides every job shares say nothing about the difference between rows: stated once above the table.
+    shared = [o for o in overrides_of[jobs[0]] if all(o in overrides_of[j] for j in jobs)] if len(jobs) > 1 else []
     lines = [
         f"# Testbed sweep: {sweep_dir}",
+        "",
+        f"Every job: {' '.join(shared) if shared else '(no shared overrides)'}.",
         "",
         "Mean +- std over seeds per job and method. *vs others*: paired difference in mean success over training "
         "against each other method of the same job (same seeds, same starts), with the seeds that agree; "
@@ -57,7 +61,7 @@ def collect(sweep_dir: Path) -> str:
     ]
     for job in jobs:
         summary = json.loads((job / "summary.json").read_text())
-        overrides = _job_overrides(job)
+        overrides = " ".join(o for o in overrides_of[job] if o not in shared) or "(defaults)"
         for label, stats in summary["aggregate"].items():
             versus = []
             for name, metrics in summary["paired"].items():

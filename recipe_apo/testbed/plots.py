@@ -44,6 +44,15 @@ def _band(ax, x, values, label, color, style="-"):
 
 
 def plot_runs(summary: dict[str, Any], runs: list[dict[str, Any]], out_dir: Path) -> None:
+    import warnings
+
+    # Rounds without a correct response leave NaN lengths; an all-NaN column is a gap in the plot, not news.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        _plot_runs(summary, runs, out_dir)
+
+
+def _plot_runs(summary: dict[str, Any], runs: list[dict[str, Any]], out_dir: Path) -> None:
     plt = _pyplot()
     labels = list(summary["methods"])
     colors = {label: f"C{i}" for i, label in enumerate(labels)}

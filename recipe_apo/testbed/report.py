@@ -45,6 +45,12 @@ def _nanmean(values) -> float:
     return float(values.mean()) if values.size else float("nan")
 
 
+def _nanstd(values) -> float:
+    values = np.asarray(values, dtype=np.float64)
+    values = values[np.isfinite(values)]
+    return float(values.std(ddof=1)) if values.size > 1 else float("nan")
+
+
 def run_summary(run: dict[str, Any], rounds: int, early_fraction: float) -> dict[str, float]:
     """The per-run numbers of summary.json."""
     evals, history = run["evals"], run["history"]
@@ -116,7 +122,7 @@ def build_summary(
         aggregate[label] = {
             key: {
                 "mean": _nanmean([per_run[label][str(s)][key] for s in seeds]),
-                "std": float(np.nanstd([per_run[label][str(s)][key] for s in seeds], ddof=1)) if len(seeds) > 1 else 0.0,
+                "std": _nanstd([per_run[label][str(s)][key] for s in seeds]),
             }
             for key in keys
         }
