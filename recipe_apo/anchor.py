@@ -39,7 +39,6 @@ class CapabilityAnchor:
         self.value: Optional[float] = None if init is None else float(init)
         self.history: deque[float] = deque([] if init is None else [float(init)], maxlen=history)
         self.steps = 0
-        self.last_metrics: dict[str, float] = {}
 
     @property
     def started(self) -> bool:

@@ -159,7 +159,8 @@ def compute_apo_advantage(
         metrics["apo/weight_pos_mean"] = float(weight[positive].mean())
     if negative.any():
         metrics["apo/weight_neg_mean"] = float(weight[negative].mean())
-    anchors.last_metrics = metrics
+    if isinstance(anchors, AnchorBook):
+        anchors.last_metrics = metrics
     return advantages, metrics
 
 

@@ -179,11 +179,8 @@ def run_method(
 
 
 def _anchor_metrics() -> dict[str, float]:
-    """The APO estimator's metrics of the last step: on the driver's anchor book when the package has one
-    (per-scope anchors), else on the global anchor."""
-    book = getattr(anchor_module, "driver_anchors", None)
-    metrics = book().last_metrics if book is not None else {}
-    return metrics or anchor_module.get_driver_anchor().last_metrics
+    """The APO estimator's metrics of the last step, left on the driver's anchor book."""
+    return anchor_module.driver_anchors().last_metrics
 
 
 # --- process pool plumbing ------------------------------------------------------------------------------
