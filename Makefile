@@ -1,5 +1,5 @@
 # Two commands for a fresh machine; each creates .venv and installs what it needs on first use.
-#   make demo   the main job on a CPU machine (see README)
+#   make demo   the main job on a CPU machine: the CPU testbed (see README)
 #   make test   the test suite (what CI runs)
 # TORCH selects the torch build installed beside verl, in the same pip call: pinning it there is what keeps
 # pip from resolving a multi-GB CUDA build on a CPU-only machine. GPU users: see README, "GPU training".
@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -W ignore::UserWarning -m recipe_apo
+	$(PY) -W ignore::UserWarning -m recipe_apo.testbed
 
 test: $(STAMP)
 	$(PY) -m pytest
