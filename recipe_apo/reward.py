@@ -16,13 +16,14 @@ Scoring, in order:
 4. Otherwise math-verify decides (``parse`` + ``verify``, LaTeX and plain expressions), against
    ``ground_truth`` and any alternatives in ``extra_info["answers"]``.
 
-Why a worker process: math-verify's own timeouts use ``signal.alarm``, which works only in a process's main
-thread (verl calls reward functions from executor threads) and cannot interrupt one long C-level operation
-anyway: sympy evaluating ``10^{10^{10}}`` or ``(10^8)!`` runs for minutes in a single big-integer call. So
-math-verify runs in a few long-lived worker processes (plain ``subprocess``, one JSON line per request); a
-worker that overruns ``timeout`` seconds is killed and replaced and the response scores 0. Within the worker,
-math-verify's signal timeouts still end ordinary slow parses cleanly. If workers cannot be started at all, the
-check runs in the calling process, with signal timeouts where that is possible, and says so once in the log.
+Why worker processes: math-verify's timeouts use ``signal.alarm``, which works only in a process's main
+thread, and verl calls reward functions from executor threads; there math-verify either refuses (a timeout set)
+or runs unbounded (none set), and sympy then spends minutes on ``10^{10^{10}}`` or ``(10^8)!``. So math-verify
+runs in a few long-lived worker processes (plain ``subprocess``, one JSON line per request), in their main
+thread, where its own timeouts (a third of ``timeout`` each) end such answers in about a second. A signal
+handler cannot interrupt one long C call, so the caller also enforces ``timeout`` itself: a worker that
+overruns it is killed and replaced, and the response scores 0. If no worker can be started, the check runs in
+the calling process, with math-verify's timeouts where a main thread allows them, and says so once in the log.
 
 ``compute_score`` never raises: anything unexpected scores 0 (logged once per kind of failure).
 
@@ -136,7 +137,7 @@ def normalize_answer(answer: Any) -> str:
         boxed = last_boxed_answer(text)
         text = boxed.strip() if boxed is not None else text
     text = text.replace("\\%", "").replace("%", "")
-    text = text.strip().strip("$").strip()
+    text = _TRAILING_PUNCT.sub("", text.strip()).strip("$").strip()
     text = _TRAILING_PUNCT.sub("", text)
     match = _SCI_NUMBER.match(text)
     if match:
@@ -216,15 +217,18 @@ def _worker_main() -> None:
 
     _logging.disable(_logging.CRITICAL)
     parent = int(os.environ.get("RECIPE_APO_REWARD_PARENT", "0") or 0)
-    try:  # die with the parent even while stuck in a computation
-        import ctypes
-        import signal
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except Exception:
-        pass
     if parent and os.getppid() != parent:
         return
+    # Leave when the parent is gone, even mid-computation (stdin's end-of-file only shows between requests).
+    # Not PR_SET_PDEATHSIG: it fires when the parent THREAD exits, and verl's executor threads come and go.
+    def watch_parent() -> None:
+        while True:
+            time.sleep(1.0)
+            if os.getppid() != parent:
+                os._exit(0)
+
+    if parent:
+        threading.Thread(target=watch_parent, daemon=True).start()
     memory_mb = int(os.environ.get("RECIPE_APO_REWARD_MEMORY_MB", "4096") or 0)
     if memory_mb > 0:
         try:  # a runaway big-integer computation fails with MemoryError instead of swapping the node
@@ -234,7 +238,10 @@ def _worker_main() -> None:
             resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
         except Exception:
             pass
-    out = sys.stdout
+    # Replies get their own copy of stdout; anything a library prints goes to stderr and cannot break a reply.
+    out = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
     try:
         import math_verify  # noqa: F401
 
@@ -260,7 +267,7 @@ def _worker_main() -> None:
 # --------------------------------------------------------------------------------------------------------------
 
 # Loads this file by path (not `import recipe_apo`, which imports verl and torch: seconds and hundreds of MB
-# per worker) and serves. The script directory is dropped from sys.path so that nothing next to the caller's
+# per worker) and serves. The working directory is dropped from sys.path so that nothing in the caller's
 # working directory shadows a library.
 _WORKER_BOOT = (
     "import sys, importlib.util\n"
@@ -287,7 +294,6 @@ class _Worker:
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             env=env,
-            cwd=os.path.dirname(os.path.abspath(__file__)),
             # Its own session: a Ctrl-C in the terminal reaches the trainer, which then closes the worker.
             start_new_session=True,
         )

@@ -36,7 +36,6 @@ import glob
 import json
 import math
 import os
-import re
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Optional
@@ -91,7 +90,9 @@ SPLITS: dict[str, SplitSpec] = {
     for spec in (
         SplitSpec(
             "math_lvl3to5", "train", 8523,
-            # SimpleRL-Zoo's MATH level 3-5 set, the 8,523 problems Dr. GRPO's `math_lvl3to5_8k` holds too.
+            # SimpleRL-Zoo's MATH level 3-5 set. Dr. GRPO's `math_lvl3to5_8k` has SimpleRL's columns
+            # (question, gt_answer, level, subject, ...); that the hub copy is the same 8,523 problems is what
+            # the row count below checks.
             HubSource("hkust-nlp/SimpleRL-Zoo-Data", split="train",
                       data_files="simplelr_qwen_level3to5/train.parquet",
                       question_key="question", answer_key="gt_answer"),

@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# A small single-GPU run: Qwen2.5-0.5B-Instruct on GSM8K, the paper's recipe scaled down, to compare the three
+# methods in hours instead of days. Not a result of the paper.
+#
+#   scripts/train_qwen2.5_0.5b_gsm8k.sh method=apo                     # or grpo, drgrpo
+#   METHOD=grpo scripts/train_qwen2.5_0.5b_gsm8k.sh trainer.total_epochs=1
+#
+# Every further argument is a Hydra override of `python -m recipe_apo.main` and wins over the values below.
+# Data: `python scripts/prepare_data.py --splits gsm8k --out-dir "$DATA_DIR"` first (the Qwen-Math prompt,
+# boxed answers). verl's own GSM8K parquet files work too (data.train_files=... data.val_files=...): the
+# reward scores their `openai/gsm8k` rows with verl's "#### answer" rule.
+# Environment: DATA_DIR (~/data/recipe_apo), MODEL (Qwen/Qwen2.5-0.5B-Instruct), PYTHON (python),
+# EXPERIMENT_NAME (qwen2.5-0.5b-gsm8k-<method>[-<hash of your overrides>]).
+# RECIPE_APO_DRY_RUN=1 prints the composed config (`--cfg job`) and starts nothing; =args prints the command.
+#
+# [paper] marks settings kept from section 5.1 (the group size, the update structure, L0 = the response cap);
+# the sizes are scaled to one GPU and GSM8K's short solutions.
+set -euo pipefail
+
+METHOD="${METHOD:-apo}"
+passthrough=()
+for arg in "$@"; do
+    case "$arg" in
+        method=*) METHOD="${arg#method=}" ;;
+        *) passthrough+=("$arg") ;;
+    esac
+done
+case "$METHOD" in
+    grpo | drgrpo | apo) ;;
+    *) echo "error: method must be grpo, drgrpo or apo, got '$METHOD'" >&2; exit 2 ;;
+esac
+
+DATA_DIR="${DATA_DIR:-$HOME/data/recipe_apo}"
+MODEL="${MODEL:-Qwen/Qwen2.5-0.5B-Instruct}"
+PYTHON="${PYTHON:-python}"
+
+# One run folder per method and set of training overrides (see train_qwen2.5_math_1.5b.sh).
+name_args=()
+for arg in ${passthrough[@]+"${passthrough[@]}"}; do
+    case "${arg#[+~]}" in
+        trainer.* | data.* | ray_kwargs.* | hydra.* | actor_rollout_ref.model.* | -*) ;;
+        *) name_args+=("$arg") ;;
+    esac
+done
+suffix=""
+if ((${#name_args[@]})); then
+    suffix="-$(printf '%s\n' "${name_args[@]}" | LC_ALL=C sort | cksum | cut -d' ' -f1)"
+fi
+EXPERIMENT_NAME="${EXPERIMENT_NAME:-qwen2.5-0.5b-gsm8k-${METHOD}${suffix}}"
+
+args=(
+    method="$METHOD"  # conf/method/<method>.yaml: estimator, loss, aggregation (L0), clip or soft gate
+
+    # --- data ---------------------------------------------------------------------------------------------------
+    data.train_files="$DATA_DIR/gsm8k_train.parquet"  # 7,473 problems
+    data.val_files="$DATA_DIR/gsm8k_test.parquet"     # 1,319 problems, greedy pass@1
+    data.train_batch_size=64         # 64 prompts x 8 = 512 rollouts per round (the paper: 128 x 8)
+    data.max_prompt_length=512
+    data.max_response_length=1024    # GSM8K solutions are short; also L0 (loss_scale_factor)
+    data.filter_overlong_prompts=true
+    data.shuffle=true
+
+    # --- rollout ------------------------------------------------------------------------------------------------
+    actor_rollout_ref.model.path="$MODEL"
+    actor_rollout_ref.rollout.n=8              # [paper] 8 rollouts per question
+    actor_rollout_ref.rollout.name=vllm
+    actor_rollout_ref.rollout.temperature=1.0
+    actor_rollout_ref.rollout.top_p=1.0
+    actor_rollout_ref.rollout.tensor_model_parallel_size=1
+    actor_rollout_ref.rollout.gpu_memory_utilization=0.4
+    actor_rollout_ref.rollout.val_kwargs.temperature=0
+    actor_rollout_ref.rollout.val_kwargs.do_sample=false
+    actor_rollout_ref.rollout.val_kwargs.n=1
+
+    # --- policy update ------------------------------------------------------------------------------------------
+    # [paper] 8 updates per round: verl counts ppo_mini_batch_size in prompts (x rollout.n), so 8 prompts =
+    # 64 rollouts per update and 512 / 64 = 8 updates per round.
+    actor_rollout_ref.actor.ppo_mini_batch_size=8
+    actor_rollout_ref.actor.ppo_epochs=1
+    actor_rollout_ref.actor.optim.lr=1e-6
+    actor_rollout_ref.actor.optim.lr_scheduler_type=constant
+    actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.0
+    actor_rollout_ref.actor.optim.weight_decay=0.0
+    "actor_rollout_ref.actor.optim.betas=[0.9,0.95]"
+    actor_rollout_ref.actor.optim.clip_grad=1.0
+    actor_rollout_ref.actor.entropy_coeff=0.0
+    actor_rollout_ref.actor.use_dynamic_bsz=true
+    actor_rollout_ref.actor.ppo_max_token_len_per_gpu=16384
+    actor_rollout_ref.model.enable_gradient_checkpointing=true
+    actor_rollout_ref.model.use_remove_padding=true
+
+    # --- reward -------------------------------------------------------------------------------------------------
+    reward.custom_reward_function.path=pkg://recipe_apo.reward
+    reward.custom_reward_function.name=compute_score
+
+    # --- schedule -----------------------------------------------------------------------------------------------
+    trainer.n_gpus_per_node=1
+    trainer.nnodes=1
+    trainer.total_epochs=2           # 7,473 // 64 = 116 rounds per epoch
+    trainer.test_freq=20
+    trainer.val_before_train=true
+    trainer.save_freq=116
+    trainer.max_actor_ckpt_to_keep=1
+    trainer.experiment_name="$EXPERIMENT_NAME"
+)
+
+command=("$PYTHON" -m recipe_apo.main "${args[@]}" ${passthrough[@]+"${passthrough[@]}"})
+case "${RECIPE_APO_DRY_RUN:-0}" in
+    0 | "") exec "${command[@]}" ;;
+    args) printf '%s\n' "${command[@]}" ;;
+    *) exec "${command[@]}" --cfg job ;;
+esac

@@ -1,0 +1,325 @@
+"""scripts/train_*.sh compose the configs the paper describes, for each method; scripts/evaluate.py's CPU parts.
+
+Each script prints its command with RECIPE_APO_DRY_RUN=args; the overrides are composed here with Hydra's
+compose API on the recipe's config (what `python -m recipe_apo.main` composes, without a process per case),
+resolved, and checked by the recipe's and verl's own config validation. One script also runs end to end with
+RECIPE_APO_DRY_RUN=1 (`--cfg job`).
+"""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+import yaml
+from omegaconf import OmegaConf
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPTS = {
+    "1.5b": "scripts/train_qwen2.5_math_1.5b.sh",
+    "7b": "scripts/train_qwen2.5_math_7b.sh",
+    "0.5b": "scripts/train_qwen2.5_0.5b_gsm8k.sh",
+}
+METHODS = ("grpo", "drgrpo", "apo")
+
+
+def script_command(script, *args, env=None, dry_run="args"):
+    full_env = {**os.environ, "RECIPE_APO_DRY_RUN": dry_run, "PYTHON": sys.executable, "DATA_DIR": "/data/apo"}
+    full_env.pop("METHOD", None)
+    full_env.pop("EXPERIMENT_NAME", None)
+    full_env.update(env or {})
+    return subprocess.run(["bash", os.path.join(ROOT, script), *args], capture_output=True, text=True,
+                          env=full_env, cwd=ROOT, timeout=300)
+
+
+def overrides_of(script, *args, env=None):
+    result = script_command(script, *args, env=env)
+    assert result.returncode == 0, result.stderr
+    command = result.stdout.splitlines()
+    assert command[:3] == [sys.executable, "-m", "recipe_apo.main"]
+    return command[3:]
+
+
+@pytest.fixture(scope="module")
+def compose():
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    with initialize_config_module(config_module="recipe_apo.conf", version_base=None):
+        def _compose(overrides):
+            config = hydra_compose(config_name="apo_trainer", overrides=list(overrides))
+            OmegaConf.resolve(config)  # what recipe_apo.main does before validating
+            return config
+
+        yield _compose
+    GlobalHydra.instance().clear()
+
+
+def validate(config):
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    from recipe_apo.validation import validate_recipe_config
+
+    validate_recipe_config(config)
+    validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+    return need_reference_policy(config), need_critic(config)
+
+
+def updates_per_round(config):
+    # verl: ppo_mini_batch_size counts prompts and is multiplied by rollout.n (trainer _update_actor)
+    n = config.actor_rollout_ref.rollout.n
+    rollouts = config.data.train_batch_size * n
+    per_update = config.actor_rollout_ref.actor.ppo_mini_batch_size * n
+    assert rollouts % per_update == 0
+    return rollouts // per_update * config.actor_rollout_ref.actor.ppo_epochs
+
+
+METHOD_SETTINGS = {
+    "grpo": dict(adv_estimator="grpo", norm=True, loss_mode="vanilla", agg="seq-mean-token-mean"),
+    "drgrpo": dict(adv_estimator="grpo", norm=False, loss_mode="vanilla", agg="seq-mean-token-sum-norm"),
+    "apo": dict(adv_estimator="apo", norm=False, loss_mode="apo", agg="seq-mean-token-sum-norm"),
+}
+
+
+def check_method(config, method, l0):
+    expected = METHOD_SETTINGS[method]
+    actor = config.actor_rollout_ref.actor
+    assert config.algorithm.adv_estimator == expected["adv_estimator"]
+    assert config.algorithm.norm_adv_by_std_in_grpo is expected["norm"]
+    assert actor.policy_loss.loss_mode == expected["loss_mode"]
+    assert actor.loss_agg_mode == expected["agg"]
+    assert actor.loss_scale_factor == (None if method == "grpo" else l0)
+    assert actor.use_kl_loss is False and config.algorithm.use_kl_in_reward is False
+    if method != "apo":
+        assert actor.clip_ratio_low == actor.clip_ratio_high == 0.2
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("size", ["1.5b", "7b"])
+def test_paper_runs_map_section_5_1(compose, size, method):
+    config = compose(overrides_of(SCRIPTS[size], f"method={method}"))
+    assert validate(config) == (False, False)  # no reference model (no KL), no critic
+    data, rollout, actor = config.data, config.actor_rollout_ref.rollout, config.actor_rollout_ref.actor
+    assert rollout.n == 8  # 8 rollouts per question
+    assert data.max_response_length == 3000 and rollout.response_length == 3000  # 3,000-token cap
+    assert data.train_batch_size * rollout.n == 1024  # 1,024 rollouts per round
+    assert actor.ppo_mini_batch_size * rollout.n == 128  # batch of 128 per update
+    assert updates_per_round(config) == 8  # 8 updates per round
+    assert data.max_prompt_length + data.max_response_length <= 4096  # Qwen2.5-Math's context
+    assert data.train_files == "/data/apo/math_lvl3to5.parquet"
+    assert list(data.val_files) == [f"/data/apo/{b}.parquet"
+                                    for b in ("aime24", "amc", "math500", "minerva", "olympiadbench")]
+    assert config.actor_rollout_ref.model.path == {"1.5b": "Qwen/Qwen2.5-Math-1.5B", "7b": "Qwen/Qwen2.5-Math-7B"}[size]
+    assert rollout.temperature == 1.0 and rollout.top_p == 1.0
+    assert rollout.val_kwargs.temperature == 0 and rollout.val_kwargs.do_sample is False and rollout.val_kwargs.n == 1
+    assert actor.optim.lr == 1e-6 and actor.optim.lr_scheduler_type == "constant"
+    assert list(actor.optim.betas) == [0.9, 0.95] and actor.optim.weight_decay == 0.0  # Dr. GRPO's (Oat's)
+    assert config.reward.custom_reward_function.path == "pkg://recipe_apo.reward"
+    assert config.reward.custom_reward_function.name == "compute_score"
+    assert config.trainer.n_gpus_per_node == 8 and config.trainer.test_freq == 16
+    assert config.trainer.experiment_name == f"qwen2.5-math-{size}-{method}"
+    check_method(config, method, l0=3000)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_small_gsm8k_run(compose, method):
+    config = compose(overrides_of(SCRIPTS["0.5b"], f"method={method}"))
+    validate(config)
+    assert config.trainer.n_gpus_per_node == 1
+    assert config.actor_rollout_ref.rollout.n == 8
+    assert updates_per_round(config) == 8
+    assert config.actor_rollout_ref.model.path == "Qwen/Qwen2.5-0.5B-Instruct"
+    assert config.data.train_files == "/data/apo/gsm8k_train.parquet"
+    assert config.data.val_files == "/data/apo/gsm8k_test.parquet"
+    check_method(config, method, l0=config.data.max_response_length)
+
+
+def test_method_from_environment_and_default(compose):
+    assert "method=drgrpo" in overrides_of(SCRIPTS["1.5b"], env={"METHOD": "drgrpo"})
+    assert "method=apo" in overrides_of(SCRIPTS["1.5b"])  # the default
+    # method= anywhere on the line, passed once
+    args = overrides_of(SCRIPTS["1.5b"], "trainer.logger=[console]", "method=grpo")
+    assert [a for a in args if a.startswith("method=")] == ["method=grpo"]
+
+
+def test_bad_method_is_refused():
+    result = script_command(SCRIPTS["7b"], "method=ppo")
+    assert result.returncode == 2 and "method must be grpo, drgrpo or apo" in result.stderr
+
+
+def test_further_overrides_pass_through_and_win(compose):
+    config = compose(overrides_of(SCRIPTS["1.5b"], "method=apo", "data.max_response_length=2048",
+                                  "algorithm.apo.eta=0.5", "+trainer.extra_note=x"))
+    assert config.data.max_response_length == 2048
+    assert config.actor_rollout_ref.actor.loss_scale_factor == 2048  # L0 follows the cap
+    assert config.algorithm.apo.eta == 0.5
+
+
+def test_run_names_separate_settings_not_plumbing():
+    def name(*args):
+        return [a for a in overrides_of(SCRIPTS["1.5b"], *args) if a.startswith("trainer.experiment_name=")][-1]
+
+    base = name("method=apo")
+    assert base == "trainer.experiment_name=qwen2.5-math-1.5b-apo"
+    assert name("method=apo", "trainer.logger=[console,wandb]", "data.val_files=[x]") == base
+    tuned = name("method=apo", "algorithm.apo.eta=0.5")
+    assert tuned.startswith(base + "-") and tuned != base
+    assert name("algorithm.apo.eta=0.5", "method=apo") == tuned  # deterministic: a rerun resumes
+    assert name("method=apo", "algorithm.apo.eta=0.7") != tuned
+    assert "trainer.experiment_name=mine" in overrides_of(SCRIPTS["1.5b"], env={"EXPERIMENT_NAME": "mine"})
+
+
+def test_scripts_are_executable_bash():
+    for script in SCRIPTS.values():
+        path = os.path.join(ROOT, script)
+        assert os.access(path, os.X_OK), script
+        with open(path) as handle:
+            assert handle.readline().startswith("#!/usr/bin/env bash")
+        assert subprocess.run(["bash", "-n", path]).returncode == 0
+
+
+def test_dry_run_prints_the_composed_config_end_to_end():
+    # The real entry point, as a user runs it: python -m recipe_apo.main ... --cfg job (no Ray, no GPU).
+    result = script_command(SCRIPTS["1.5b"], "method=drgrpo", dry_run="1")
+    assert result.returncode == 0, result.stderr[-2000:]
+    config = OmegaConf.create(yaml.safe_load(result.stdout))
+    assert config.algorithm.adv_estimator == "grpo" and config.algorithm.norm_adv_by_std_in_grpo is False
+    assert config.actor_rollout_ref.rollout.n == 8
+    assert config.actor_rollout_ref.actor.loss_scale_factor == 3000  # ${data.max_response_length}
+    assert config.actor_rollout_ref.actor.ppo_mini_batch_size == 16
+    assert config.trainer.experiment_name == "qwen2.5-math-1.5b-drgrpo"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# scripts/evaluate.py
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def load_evaluate():
+    spec = importlib.util.spec_from_file_location("evaluate_script", os.path.join(ROOT, "scripts", "evaluate.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+evaluate = load_evaluate()
+COUNTS = {"aime24": 30, "amc": 83, "math500": 500, "minerva": 272, "olympiadbench": 675}
+
+
+def write_scores(path, correct):
+    """A scores.jsonl with `correct[b]` right answers out of the paper's count for each benchmark."""
+    with open(path, "w") as handle:
+        for benchmark, count in COUNTS.items():
+            for index in range(count):
+                handle.write(json.dumps({"benchmark": benchmark, "index": index,
+                                         "score": 1.0 if index < correct[benchmark] else 0.0}) + "\n")
+    return str(path)
+
+
+def test_table_from_scored_results_is_laid_out_like_the_paper(tmp_path):
+    # 7/30, 41/83, 376/500, 70/272, 263/675 -> 23.3, 49.4, 75.2, 25.7, 39.0: the paper's 1.5B GRPO row
+    path = write_scores(tmp_path / "scores.jsonl",
+                        {"aime24": 7, "amc": 41, "math500": 376, "minerva": 70, "olympiadbench": 263})
+    table, warnings = evaluate.tables_from_files([path], ["1.5B - GRPO (ours)"], paper=False)
+    assert warnings == []
+    assert table.splitlines() == [
+        "| Model | AIME24 | AMC | MATH500 | Minerva | Olympiad Bench | Avg. |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+        "| 1.5B - GRPO (ours) | 23.3 | 49.4 | 75.2 | 25.7 | 39.0 | 42.5 |",
+    ]
+
+
+def test_table_cli_several_rows_with_the_paper(tmp_path, capsys):
+    a = write_scores(tmp_path / "a.jsonl", {b: c // 2 for b, c in COUNTS.items()})
+    b = write_scores(tmp_path / "b.jsonl", {b: c for b, c in COUNTS.items()})
+    assert evaluate.main(["--table", a, b, "--name", "half", "--name", "all", "--paper"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[2] == "| 1.5B - GRPO (paper) | 23.3 | 49.4 | 75.2 | 25.7 | 39.0 | 42.5 |"
+    assert lines[7] == "| 7B - APO (paper) | 45.5 | 65.6 | 84.9 | 35.1 | 43.5 | 54.9 |"
+    assert lines[8].startswith("| half | 50.0 | 49.4 | 50.0 | 50.0 | 49.9 |")
+    assert lines[9] == "| all | 100.0 | 100.0 | 100.0 | 100.0 | 100.0 | 100.0 |"
+
+
+def test_paper_rows_average_as_printed():
+    # The paper averages unrounded scores: its 7B GRPO row's cells average 51.24, printed 51.3.
+    for name, cells, average in evaluate.PAPER_ROWS:
+        assert abs(sum(cells) / len(cells) - average) < 0.1, name
+
+
+def test_incomplete_results_are_flagged(tmp_path):
+    path = tmp_path / "scores.jsonl"
+    path.write_text("\n".join(json.dumps({"benchmark": "aime24", "score": s}) for s in (1, 0, 0, 1)) + "\n")
+    table, warnings = evaluate.tables_from_files([str(path)], ["partial"], paper=False)
+    assert table.splitlines()[2] == "| partial | 50.0 | - | - | - | - | - |"
+    assert "partial: AIME24 has 4 scored problems, the paper uses 30" in warnings
+    assert len(warnings) == 5
+
+
+def test_score_stage_on_generations(tmp_path, capsys):
+    # main_generation_server's output: the prepared rows plus a `responses` list per row.
+    rows = []
+    for benchmark, count in COUNTS.items():
+        for index in range(count):
+            right = index % 2 == 0
+            rows.append({
+                "data_source": benchmark,
+                "prompt": [{"role": "user", "content": f"q{index}"}],
+                "ability": "math",
+                "reward_model": {"style": "rule", "ground_truth": "\\frac{1}{2}"},
+                "extra_info": {"index": index, "answers": ["\\frac{1}{2}"]},
+                "responses": ["... \\boxed{0.5}" if right else "... \\boxed{2}"],
+            })
+    generations = tmp_path / "run" / "generations.parquet"
+    generations.parent.mkdir()
+    pd.DataFrame(rows).to_parquet(generations)
+    assert evaluate.main(["--score", str(generations), "--name", "test"]) == 0
+    out = capsys.readouterr().out
+    assert "| test | 50.0 | 50.6 | 50.0 | 50.0 | 50.1 | 50.1 |" in out
+    scored = [json.loads(line) for line in open(tmp_path / "run" / "scores.jsonl")]
+    assert len(scored) == 1560 and scored[1]["answers"] == ["2"] and scored[0]["score"] == 1.0
+    assert (tmp_path / "run" / "results.md").read_text().startswith("| Model |")
+
+
+def test_generation_commands_for_a_verl_checkpoint(tmp_path, capsys):
+    actor = tmp_path / "global_step_640" / "actor"
+    actor.mkdir(parents=True)
+    (actor / "fsdp_config.json").write_text("{}")
+    out = tmp_path / "eval"
+    assert evaluate.main(["--model", str(tmp_path / "global_step_640"), "--out-dir", str(out), "--dry-run",
+                          "--data-dir", "/data/apo", "--ngpus", "4", "--python", "py"]) == 0
+    commands = [line for line in capsys.readouterr().err.splitlines() if line.startswith("+ ")]
+    assert commands[0] == (f"+ py -m verl.model_merger merge --backend fsdp --local_dir {actor} "
+                           f"--target_dir {out}/hf_model")
+    generate = commands[1]
+    assert generate.startswith("+ py -m verl.trainer.main_generation_server ")
+    for part in ("data.train_files=[/data/apo/aime24.parquet,/data/apo/amc.parquet,/data/apo/math500.parquet,"
+                 "/data/apo/minerva.parquet,/data/apo/olympiadbench.parquet]",
+                 f"+data.output_path={out}/generations.parquet", f"actor_rollout_ref.model.path={out}/hf_model",
+                 "actor_rollout_ref.rollout.temperature=0.0", "actor_rollout_ref.rollout.n=1",
+                 "data.max_response_length=3000", "trainer.n_gpus_per_node=4"):
+        assert part in generate
+
+
+def test_default_run_labels():
+    assert evaluate.model_label("ckpt/recipe_apo/qwen2.5-math-1.5b-apo/global_step_640") == "qwen2.5-math-1.5b-apo-global_step_640"
+    assert evaluate.model_label("ckpt/qwen2.5-math-1.5b-apo/global_step_640/actor/") == "qwen2.5-math-1.5b-apo-global_step_640"
+    assert evaluate.model_label("Qwen/Qwen2.5-Math-1.5B") == "Qwen2.5-Math-1.5B"
+
+
+def test_hub_models_are_not_merged(tmp_path, capsys):
+    assert evaluate.main(["--model", "Qwen/Qwen2.5-Math-1.5B", "--out-dir", str(tmp_path), "--dry-run"]) == 0
+    err = capsys.readouterr().err
+    assert "nothing to merge" in err and "model_merger" not in err
+    assert "actor_rollout_ref.model.path=Qwen/Qwen2.5-Math-1.5B" in err
+
+
+def test_sampling_more_than_once_needs_a_temperature():
+    with pytest.raises(SystemExit):
+        evaluate.main(["--model", "m", "--n", "4", "--dry-run"])
