@@ -16,41 +16,16 @@
 # [paper] marks settings kept from section 5.1 (the group size, the update structure, L0 = the response cap);
 # the sizes are scaled to one GPU and GSM8K's short solutions.
 set -euo pipefail
+source "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/lib/recipe_launch.sh"
 
-METHOD="${METHOD:-apo}"
-passthrough=()
-for arg in "$@"; do
-    case "$arg" in
-        method=*) METHOD="${arg#method=}" ;;
-        *) passthrough+=("$arg") ;;
-    esac
-done
-case "$METHOD" in
-    grpo | drgrpo | apo) ;;
-    *) echo "error: method must be grpo, drgrpo or apo, got '$METHOD'" >&2; exit 2 ;;
-esac
+recipe_parse_method "$@"
 
 DATA_DIR="${DATA_DIR:-$HOME/data/recipe_apo}"
 MODEL="${MODEL:-Qwen/Qwen2.5-0.5B-Instruct}"
-PYTHON="${PYTHON:-python}"
 
-# One run folder per method and set of training overrides (see train_qwen2.5_math_1.5b.sh).
-name_args=()
-for arg in ${passthrough[@]+"${passthrough[@]}"}; do
-    case "${arg#[+~]}" in
-        trainer.* | data.* | ray_kwargs.* | hydra.* | actor_rollout_ref.model.* | -*) ;;
-        *) name_args+=("$arg") ;;
-    esac
-done
-suffix=""
-if ((${#name_args[@]})); then
-    suffix="-$(printf '%s\n' "${name_args[@]}" | LC_ALL=C sort | cksum | cut -d' ' -f1)"
-fi
-EXPERIMENT_NAME="${EXPERIMENT_NAME:-qwen2.5-0.5b-gsm8k-${METHOD}${suffix}}"
+recipe_experiment_name qwen2.5-0.5b-gsm8k
 
 args=(
-    method="$METHOD"  # conf/method/<method>.yaml: estimator, loss, aggregation (L0), clip or soft gate
-
     # --- data ---------------------------------------------------------------------------------------------------
     data.train_files="$DATA_DIR/gsm8k_train.parquet"  # 7,473 problems
     data.val_files="$DATA_DIR/gsm8k_test.parquet"     # 1,319 problems, greedy pass@1
@@ -101,12 +76,6 @@ args=(
     trainer.val_before_train=true
     trainer.save_freq=116
     trainer.max_actor_ckpt_to_keep=1
-    trainer.experiment_name="$EXPERIMENT_NAME"
 )
 
-command=("$PYTHON" -m recipe_apo.main "${args[@]}" ${passthrough[@]+"${passthrough[@]}"})
-case "${RECIPE_APO_DRY_RUN:-0}" in
-    0 | "") exec "${command[@]}" ;;
-    args) printf '%s\n' "${command[@]}" ;;
-    *) exec "${command[@]}" --cfg job ;;
-esac
+recipe_launch "${args[@]}"

@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# The paper's runs (section 5.1): Qwen2.5-Math-1.5B or -7B on MATH levels 3-5, one node of 8 GPUs (80 GB each
+# assumed for 7B). The two sizes share every setting but the model and how vLLM fits it on a GPU.
+#
+#   scripts/train_qwen2.5_math.sh 1.5b method=apo                      # or 7b; or grpo, drgrpo
+#   METHOD=drgrpo scripts/train_qwen2.5_math.sh 7b trainer.logger=[console,wandb]
+#
+# scripts/train_qwen2.5_math_1.5b.sh and train_qwen2.5_math_7b.sh are this script with the size filled in.
+# The paper says MATH levels 3-5 is the training set "for models under 7B" and names no other one; Dr. GRPO
+# trained its 7B model on the same 8,523 problems (examples/qwen2.5-math-7b.sh), and so does the 7B run here.
+#
+# Every further argument is a Hydra override of `python -m recipe_apo.main` and wins over the values below.
+# Data: `python scripts/prepare_data.py --out-dir "$DATA_DIR"` first.
+# Environment: DATA_DIR (~/data/recipe_apo), MODEL (Qwen/Qwen2.5-Math-1.5B or -7B), NGPUS (8), NNODES (1),
+# PYTHON (python), EXPERIMENT_NAME (qwen2.5-math-<size>-<method>[-<hash of your overrides>]).
+# RECIPE_APO_DRY_RUN=1 prints the composed config (`--cfg job`) and starts nothing; =args prints the command.
+#
+# Settings marked [paper] are section 5.1's; [Dr. GRPO] are from Dr. GRPO's own script for the size
+# (sail-sg/understand-r1-zero, examples/qwen2.5-math-1.5b.sh and -7b.sh), whose setup the paper says it follows;
+# the rest are verl plumbing that does not change the algorithm.
+set -euo pipefail
+source "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/lib/recipe_launch.sh"
+
+# [paper] the base models, not their instruct versions
+size="${1:-}"
+case "$size" in
+    1.5b) default_model=Qwen/Qwen2.5-Math-1.5B rollout_tp=1 rollout_memory=0.6 ;;
+    # tensor parallel 2: 4 vLLM replicas, room for the KV cache beside FSDP
+    7b) default_model=Qwen/Qwen2.5-Math-7B rollout_tp=2 rollout_memory=0.5 ;;
+    *) echo "error: the first argument must be the model size, 1.5b or 7b, got '$size'" >&2; exit 2 ;;
+esac
+shift
+
+recipe_parse_method "$@"
+
+DATA_DIR="${DATA_DIR:-$HOME/data/recipe_apo}"
+MODEL="${MODEL:-$default_model}"
+NGPUS="${NGPUS:-8}"
+NNODES="${NNODES:-1}"
+
+recipe_experiment_name "qwen2.5-math-$size"
+
+args=(
+    # --- data ---------------------------------------------------------------------------------------------------
+    data.train_files="$DATA_DIR/math_lvl3to5.parquet"  # [paper] MATH levels 3-5, 8,523 problems
+    # [paper] AIME24 (30), AMC (83), MATH500 (500), Minerva (272), OlympiadBench (675); verl reports each as
+    # val-core/<benchmark>/acc/mean@1 (greedy pass@1).
+    "data.val_files=[$DATA_DIR/aime24.parquet,$DATA_DIR/amc.parquet,$DATA_DIR/math500.parquet,$DATA_DIR/minerva.parquet,$DATA_DIR/olympiadbench.parquet]"
+    data.train_batch_size=128        # [paper] 1,024 rollouts per round = 128 prompts x 8 rollouts
+    data.max_prompt_length=1024      # [Dr. GRPO] prompt_max_length 1024 (+3,000 fits the model's 4,096 positions)
+    data.max_response_length=3000    # [paper] responses capped at 3,000 tokens; also L0 (loss_scale_factor)
+    data.filter_overlong_prompts=true
+    data.shuffle=true
+
+    # --- rollout ------------------------------------------------------------------------------------------------
+    actor_rollout_ref.model.path="$MODEL"  # [paper] the base model of the size (above)
+    actor_rollout_ref.rollout.n=8          # [paper] 8 rollouts per question
+    actor_rollout_ref.rollout.name=vllm
+    actor_rollout_ref.rollout.temperature=1.0  # [Dr. GRPO] temperature 1, top_p 1
+    actor_rollout_ref.rollout.top_p=1.0
+    actor_rollout_ref.rollout.tensor_model_parallel_size="$rollout_tp"
+    actor_rollout_ref.rollout.gpu_memory_utilization="$rollout_memory"
+    # [Dr. GRPO] evaluation is greedy (eval_temperature 0), one sample, same 3,000-token cap
+    actor_rollout_ref.rollout.val_kwargs.temperature=0
+    actor_rollout_ref.rollout.val_kwargs.do_sample=false
+    actor_rollout_ref.rollout.val_kwargs.n=1
+
+    # --- policy update ------------------------------------------------------------------------------------------
+    # [paper] "updated 8 times with a batch size of 128": verl counts ppo_mini_batch_size in PROMPTS and
+    # multiplies it by rollout.n, so 16 prompts = 128 rollouts per update, and 1,024 / 128 = 8 updates per
+    # round with ppo_epochs=1.
+    actor_rollout_ref.actor.ppo_mini_batch_size=16
+    actor_rollout_ref.actor.ppo_epochs=1
+    actor_rollout_ref.actor.optim.lr=1e-6                     # [Dr. GRPO] learning_rate 1e-6
+    actor_rollout_ref.actor.optim.lr_scheduler_type=constant  # [Dr. GRPO] lr_scheduler constant
+    actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.0
+    actor_rollout_ref.actor.optim.weight_decay=0.0            # [Dr. GRPO] Oat's defaults: l2 0,
+    "actor_rollout_ref.actor.optim.betas=[0.9,0.95]"           #   Adam betas (0.9, 0.95),
+    actor_rollout_ref.actor.optim.clip_grad=1.0               #   max_norm 1.0
+    actor_rollout_ref.actor.entropy_coeff=0.0
+    # beta 0 [Dr. GRPO]: no KL term anywhere; the method presets set use_kl_loss / use_kl_in_reward false.
+    # Micro-batches by token count: only memory changes, the loss is aggregated over the whole mini-batch.
+    actor_rollout_ref.actor.use_dynamic_bsz=true
+    actor_rollout_ref.actor.ppo_max_token_len_per_gpu=16384
+    actor_rollout_ref.model.enable_gradient_checkpointing=true
+    actor_rollout_ref.model.use_remove_padding=true
+
+    # --- reward -------------------------------------------------------------------------------------------------
+    # 1 when the last \boxed{} answer equals the ground truth (math-verify), else 0: recipe_apo/reward.py.
+    reward.custom_reward_function.path=pkg://recipe_apo.reward
+    reward.custom_reward_function.name=compute_score
+
+    # --- schedule -----------------------------------------------------------------------------------------------
+    trainer.n_gpus_per_node="$NGPUS"
+    trainer.nnodes="$NNODES"
+    # The paper does not state the run length; Dr. GRPO's script caps it at num_prompt_epoch 20
+    # (8,523 // 128 = 66 rounds per epoch, 1,320 in all). Stop earlier with trainer.total_training_steps=N.
+    trainer.total_epochs=20
+    trainer.test_freq=16             # [Dr. GRPO] eval_steps 16
+    trainer.val_before_train=true    # the base model's row of the table
+    trainer.save_freq=64
+    trainer.max_actor_ckpt_to_keep=2
+)
+
+recipe_launch "${args[@]}"
