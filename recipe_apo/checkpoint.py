@@ -40,15 +40,31 @@ def save_anchor_state(checkpoint_dir: str, global_step: int) -> str:
     fd, tmp = tempfile.mkstemp(prefix=f".{STATE_FILE}.", dir=checkpoint_dir)
     try:
         with os.fdopen(fd, "w") as handle:
+            os.fchmod(handle.fileno(), 0o644)  # mkstemp's 0600 would differ from verl's other checkpoint files
             json.dump(payload, handle, indent=1)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
+        _fsync_dir(checkpoint_dir)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
     return path
+
+
+def _fsync_dir(folder: str) -> None:
+    """Make the rename itself durable (POSIX: the directory entry lives in the folder)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def load_anchor_state(checkpoint_dir: str, settings: Optional[ApoSettings] = None) -> bool:
@@ -66,10 +82,15 @@ def load_anchor_state(checkpoint_dir: str, settings: Optional[ApoSettings] = Non
         return False
     try:
         with open(path) as handle:
-            book.load_state_dict(json.load(handle))
+            state = json.load(handle)
+        book.load_state_dict(state)
     except (OSError, ValueError, TypeError) as exc:
         logger.warning("recipe-apo: cannot read %s (%s: %s); %s", path, type(exc).__name__, exc, fallback)
         return False
+    folder_step = os.path.basename(os.path.normpath(checkpoint_dir)).rpartition("global_step_")[2]
+    if folder_step.isdigit() and state.get("global_step") != int(folder_step):
+        logger.warning("recipe-apo: %s says step %s but sits in %s; restored it anyway", path,
+                       state.get("global_step"), checkpoint_dir)
     logger.info("recipe-apo: restored the APO anchor from %s (scopes: %s)", path, ", ".join(book.anchors) or "none")
     return True
 
@@ -88,12 +109,16 @@ def resume_folder(trainer_config: Any) -> Optional[str]:
     return None if base is None else find_latest_ckpt_path(os.path.abspath(str(base)))
 
 
-def restore_for_run(config: Any) -> bool:
-    """Start a run's anchors: fresh, or restored from the checkpoint verl resumes from."""
+_UNSET = object()
+
+
+def restore_for_run(config: Any, folder: Any = _UNSET) -> bool:
+    """Start a run's anchors: fresh, or restored from ``folder`` (by default the one verl will resume from)."""
     settings = ApoSettings.from_algorithm_config(config.algorithm)
     reset_driver_anchor()
     driver_anchors(init=settings.anchor_init, history=settings.history)
-    folder = resume_folder(config.trainer)
+    if folder is _UNSET:
+        folder = resume_folder(config.trainer)
     return False if folder is None else load_anchor_state(folder, settings)
 
 

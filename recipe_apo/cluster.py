@@ -30,7 +30,13 @@ def check_apo_on_every_node(timeout_s: float = 300.0) -> list[dict]:
         probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node["NodeID"], soft=False)).remote()
         for node in nodes
     ]
-    reports = ray.get(refs, timeout=timeout_s)
+    ready, late = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+    if late:
+        silent = [node.get("NodeManagerHostname", node["NodeID"]) for node, ref in zip(nodes, refs) if ref in late]
+        raise RuntimeError(
+            f"recipe-apo: Ray node(s) {', '.join(silent)} did not answer the start-up check within {timeout_s:.0f} s"
+        )
+    reports = ray.get(ready)
     missing = [r for r in reports if not (r["estimator"] and r["loss"])]
     if missing:
         where = "; ".join(f"{r['host']} ({r['error'] or 'not registered'})" for r in missing)

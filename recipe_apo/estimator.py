@@ -63,8 +63,10 @@ def _group_scopes(scope_codes: np.ndarray, codes: np.ndarray, n_groups: int, ind
     return group_scope
 
 
-def _group_mean(codes: np.ndarray, values: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    return np.bincount(codes, weights=values, minlength=counts.size) / counts
+def _group_mean(codes: np.ndarray, weighted_values: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Per-group sums of already-weighted values over per-group counts; 0 for a group with no count."""
+    sums = np.bincount(codes, weights=weighted_values, minlength=counts.size)
+    return np.divide(sums, counts, out=np.zeros_like(sums), where=counts > 0)
 
 
 def compute_apo_advantage(
@@ -93,15 +95,20 @@ def compute_apo_advantage(
     if scopes is not None and isinstance(anchors, CapabilityAnchor):
         raise ApoInputError("per-scope anchors need an AnchorBook, not a single CapabilityAnchor")
     batch_size = token_level_rewards.shape[0]
+    # Rows without a single valid token are padding (verl pads a batch to a divisible size with such rows, all
+    # under one made-up uid): they take no part in group means, p_hat_g or y_t, and get advantage 0.
+    valid = response_mask.detach().any(dim=-1).cpu().numpy()
     scores = token_level_rewards.detach().sum(dim=-1).to(torch.float64).cpu().numpy()
-    finite = np.isfinite(scores)
-    if not finite.all():
-        rows = np.flatnonzero(~finite)
+    bad = valid & ~np.isfinite(scores)
+    if bad.any():
+        rows = np.flatnonzero(bad)
         raise ApoInputError(
             f"token_level_rewards: {rows.size} of {batch_size} responses have NaN/inf rewards, "
             f"first rows {rows[:5].tolist()}"
         )
-    success = success_of(scores, settings)
+    scores = np.where(valid, scores, 0.0)
+    success = np.zeros(batch_size)
+    success[valid] = success_of(scores[valid], settings)
     codes, n_groups = group_ids(index, batch_size)
     if scopes is None:
         scope_codes, scope_names = np.zeros(batch_size, dtype=np.int64), [GLOBAL_SCOPE]
@@ -115,20 +122,23 @@ def compute_apo_advantage(
         return torch.zeros_like(token_level_rewards), {}
     group_scope = _group_scopes(scope_codes, codes, n_groups, index) if scopes is not None else None
 
-    counts = np.bincount(codes, minlength=n_groups).astype(np.float64)
-    centered = scores - _group_mean(codes, scores, counts)[codes]
-    group_success = _group_mean(codes, success, counts)
-    scope_success = _group_mean(scope_codes, success, np.bincount(scope_codes).astype(np.float64)).tolist()
+    weights = valid.astype(np.float64)
+    counts = np.bincount(codes, weights=weights, minlength=n_groups)
+    centered = np.where(valid, scores - _group_mean(codes, scores * weights, counts)[codes], 0.0)
+    group_success = _group_mean(codes, success * weights, counts)
+    scope_counts = np.bincount(scope_codes, weights=weights, minlength=len(scope_names))
+    scope_success = _group_mean(scope_codes, success * weights, scope_counts)
 
     anchor_of = (lambda name: anchors) if isinstance(anchors, CapabilityAnchor) else anchors.anchor
-    values, rates = [], []
-    for name, batch_success in zip(scope_names, scope_success):
-        value, rate = anchor_of(name).update(batch_success, settings.eta, settings.eta_min, settings.history)
-        values.append(value)
-        rates.append(rate)
+    values, rates = np.zeros(len(scope_names)), {}
+    for k, name in enumerate(scope_names):
+        if scope_counts[k] == 0:  # only padding in this scope: nothing observed, the anchor stays as it is
+            continue
+        values[k], rates[k] = anchor_of(name).update(
+            float(scope_success[k]), settings.eta, settings.eta_min, settings.history
+        )
 
-    group_anchor = np.asarray(values)[group_scope] if group_scope is not None else values[0]
-    gap = group_success - group_anchor
+    gap = group_success - values[group_scope if group_scope is not None else 0]
     if settings.reweight:
         direction = -np.sign(centered) * np.sign(gap)[codes]
         weight = settings.lambda_scale * np.exp(direction * np.abs(gap)[codes])
@@ -139,20 +149,25 @@ def compute_apo_advantage(
     # copy=True keeps the caller's mask intact when it already has the output dtype.
     advantages = response_mask.to(token_level_rewards.dtype, copy=True).mul_(scalar.unsqueeze(-1))
 
-    signal_per_group = np.bincount(codes, weights=centered != 0, minlength=n_groups)
-    metrics = {
-        "apo/batch_success": float(success.mean()),
-        "apo/harder_group_share": float((gap < 0).mean()),
-        "apo/uniform_group_share": float((signal_per_group == 0).mean()),
-    }
-    if scopes is None:
-        metrics.update({"apo/anchor": values[0], "apo/anchor_rate": rates[0]})
-    else:
-        for name, value, rate, batch_success in zip(scope_names, values, rates, scope_success):
+    metrics: dict[str, float] = {}
+    observed = counts > 0
+    if observed.any():
+        signal_per_group = np.bincount(codes, weights=centered != 0, minlength=n_groups)
+        metrics.update({
+            "apo/batch_success": float(success[valid].mean()),
+            "apo/harder_group_share": float((gap[observed] < 0).mean()),
+            "apo/uniform_group_share": float((signal_per_group[observed] == 0).mean()),
+        })
+    for k, name in enumerate(scope_names):
+        if k not in rates:
+            continue
+        if scopes is None:
+            metrics.update({"apo/anchor": float(values[k]), "apo/anchor_rate": rates[k]})
+        else:
             metrics.update({
-                f"apo/anchor/{name}": value,
-                f"apo/anchor_rate/{name}": rate,
-                f"apo/batch_success/{name}": batch_success,
+                f"apo/anchor/{name}": float(values[k]),
+                f"apo/anchor_rate/{name}": rates[k],
+                f"apo/batch_success/{name}": float(scope_success[k]),
             })
     positive, negative = centered > 0, centered < 0
     if positive.any():

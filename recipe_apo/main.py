@@ -22,24 +22,40 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from recipe_apo.validation import RecipeConfigError, validate_recipe_config
 
-# Overrides that say where things are rather than what is trained: left out of the experiment name.
-_NAME_EXCLUDED_PREFIXES = ("method", "dry_run", "data.", "trainer.", "ray_kwargs.", "hydra.", "actor_rollout_ref.model.")
+# Overrides that say where things are or how they are logged, not what is trained: left out of the name.
+_LOCATION_KEYS = ("method", "dry_run", "data.train_files", "data.val_files", "trainer.", "ray_kwargs.", "hydra.")
+_MODEL_PATH = "actor_rollout_ref.model.path"
+# Shortened in the name; ordered first, so that a truncated name still shows what a sweep varies.
+_PREFIXES = (("algorithm.", ""), ("actor_rollout_ref.actor.", "actor."), ("actor_rollout_ref.", ""), ("data.", "data."))
 _MAX_NAME_LEN = 96
 
 
-def experiment_name(method: str, task_overrides: Iterable[str]) -> str:
-    """``<method>`` followed by the command line's training overrides, e.g. ``apo-algorithm.apo.eta=0.5``.
+def _short(key: str) -> tuple[int, str]:
+    for rank, (prefix, short) in enumerate(_PREFIXES):
+        if key.startswith(prefix):
+            return rank, short + key[len(prefix):]
+    return len(_PREFIXES), key
 
-    Deterministic, so rerunning a command resumes its own checkpoints (verl's ``resume_mode=auto``), and
-    distinct for every job of a sweep.
+
+def experiment_name(method: str, task_overrides: Iterable[str]) -> str:
+    """``<method>`` and every training override of the command line, e.g. ``apo-apo.eta=0.5-rollout.n=8``.
+
+    The model counts by its folder or hub name (``model=Qwen2.5-Math-1.5B``); data files, ``trainer.*`` and
+    Hydra keys do not. Deterministic, so rerunning a command resumes its own checkpoints (verl's
+    ``resume_mode=auto``); distinct whenever two runs train differently, so no run resumes another's. Names
+    longer than 96 characters end in a hash of the whole list.
     """
     kept = []
     for item in task_overrides:
-        key = item.split("=", 1)[0].lstrip("+~")
-        if not key.startswith(_NAME_EXCLUDED_PREFIXES):
-            kept.append(item.lstrip("+~"))
-    name = "-".join([method, *sorted(kept)]) if kept else method
-    name = re.sub(r"[^A-Za-z0-9_.=,+-]", "_", name)
+        item = item.lstrip("+~")
+        key, _, value = item.partition("=")
+        if key == _MODEL_PATH:
+            kept.append((-1, f"model={value.rstrip('/').rsplit('/', 1)[-1]}"))
+        elif not key.startswith(_LOCATION_KEYS):
+            rank, short = _short(key)
+            kept.append((rank, f"{short}={value}"))
+    parts = [method, *(text for _, text in sorted(kept))]
+    name = re.sub(r"[^A-Za-z0-9_.=,+-]", "_", "-".join(parts))
     if len(name) > _MAX_NAME_LEN:
         digest = hashlib.sha1(name.encode()).hexdigest()[:10]
         name = f"{name[: _MAX_NAME_LEN - 11]}-{digest}"

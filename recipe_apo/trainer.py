@@ -43,8 +43,17 @@ class ApoSyncTrainer(PPOTrainerSync):
     def _load_checkpoint(self):
         result = super()._load_checkpoint()
         if self.apo_active:
-            restore_for_run(self.config)
+            restore_for_run(self.config, self._resumed_folder())
         return result
+
+    def _resumed_folder(self):
+        """The folder verl just resumed from, read off the step it restored (0: a fresh start)."""
+        if self.global_steps == 0:
+            return None
+        trainer = self.config.trainer
+        if trainer.resume_mode == "resume_path":
+            return os.path.abspath(str(trainer.resume_from_path))
+        return os.path.join(os.path.abspath(str(trainer.default_local_dir)), f"global_step_{self.global_steps}")
 
     def _save_checkpoint(self):
         if self.apo_active:
@@ -58,6 +67,7 @@ class ApoSyncTrainer(PPOTrainerSync):
         scopes = None
         if self.apo_active and self.apo_settings.anchor_scope == "data_source":
             scopes = self._data_sources(batch)
+        driver_anchors().last_metrics = {}  # a step that computes no APO advantages logs no stale anchor
         with batch_scopes(scopes):
             batch = super()._compute_advantage(batch, metrics)
         if self.apo_active:
@@ -74,5 +84,4 @@ class ApoSyncTrainer(PPOTrainerSync):
                 f"algorithm.apo.anchor_scope=data_source: the batch has no data_source field ({exc}); "
                 "add data_source to your dataset rows or use anchor_scope=global"
             ) from exc
-        values = sources.tolist() if hasattr(sources, "tolist") else list(sources)
-        return np.array([str(v) for v in values], dtype=object)
+        return np.asarray(sources.tolist() if hasattr(sources, "tolist") else list(sources), dtype=object)

@@ -11,7 +11,8 @@ from typing import Any
 
 from recipe_apo.settings import ApoConfigError, ApoSettings
 
-NORM_MODE = "seq-mean-token-sum-norm"
+from recipe_apo.loss import NORM_MODE
+
 AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", NORM_MODE)
 # Estimators that compare the responses of one prompt with each other: a group of one carries no signal.
 GROUP_ESTIMATORS = ("apo", "grpo", "grpo_vectorized", "rloo", "rloo_vectorized", "grpo_passk", "opo", "gdpo")
@@ -38,9 +39,26 @@ def validate_recipe_config(config: Any) -> None:
     estimator = str(algorithm.adv_estimator)
 
     try:
-        ApoSettings.from_algorithm_config(algorithm)
+        settings = ApoSettings.from_algorithm_config(algorithm)
     except ApoConfigError as exc:
         raise RecipeConfigError(str(exc)) from None
+
+    if not config.trainer.get("use_v1", True):
+        raise RecipeConfigError("trainer.use_v1=false: the recipe runs verl's V1 trainer; set trainer.use_v1=true")
+    if estimator == "apo":
+        if algorithm.get("use_kl_in_reward", False) and settings.success != "threshold":
+            # The summed token rewards then carry -beta * KL and leave [0, 1]: the first step would stop.
+            raise RecipeConfigError(
+                f"algorithm.use_kl_in_reward=true with algorithm.apo.success={settings.success}: KL-penalised "
+                "rewards leave the success range; use algorithm.apo.success=threshold or the KL loss "
+                "(actor_rollout_ref.actor.use_kl_loss=true)"
+            )
+        mode = config.trainer.get("v1", {}).get("trainer_mode", "sync")
+        if settings.anchor_scope == "data_source" and mode != "apo_sync":
+            raise RecipeConfigError(
+                f"algorithm.apo.anchor_scope=data_source needs trainer.v1.trainer_mode=apo_sync (got {mode}): "
+                "only the recipe's trainer hands data sources to the estimator"
+            )
 
     if estimator not in HARD_WIRED_ESTIMATORS and estimator not in core_algos.ADV_ESTIMATOR_REGISTRY:
         known = ", ".join(sorted(set(core_algos.ADV_ESTIMATOR_REGISTRY) | set(HARD_WIRED_ESTIMATORS)))

@@ -89,6 +89,7 @@ def test_state_file_is_json_written_atomically_with_the_step(tmp_path):
     state = json.loads(open(path).read())
     assert state["global_step"] == 3 and state["anchors"]["global"]["value"] == 0.5
     assert os.listdir(tmp_path / "global_step_3") == [STATE_FILE]  # no temporary file left behind
+    assert os.stat(path).st_mode & 0o777 == 0o644
     reset_driver_anchor()
 
 

@@ -75,17 +75,42 @@ def test_anchor_is_updated_before_the_gap_is_measured():
 
 
 def test_uneven_groups_singletons_and_padding_give_exact_values():
-    # Group a: rewards 1, 0, 0 (p_hat 1/3); group b: a single response; the last response is all padding.
+    # Group a: rewards 1, 0, 0 (p_hat 1/3) plus a padding row; group b: a single response.
     token_rewards, mask = outcome_rewards([1, 0, 0, 1, 0], [2, 3, 1, 4, 0])
     index = np.array(["a", "a", "a", "b", "a"], dtype=object)
     cfg = ApoSettings(lambda_scale=1.0, anchor_init=0.5, eta_min=0.0)
     adv, metrics = compute_apo_advantage(token_rewards, mask, index, cfg, CapabilityAnchor(0.5))
-    # Group a has 4 responses (the padded one scores 0): mean 0.25, p_hat 0.25, Delta = -0.25.
-    expected = torch.tensor([0.75 * E_QUARTER, -0.25 * E_MINUS_QUARTER, -0.25 * E_MINUS_QUARTER, 0.0, 0.0])
+    # The padding row takes no part: group a's mean and p_hat are 1/3, Delta = 1/3 - 0.5 = -1/6.
+    boost, temper = math.exp(1 / 6), math.exp(-1 / 6)
+    expected = torch.tensor([2 / 3 * boost, -1 / 3 * temper, -1 / 3 * temper, 0.0, 0.0])
     torch.testing.assert_close(adv, expected.unsqueeze(-1) * mask)
     assert torch.isfinite(adv).all()
     assert adv[3].abs().sum() == 0 and adv[4].abs().sum() == 0
+    assert metrics["apo/batch_success"] == 0.5  # (1 + 0 + 0 + 1) / 4 valid responses
     assert metrics["apo/uniform_group_share"] == 0.5  # the singleton group carries no signal
+
+
+def test_verls_padding_rows_change_nothing():
+    # verl pads a batch with all-masked rows under one made-up uid, copying a real row's data source; their
+    # scores may be anything (here an out-of-domain 7 and a NaN, which must not be read).
+    token_rewards, mask = outcome_rewards([1, 0, 0, 0, 1, 1], [2, 3, 1, 4, 2, 2])
+    index = np.array(["a", "a", "b", "b", "c", "c"], dtype=object)
+    base, base_metrics = compute_apo_advantage(token_rewards, mask, index, ApoSettings(), CapabilityAnchor(0.4))
+    padded_rewards = torch.cat([token_rewards, torch.tensor([[7.0] + [0.0] * 5, [float("nan")] + [0.0] * 5])])
+    padded_mask = torch.cat([mask, torch.zeros(2, 6)])
+    padded_index = np.concatenate([index, np.array(["pad1", "pad1"], dtype=object)])
+    padded, padded_metrics = compute_apo_advantage(padded_rewards, padded_mask, padded_index, ApoSettings(),
+                                                   CapabilityAnchor(0.4))
+    torch.testing.assert_close(padded[:6], base)
+    assert padded[6:].abs().sum() == 0
+    assert padded_metrics == base_metrics
+
+
+def test_a_batch_of_padding_only_leaves_the_anchor_alone():
+    anchor = CapabilityAnchor(0.4)
+    adv, metrics = compute_apo_advantage(torch.ones(3, 4), torch.zeros(3, 4), np.array([0, 0, 1]), ApoSettings(),
+                                         anchor)
+    assert adv.abs().sum() == 0 and anchor.steps == 0 and metrics == {}
 
 
 def reference_apo(rewards, groups, anchor_value, lambda_scale):

@@ -88,6 +88,11 @@ def test_valid_presets_pass_validation(method):
     validate_recipe_config(valid(f"method={method}"))
 
 
+def test_kl_in_reward_is_fine_with_a_threshold_success_and_data_sources_with_the_recipe_trainer():
+    validate_recipe_config(valid("algorithm.use_kl_in_reward=true", "algorithm.apo.success=threshold"))
+    validate_recipe_config(valid("algorithm.apo.anchor_scope=data_source"))
+
+
 @pytest.mark.parametrize(
     "overrides, key",
     [
@@ -102,6 +107,9 @@ def test_valid_presets_pass_validation(method):
         (["algorithm.adv_estimator=apo_typo"], "algorithm.adv_estimator"),
         (["actor_rollout_ref.actor.policy_loss.loss_mode=nope"], "actor_rollout_ref.actor.policy_loss.loss_mode"),
         (["actor_rollout_ref.rollout.n=1"], "actor_rollout_ref.rollout.n"),
+        (["algorithm.use_kl_in_reward=true"], "algorithm.use_kl_in_reward"),
+        (["algorithm.apo.anchor_scope=data_source", "trainer.v1.trainer_mode=sync"], "algorithm.apo.anchor_scope"),
+        (["trainer.use_v1=false"], "trainer.use_v1"),
     ],
 )
 def test_invalid_settings_fail_validation_naming_the_key(overrides, key):
@@ -112,10 +120,17 @@ def test_invalid_settings_fail_validation_naming_the_key(overrides, key):
 
 def test_experiment_names_are_deterministic_distinct_and_leave_out_paths():
     task = ["method=apo", "data.train_files=/x/train.parquet", "algorithm.apo.lambda_scale=1.1",
-            "+algorithm.apo.eta=0.5", "trainer.logger=[console]", "dry_run=true"]
-    assert experiment_name("apo", task) == "apo-algorithm.apo.eta=0.5-algorithm.apo.lambda_scale=1.1"
+            "+algorithm.apo.eta=0.5", "trainer.logger=[console]", "dry_run=true", "actor_rollout_ref.rollout.n=8",
+            "actor_rollout_ref.model.path=/models/Qwen2.5-Math-1.5B/", "data.max_response_length=3000"]
+    assert experiment_name("apo", task[:-1]) == "apo-model=Qwen2.5-Math-1.5B-apo.eta=0.5-apo.lambda_scale=1.1-rollout.n=8"
+    assert experiment_name("apo", task).startswith("apo-model=Qwen2.5-Math-1.5B-apo.eta=0.5-apo.lambda_scale=1.1-")
     assert experiment_name("apo", list(reversed(task))) == experiment_name("apo", task)
     assert experiment_name("grpo", []) == "grpo"
+    # Runs that train differently never share a name (and so a checkpoint folder).
+    other_model = [t.replace("1.5B", "7B") for t in task]
+    other_l0 = [t.replace("3000", "1024") for t in task]
+    names = {experiment_name("apo", t) for t in (task, other_model, other_l0)}
+    assert len(names) == 3
     long = experiment_name("apo", [f"algorithm.apo.history={'9' * 200}"])
     assert len(long) <= 96 and long != experiment_name("apo", [f"algorithm.apo.history={'8' * 200}"])
 
@@ -149,10 +164,9 @@ def test_multirun_dry_run_gives_each_job_its_own_name_folders_and_method(tmp_pat
     assert result.returncode == 0, result.stderr
     experiments = [line.split(": ", 1)[1] for line in result.stdout.splitlines() if line.startswith("experiment:")]
     checkpoints = [line.split(": ", 1)[1] for line in result.stdout.splitlines() if line.startswith("checkpoints:")]
-    assert experiments == [f"recipe_apo/{m}-actor_rollout_ref.rollout.n=8-algorithm.apo.lambda_scale=1.1"
-                           for m in ("grpo", "drgrpo", "apo")]
+    assert experiments == [f"recipe_apo/{m}-apo.lambda_scale=1.1-rollout.n=8" for m in ("grpo", "drgrpo", "apo")]
     assert len(set(checkpoints)) == 3
-    jobs = sorted((tmp_path / "sweep").glob("[0-9]_*"))
+    jobs = sorted((tmp_path / "sweep").glob("[0-9]"))
     assert len(jobs) == 3
     methods = [OmegaConf.load(job / ".hydra" / "config.yaml").algorithm.adv_estimator for job in jobs]
     assert methods == ["grpo", "grpo", "apo"]
