@@ -10,7 +10,9 @@ from verl.workers.config import FSDPActorConfig, PolicyLossConfig
 
 from recipe_apo.loss import compute_policy_loss_apo
 
-L0 = 8
+# L0 differs from the padded width on purpose: verl's fallback when L0 is unset is the width.
+WIDTH = 8
+L0 = 24
 
 
 def actor_config(loss_agg_mode="seq-mean-token-sum-norm", loss_scale_factor=L0, tau_pos=1.0, tau_neg=1.5):
@@ -47,7 +49,7 @@ def paper_objective(log_ratios, advantages, lengths, tau_pos, tau_neg, l0):
     return -total / len(lengths)
 
 
-def batch(lengths, advantages, width=L0, log_ratio=None, seed=0):
+def batch(lengths, advantages, width=WIDTH, log_ratio=None, seed=0):
     gen = torch.Generator().manual_seed(seed)
     mask = torch.zeros(len(lengths), width, dtype=torch.bool)
     for i, n in enumerate(lengths):
@@ -73,14 +75,14 @@ def test_value_equals_the_papers_objective():
 
 @hsettings(max_examples=40, deadline=None)
 @given(
-    lengths=st.lists(st.integers(min_value=0, max_value=L0), min_size=1, max_size=6),
+    lengths=st.lists(st.integers(min_value=0, max_value=WIDTH), min_size=1, max_size=6),
     scale=st.floats(min_value=-3, max_value=3),
     tau_pos=st.floats(min_value=0.3, max_value=3.0),
     tau_neg=st.floats(min_value=0.3, max_value=3.0),
 )
 def test_on_policy_gradient_is_minus_a_over_g_l0_for_every_valid_token(lengths, scale, tau_pos, tau_neg):
     advantages = [scale * (i + 1) * (-1) ** i for i in range(len(lengths))]
-    log_prob, old, adv, mask = batch(lengths, advantages, log_ratio=torch.zeros(len(lengths), L0))
+    log_prob, old, adv, mask = batch(lengths, advantages, log_ratio=torch.zeros(len(lengths), WIDTH))
     loss, _ = apo_loss(log_prob, old, adv, mask, actor_config(tau_pos=tau_pos, tau_neg=tau_neg))
     loss.backward()
     groups = sum(1 for n in lengths if n > 0)  # verl's seq-mean counts responses with a valid token
@@ -89,16 +91,22 @@ def test_on_policy_gradient_is_minus_a_over_g_l0_for_every_valid_token(lengths, 
 
 
 @pytest.mark.parametrize("log_ratio", [60.0, -60.0, 19.0, -19.0])
-def test_bounded_loss_and_finite_gradients_far_off_policy(log_ratio):
+def test_bounded_loss_and_vanishing_gradients_far_off_policy(log_ratio):
     lengths, advantages = [8, 8], [3.0, -3.0]
-    log_prob, old, adv, mask = batch(lengths, advantages, log_ratio=torch.full((2, L0), log_ratio))
+    log_prob, old, adv, mask = batch(lengths, advantages, log_ratio=torch.full((2, WIDTH), log_ratio))
     config = actor_config()
     loss, metrics = apo_loss(log_prob, old, adv, mask, config)
     loss.backward()
     assert torch.isfinite(loss) and torch.isfinite(log_prob.grad).all()
-    # |f| <= 4 / tau for every token, so |loss| <= max |A| * 4 / min tau * (tokens per response / L0).
-    assert abs(loss.item()) <= 3.0 * 4 / 1.0 + 1e-5
-    assert all(math.isfinite(v) for v in metrics.values())
+    # |f| <= 4 / tau for every token, so |loss| <= max |A| * (4 / min tau) * (tokens per response / L0).
+    assert abs(loss.item()) <= 3.0 * 4 / 1.0 * WIDTH / L0 + 1e-6
+    # The gate's point: a token far from on-policy stops pulling (the on-policy gradient is |A| / (G L0) = 0.0625).
+    assert log_prob.grad.abs().max() < 1e-6
+    assert metrics["actor/apo_ratio_out_share"] == 1.0
+    # w(r) is df/dr: it vanishes for r >> 1 but not for r -> 0, where the gradient dies through dr/dlog_prob = r.
+    s_pos, s_neg = (1 / (1 + math.exp(-tau * (math.exp(max(min(log_ratio, 20), -20)) - 1))) for tau in (1.0, 1.5))
+    expected_weight = (4 * s_pos * (1 - s_pos) + 4 * s_neg * (1 - s_neg)) / 2
+    assert metrics["actor/apo_gate_weight"] == pytest.approx(expected_weight, abs=1e-6)
 
 
 def test_temperature_is_picked_by_the_sign_of_the_advantage():
@@ -147,7 +155,7 @@ def test_other_aggregation_modes_are_honoured():
         "token-sum": (per_token * m).sum(),
         "seq-mean-token-sum": (per_token * m).sum(-1).mean(),
         "seq-mean-token-mean": ((per_token * m).sum(-1) / m.sum(-1)).mean(),
-        "seq-mean-token-sum-norm": (per_token * m).sum(-1).mean() / L0,
+        "seq-mean-token-sum-norm": (per_token * m).sum(-1).mean() / L0,  # L0 = 24, not the width 8
     }
     for mode, value in expected.items():
         loss, _ = apo_loss(log_prob, old, adv, mask, actor_config(loss_agg_mode=mode))
@@ -156,7 +164,7 @@ def test_other_aggregation_modes_are_honoured():
 
 def test_rollout_importance_weights_scale_each_token():
     log_prob, old, adv, mask = batch([8, 4], [1.0, -1.0])
-    weights = torch.rand(2, L0, generator=torch.Generator().manual_seed(3))
+    weights = torch.rand(2, WIDTH, generator=torch.Generator().manual_seed(3))
     config = actor_config(loss_agg_mode="token-sum")
     weighted, _ = apo_loss(log_prob, old, adv, mask, config, weights)
     ratio = torch.exp(log_prob - old)
@@ -182,7 +190,7 @@ def test_non_positive_temperature_is_refused(key, value):
 
 def test_gate_metrics_by_hand():
     # Response 0 on-policy (r = 1); response 1 with r = e^0.5 on 2 of its 4 tokens and r = 1 on the others.
-    log_ratio = torch.zeros(2, L0)
+    log_ratio = torch.zeros(2, WIDTH)
     log_ratio[1, :2] = 0.5
     log_prob, old, adv, mask = batch([4, 4], [1.0, -1.0], log_ratio=log_ratio)
     _, metrics = apo_loss(log_prob, old, adv, mask, actor_config(tau_pos=1.0, tau_neg=4.0))

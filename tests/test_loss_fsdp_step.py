@@ -22,8 +22,11 @@ import pytest
 
 PROMPT_LENS = [4, 3, 2, 4]
 RESPONSE_LENS = [6, 4, 5, 2]
-# L0: the padded response width, as data.max_response_length would be.
+# The padded response width of the batch.
 MAX_RESPONSE_LEN = 6
+# L0 = data.max_response_length, larger than this batch's padded width (as for most micro-batches in a real
+# run): the loss must divide by L0, not by the width verl falls back to when loss_scale_factor is unset.
+L0 = 10
 ADVANTAGES = [1.0, -1.0, 0.5, -0.5]
 # Asymmetric so that the closed-form loss below depends on which temperature each sign gets.
 TAU_POS, TAU_NEG = 1.0, 2.0
@@ -38,7 +41,7 @@ def _on_policy_loss() -> float:
     total = 0.0
     for adv, n in zip(ADVANTAGES, RESPONSE_LENS):
         tau = TAU_POS if adv > 0 else TAU_NEG
-        total += -(4.0 / tau) * 0.5 * adv * n / MAX_RESPONSE_LEN
+        total += -(4.0 / tau) * 0.5 * adv * n / L0
     return total / len(ADVANTAGES)
 
 
@@ -244,7 +247,7 @@ def _child_main(workdir: Path) -> None:
         ppo_mini_batch_size=bsz,
         ppo_micro_batch_size_per_gpu=MICRO_BATCH_SIZE,
         loss_agg_mode="seq-mean-token-sum-norm",
-        loss_scale_factor=MAX_RESPONSE_LEN,
+        loss_scale_factor=L0,
         tau_pos=TAU_POS,
         tau_neg=TAU_NEG,
         policy_loss=PolicyLossConfig(loss_mode="apo"),
@@ -303,7 +306,7 @@ def _child_main(workdir: Path) -> None:
             strategy="fsdp2",
             rollout_n=1,
             ppo_micro_batch_size_per_gpu=MICRO_BATCH_SIZE,
-            loss_scale_factor=MAX_RESPONSE_LEN,
+            loss_scale_factor=L0,
             tau_pos=TAU_POS,
             tau_neg=TAU_NEG,
         )

@@ -171,3 +171,50 @@ def test_multirun_dry_run_gives_each_job_its_own_name_folders_and_method(tmp_pat
     methods = [OmegaConf.load(job / ".hydra" / "config.yaml").algorithm.adv_estimator for job in jobs]
     assert methods == ["grpo", "grpo", "apo"]
     assert result.stdout.count("dry run: stopping before Ray starts") == 3
+
+
+def launchable(*overrides):
+    return valid("data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+                 "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", "trainer.n_gpus_per_node=1",
+                 "trainer.experiment_name=t", "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
+                 "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2", *overrides)
+
+
+def test_launch_hands_verl_the_recipe_task_runner_and_ends_its_ray_session(monkeypatch):
+    import ray
+    import verl.trainer.main_ppo as main_ppo
+
+    from recipe_apo.main import run
+    from recipe_apo.task_runner import ApoTaskRunner
+
+    seen = {}
+
+    def fake_run_ppo(config, task_runner_class):
+        seen["runner"] = task_runner_class
+        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)  # as verl's run_ppo does
+
+    monkeypatch.setattr(main_ppo, "run_ppo", fake_run_ppo)
+    run(launchable())
+    assert seen["runner"] is ApoTaskRunner
+    assert not ray.is_initialized()  # each multirun job gets its own Ray session
+
+
+@pytest.mark.parametrize("method, checked", [("apo", True), ("grpo", False)])
+def test_task_runner_registers_the_trainer_and_checks_the_nodes_for_apo(monkeypatch, method, checked):
+    import recipe_apo.cluster as cluster
+    from verl.trainer.main_ppo import TaskRunnerV1
+
+    from recipe_apo.task_runner import ApoTaskRunner, _ApoTaskRunner
+
+    calls = []
+    monkeypatch.setattr(cluster, "check_apo_on_every_node", lambda: calls.append("checked"))
+    monkeypatch.setattr(TaskRunnerV1.__ray_actor_class__, "run", lambda self, config: calls.append("verl run"))
+    assert issubclass(ApoTaskRunner.__ray_actor_class__, TaskRunnerV1.__ray_actor_class__)
+    _ApoTaskRunner().run(launchable(f"method={method}"))
+    assert calls == (["checked", "verl run"] if checked else ["verl run"])
+
+    from verl.trainer.ppo.v1 import get_trainer_cls
+
+    from recipe_apo.trainer import ApoSyncTrainer
+
+    assert get_trainer_cls("apo_sync") is ApoSyncTrainer
