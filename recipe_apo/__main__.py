@@ -2,7 +2,8 @@
 
 Runs on CPU in seconds: it pushes one hand-made batch through verl's own ``compute_advantage`` with the
 registered estimators, prints the three methods side by side, and prints the verl command that trains with
-APO (training itself needs GPUs: verl's rollouts run on vLLM or SGLang).
+APO with the recipe (training itself needs GPUs: verl's rollouts run on vLLM or SGLang). The three methods come
+from the recipe's own presets (``conf/method/``).
 """
 
 from __future__ import annotations
@@ -14,16 +15,24 @@ from omegaconf import OmegaConf
 import recipe_apo
 from recipe_apo.anchor import get_driver_anchor, reset_driver_anchor
 
-TRAIN_COMMAND = r"""python -m verl.trainer.main_ppo \
-    algorithm.adv_estimator=apo \
-    actor_rollout_ref.actor.policy_loss.loss_mode=apo \
-    actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum-norm \
-    'actor_rollout_ref.actor.loss_scale_factor=${data.max_response_length}' \
-    actor_rollout_ref.actor.tau_pos=1.0 actor_rollout_ref.actor.tau_neg=1.5 \
-    actor_rollout_ref.actor.use_kl_loss=false algorithm.use_kl_in_reward=false \
-    actor_rollout_ref.rollout.n=8 data.max_response_length=3000 \
+TRAIN_COMMAND = r"""python -m recipe_apo.main method=apo \
     data.train_files=$HOME/data/math/train.parquet data.val_files=$HOME/data/math/test.parquet \
-    actor_rollout_ref.model.path=Qwen/Qwen2.5-Math-1.5B"""
+    data.max_response_length=3000 data.train_batch_size=128 actor_rollout_ref.rollout.n=8 \
+    actor_rollout_ref.model.path=Qwen/Qwen2.5-Math-1.5B \
+    actor_rollout_ref.actor.ppo_mini_batch_size=16 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4 \
+    trainer.n_gpus_per_node=8 trainer.save_freq=50"""
+
+METHODS = ("grpo", "drgrpo", "apo")
+
+
+def method_config(method: str):
+    """The recipe's composed config for one method preset (conf/method/<method>.yaml), resolved."""
+    from hydra import compose, initialize_config_module
+
+    with initialize_config_module(config_module="recipe_apo.conf", version_base=None):
+        config = compose("apo_trainer", overrides=[f"method={method}", "algorithm.apo.anchor_init=0.5"])
+    OmegaConf.resolve(config)
+    return config
 
 
 def example_batch():
@@ -38,17 +47,19 @@ def example_batch():
     return token_rewards, mask, uids, rewards
 
 
-def advantages(method: str, token_rewards, mask, uids) -> torch.Tensor:
+def advantages(algorithm, token_rewards, mask, uids) -> torch.Tensor:
+    """One response-level advantage per row, through verl's own compute_advantage with a preset's settings."""
     from verl import DataProto
     from verl.trainer.ppo.ray_trainer import compute_advantage
 
     data = DataProto.from_dict(
         tensors={"token_level_rewards": token_rewards, "response_mask": mask}, non_tensors={"uid": uids}
     )
-    estimator = "apo" if method == "apo" else "grpo"
-    algorithm = OmegaConf.create({"adv_estimator": estimator, "apo": {"anchor_init": 0.5}})
     out = compute_advantage(
-        data, adv_estimator=estimator, norm_adv_by_std_in_grpo=(method == "grpo"), config=algorithm
+        data,
+        adv_estimator=algorithm.adv_estimator,
+        norm_adv_by_std_in_grpo=algorithm.norm_adv_by_std_in_grpo,
+        config=algorithm,
     )
     return out.batch["advantages"][:, 0]
 
@@ -59,13 +70,22 @@ def main() -> None:
     print(f"recipe-apo {recipe_apo.__version__} on verl {verl.__version__}: "
           "advantage estimator 'apo' and policy loss 'apo' are registered.\n")
     token_rewards, mask, uids, rewards = example_batch()
-    reset_driver_anchor()
-    columns = {m: advantages(m, token_rewards, mask, uids) for m in ("grpo", "drgrpo", "apo")}
+    configs = {m: method_config(m) for m in METHODS}
+    columns = {}
+    for method, config in configs.items():
+        reset_driver_anchor()
+        columns[method] = advantages(config.algorithm, token_rewards, mask, uids)
     anchor = get_driver_anchor().value
     reset_driver_anchor()
 
-    print(f"One batch, G = 4 responses per prompt, binary rewards, APO anchor C_t = {anchor:.2f} "
-          "(lambda_scale = 1.5).")
+    print("Method presets (conf/method/), as the recipe composes them:")
+    for method, config in configs.items():
+        actor = config.actor_rollout_ref.actor
+        print(f"  {method:<7} estimator {config.algorithm.adv_estimator}, std norm "
+              f"{config.algorithm.norm_adv_by_std_in_grpo}, loss {actor.policy_loss.loss_mode}, "
+              f"aggregation {actor.loss_agg_mode}")
+    print(f"\nOne batch, G = 4 responses per prompt, binary rewards, APO anchor C_t = {anchor:.2f} "
+          f"(lambda_scale = {configs['apo'].algorithm.apo.lambda_scale}).")
     print("Advantage of each response (the loss multiplies it into every token):\n")
     print(f"{'prompt':<12} {'reward':>6} {'tokens':>6} {'GRPO':>8} {'Dr. GRPO':>9} {'APO':>8}")
     for i in range(len(rewards)):
@@ -76,7 +96,7 @@ def main() -> None:
         "Dr. GRPO keeps R_i - mean(R). APO also boosts the rare success on the hard prompt and the rare\n"
         "failure on the easy one, and tempers the expected outcomes; its loss divides by a constant L0.\n"
     )
-    print("Train with APO (needs GPUs; set your model and data):\n")
+    print("Train with APO on GPUs (set your model and data; see README for plain verl):\n")
     print(TRAIN_COMMAND)
 
 

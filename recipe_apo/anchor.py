@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from typing import Any, Optional
+from contextlib import contextmanager
+from typing import Any, Iterator, Optional
 
 import numpy as np
 
@@ -160,3 +161,26 @@ def reset_driver_anchor() -> None:
     """Forget the driver's anchors; the next APO step starts fresh ones (a new run, a new multirun job)."""
     global _driver_book
     _driver_book = None
+
+
+_handed_scopes: Optional[Any] = None
+
+
+@contextmanager
+def batch_scopes(scopes: Optional[Any]) -> Iterator[None]:
+    """Hand the next estimator call the per-response scopes (data sources) that verl does not pass it.
+
+    verl calls an estimator with rewards, mask and uids only; the recipe's trainer, which runs in the same
+    driver process, wraps its advantage step in this context when ``algorithm.apo.anchor_scope=data_source``.
+    """
+    global _handed_scopes
+    _handed_scopes = scopes
+    try:
+        yield
+    finally:
+        _handed_scopes = None
+
+
+def handed_scopes() -> Optional[Any]:
+    """The scopes handed over by ``batch_scopes`` for the current advantage step, or None."""
+    return _handed_scopes

@@ -16,23 +16,23 @@ Order within a step follows the paper's algorithm summary: the anchor is first u
 then Delta_g is measured against the updated anchor C_{t+1}.
 
 Everything is vectorized over the batch: group ids come from one hashed pass over the uid array
-(``pandas.factorize``), group sums from ``index_add``.
+(``pandas.factorize``: verl's uids are uuid strings, which hashing groups faster than ``np.unique``'s sort;
+pandas is the one dependency of the maths beyond torch, numpy and verl), group sums from ``np.bincount``.
 """
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
 import numpy as np
 import pandas as pd
 import torch
 
-from recipe_apo.anchor import GLOBAL_SCOPE, AnchorBook, CapabilityAnchor, driver_anchors
+from recipe_apo.anchor import GLOBAL_SCOPE, AnchorBook, CapabilityAnchor, driver_anchors, handed_scopes
 from recipe_apo.settings import ApoSettings
 from recipe_apo.success import ApoInputError, success_of
 
-__all__ = ["ApoInputError", "apo_outcome_advantage", "batch_scopes", "compute_apo_advantage", "group_ids"]
+__all__ = ["ApoInputError", "apo_outcome_advantage", "compute_apo_advantage", "group_ids"]
 
 
 def group_ids(index: Any, batch_size: int) -> tuple[np.ndarray, int]:
@@ -179,24 +179,6 @@ def compute_apo_advantage(
     return advantages, metrics
 
 
-_handed_scopes: Optional[Any] = None
-
-
-@contextmanager
-def batch_scopes(scopes: Optional[Any]) -> Iterator[None]:
-    """Hand the next estimator call the per-response scopes (data sources) that verl does not pass it.
-
-    verl calls an estimator with rewards, mask and uids only; the recipe's trainer, which runs in the same
-    driver process, wraps its advantage step in this context when ``algorithm.apo.anchor_scope=data_source``.
-    """
-    global _handed_scopes
-    _handed_scopes = scopes
-    try:
-        yield
-    finally:
-        _handed_scopes = None
-
-
 def apo_outcome_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
@@ -215,7 +197,7 @@ def apo_outcome_advantage(
         raise ApoInputError("the apo estimator needs the uid of each response (non_tensor_batch['uid'])")
     scopes = None
     if settings.anchor_scope == "data_source":
-        scopes = _handed_scopes
+        scopes = handed_scopes()
         if scopes is None:
             raise ApoInputError(
                 "algorithm.apo.anchor_scope=data_source needs each response's data_source, which verl does not "

@@ -59,7 +59,8 @@ class ApoSettings:
     success_min: float = 0.0
     success_max: float = 1.0
     # False turns the difficulty reweighting off: advantages are then R_i - mean_g(R), exactly verl's
-    # `grpo` with norm_adv_by_std_in_grpo=False (Dr. GRPO), while the anchor is still tracked and logged.
+    # `grpo` with norm_adv_by_std_in_grpo=False (Dr. GRPO) for groups of 2 or more, while the anchor is still
+    # tracked and logged.
     reweight: bool = True
     # "global": one anchor for the whole batch. "data_source": one anchor per data_source of the batch, for
     # training mixes whose sources differ in difficulty (the paper's first stated limitation). verl does not

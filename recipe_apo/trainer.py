@@ -22,9 +22,9 @@ from omegaconf import DictConfig, open_dict
 from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
-from recipe_apo.anchor import driver_anchors, reset_driver_anchor
+from recipe_apo.anchor import batch_scopes, driver_anchors, reset_driver_anchor
 from recipe_apo.checkpoint import restore_for_run, save_anchor_state, uses_apo
-from recipe_apo.estimator import ApoInputError, batch_scopes
+from recipe_apo.estimator import ApoInputError
 from recipe_apo.settings import ApoSettings
 
 TRAINER_NAME = "apo_sync"

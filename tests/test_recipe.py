@@ -218,3 +218,15 @@ def test_task_runner_registers_the_trainer_and_checks_the_nodes_for_apo(monkeypa
     from recipe_apo.trainer import ApoSyncTrainer
 
     assert get_trainer_cls("apo_sync") is ApoSyncTrainer
+
+
+def test_plugin_check_prints_the_three_presets_advantages(capsys):
+    from recipe_apo.__main__ import main
+
+    main()
+    out = capsys.readouterr().out
+    rows = [line.split() for line in out.splitlines() if line.startswith(("hard prompt", "easy prompt"))]
+    # GRPO: (1 - 0.25) / std([1,0,0,0]) = 1.5; Dr. GRPO: 0.75; APO: 0.75 * 1.5 * exp(0.25) = 1.445.
+    assert rows[0][-3:] == ["1.500", "0.750", "1.445"]
+    assert rows[7][-3:] == ["-1.500", "-0.750", "-1.445"]
+    assert "python -m recipe_apo.main method=apo" in out
