@@ -97,7 +97,8 @@ def compute_apo_advantage(
     batch_size = token_level_rewards.shape[0]
     # Rows without a single valid token are padding (verl pads a batch to a divisible size with such rows, all
     # under one made-up uid): they take no part in group means, p_hat_g or y_t, and get advantage 0.
-    valid = response_mask.detach().any(dim=-1).cpu().numpy()
+    # amax, not any: any() first converts the whole mask to bool, 3-6x slower on verl's int64 masks.
+    valid = (response_mask.detach().amax(dim=-1) != 0).cpu().numpy()
     scores = token_level_rewards.detach().sum(dim=-1).to(torch.float64).cpu().numpy()
     bad = valid & ~np.isfinite(scores)
     if bad.any():
