@@ -7,6 +7,9 @@
 PYTHON ?= python3
 VENV ?= .venv
 TORCH ?= torch==2.13.0
+# Extra pip arguments, e.g. PyTorch's CPU wheel index on a CPU-only machine where a plain torch==2.13.0 resolves
+# to a CUDA build: make test TORCH=torch==2.13.0+cpu PIP_ARGS="--extra-index-url https://download.pytorch.org/whl/cpu"
+PIP_ARGS ?=
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.recipe-apo-installed
 
@@ -15,7 +18,7 @@ STAMP := $(VENV)/.recipe-apo-installed
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install "$(TORCH)" -e ".[test]"
+	$(PY) -m pip install $(PIP_ARGS) "$(TORCH)" -e ".[test]"
 	touch $(STAMP)
 
 demo: $(STAMP)
