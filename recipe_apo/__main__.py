@@ -17,7 +17,8 @@ from recipe_apo.anchor import get_driver_anchor, reset_driver_anchor
 
 TRAIN_COMMAND = r"""python -m recipe_apo.main method=apo \
     data.train_files=$HOME/data/math/train.parquet data.val_files=$HOME/data/math/test.parquet \
-    data.max_response_length=3000 data.train_batch_size=128 actor_rollout_ref.rollout.n=8 \
+    data.max_response_length=3000 data.train_batch_size=128 \
+    actor_rollout_ref.rollout.name=vllm actor_rollout_ref.rollout.n=8 \
     actor_rollout_ref.model.path=Qwen/Qwen2.5-Math-1.5B \
     actor_rollout_ref.actor.ppo_mini_batch_size=16 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4 \
     trainer.n_gpus_per_node=8 trainer.save_freq=50"""

@@ -23,7 +23,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from recipe_apo.validation import RecipeConfigError, validate_recipe_config
 
 # Overrides that say where things are or how they are logged, not what is trained: left out of the name.
-_LOCATION_KEYS = ("method", "dry_run", "data.train_files", "data.val_files", "trainer.", "ray_kwargs.", "hydra.")
+_LOCATION_KEYS = ("method", "dry_run", "data.train_files", "data.val_files", "trainer.", "ray_kwargs.", "hydra.",
+                  "actor_rollout_ref.rollout.name")
 _MODEL_PATH = "actor_rollout_ref.model.path"
 # Shortened in the name; ordered first, so that a truncated name still shows what a sweep varies.
 _PREFIXES = (("algorithm.", ""), ("actor_rollout_ref.actor.", "actor."), ("actor_rollout_ref.", ""), ("data.", "data."))

@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from omegaconf import OmegaConf
+
 from recipe_apo.settings import ApoConfigError, ApoSettings
 
 from recipe_apo.loss import NORM_MODE
@@ -89,6 +91,9 @@ def validate_recipe_config(config: Any) -> None:
         for key in ("tau_pos", "tau_neg"):
             if not _positive_number(actor.get(key)):
                 raise RecipeConfigError(f"actor_rollout_ref.actor.{key} must be a number > 0, got {actor.get(key)!r}")
+
+    if OmegaConf.is_missing(config.actor_rollout_ref.rollout, "name"):
+        raise RecipeConfigError("actor_rollout_ref.rollout.name is not set: vllm or sglang (verl's rollout engine)")
 
     rollout_n = config.actor_rollout_ref.rollout.get("n", 1)
     if estimator in GROUP_ESTIMATORS and (not isinstance(rollout_n, int) or rollout_n < 2):

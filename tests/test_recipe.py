@@ -80,7 +80,8 @@ def test_the_recipe_yaml_declares_the_estimators_defaults_exactly():
 
 
 def valid(*overrides):
-    return composed("actor_rollout_ref.rollout.n=8", f"data.max_response_length={L0}", *overrides)
+    return composed("actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.n=8",
+                    f"data.max_response_length={L0}", *overrides)
 
 
 @pytest.mark.parametrize("method", ["grpo", "drgrpo", "apo"])
@@ -110,6 +111,7 @@ def test_kl_in_reward_is_fine_with_a_threshold_success_and_data_sources_with_the
         (["algorithm.use_kl_in_reward=true"], "algorithm.use_kl_in_reward"),
         (["algorithm.apo.anchor_scope=data_source", "trainer.v1.trainer_mode=sync"], "algorithm.apo.anchor_scope"),
         (["trainer.use_v1=false"], "trainer.use_v1"),
+        (["actor_rollout_ref.rollout.name=???"], "actor_rollout_ref.rollout.name"),
     ],
 )
 def test_invalid_settings_fail_validation_naming_the_key(overrides, key):
@@ -151,7 +153,8 @@ def test_cfg_job_prints_the_composed_config_without_starting_ray(tmp_path):
 
 
 def test_a_bad_setting_stops_the_launch_with_one_line(tmp_path):
-    result = run_main("actor_rollout_ref.rollout.n=8", "algorithm.apo.lambda_scale=-1", cwd=tmp_path)
+    result = run_main("actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.n=8",
+                      "algorithm.apo.lambda_scale=-1", cwd=tmp_path)
     assert result.returncode == 2
     errors = [line for line in result.stderr.splitlines() if line.startswith("recipe-apo: error:")]
     assert errors == ["recipe-apo: error: algorithm.apo.lambda_scale must be > 0.0, got -1"]
@@ -160,7 +163,8 @@ def test_a_bad_setting_stops_the_launch_with_one_line(tmp_path):
 
 def test_multirun_dry_run_gives_each_job_its_own_name_folders_and_method(tmp_path):
     result = run_main("-m", "method=grpo,drgrpo,apo", "algorithm.apo.lambda_scale=1.1", "dry_run=true",
-                      "actor_rollout_ref.rollout.n=8", f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=tmp_path)
+                      "actor_rollout_ref.rollout.n=8", "actor_rollout_ref.rollout.name=vllm",
+                      f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     experiments = [line.split(": ", 1)[1] for line in result.stdout.splitlines() if line.startswith("experiment:")]
     checkpoints = [line.split(": ", 1)[1] for line in result.stdout.splitlines() if line.startswith("checkpoints:")]
