@@ -31,6 +31,15 @@ import numpy as np
 STATE_VERSION = 1
 
 
+def _check_version(state: Any) -> None:
+    try:
+        version = int(state["version"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"malformed anchor state ({type(exc).__name__}: {exc})") from exc
+    if version != STATE_VERSION:
+        raise ValueError(f"anchor state version {version} is not supported (expected {STATE_VERSION})")
+
+
 class CapabilityAnchor:
     """C_t with its history H. Holds no hyperparameters: each update takes them, so state stays plain data."""
 
@@ -40,10 +49,6 @@ class CapabilityAnchor:
         self.value: Optional[float] = None if init is None else float(init)
         self.history: deque[float] = deque([] if init is None else [float(init)], maxlen=history)
         self.steps = 0
-
-    @property
-    def started(self) -> bool:
-        return self.value is not None
 
     def next_rate(self, eta: float, eta_min: float) -> float:
         """eta_t for the next update, from the current history."""
@@ -81,8 +86,8 @@ class CapabilityAnchor:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a state from ``state_dict``; a malformed state raises and leaves this anchor unchanged."""
+        _check_version(state)
         try:
-            version = int(state["version"])
             value = state["value"]
             value = None if value is None else float(value)
             history = [float(v) for v in state["history"]]
@@ -90,8 +95,6 @@ class CapabilityAnchor:
             steps = int(state["steps"])
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"malformed anchor state ({type(exc).__name__}: {exc})") from exc
-        if version != STATE_VERSION:
-            raise ValueError(f"anchor state version {version} is not supported (expected {STATE_VERSION})")
         values = history + ([] if value is None else [value])
         if history_len < 1 or steps < 0 or any(not (math.isfinite(v) and 0.0 <= v <= 1.0) for v in values):
             raise ValueError("malformed anchor state: values must lie in [0, 1], history_len >= 1, steps >= 0")
@@ -126,13 +129,11 @@ class AnchorBook:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Replace all anchors by those in ``state``; a malformed state raises and changes nothing."""
+        _check_version(state)
         try:
-            version = int(state["version"])
             items = dict(state["anchors"])
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"malformed anchor state ({type(exc).__name__}: {exc})") from exc
-        if version != STATE_VERSION:
-            raise ValueError(f"anchor state version {version} is not supported (expected {STATE_VERSION})")
         restored = {}
         for scope, anchor_state in items.items():
             anchor = CapabilityAnchor(history=self.history)
