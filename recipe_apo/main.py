@@ -75,11 +75,23 @@ def name_the_run(config: DictConfig) -> None:
         config.trainer.experiment_name = experiment_name(method, hydra_config.overrides.task)
 
 
+def rehearsal(config: DictConfig) -> str | None:
+    """The rehearsal this job runs (``rehearsal=cpu``), or None for a real run."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return HydraConfig.get().runtime.choices.get("rehearsal")
+
+
 def prepare(config: DictConfig) -> DictConfig:
     """Name the run, resolve every interpolation here (Ray actors do not know Hydra's resolvers) and validate."""
     name_the_run(config)
     OmegaConf.resolve(config)
-    validate_recipe_config(config)
+    on_cpu = rehearsal(config) == "cpu"
+    if on_cpu:
+        from recipe_apo.cpu.checks import check_rehearsal_config
+
+        check_rehearsal_config(config)
+    validate_recipe_config(config, rehearsal=on_cpu)
     return config
 
 
@@ -96,10 +108,16 @@ def describe(config: DictConfig) -> str:
         f"checkpoints: {trainer.default_local_dir}",
         f"hydra output: {HydraConfig.get().runtime.output_dir}",
         f"loggers: {', '.join(trainer.logger) if not isinstance(trainer.logger, str) else trainer.logger}",
+        *([f"rehearsal: {rehearsal(config)} (rollout {config.actor_rollout_ref.rollout.name})"]
+          if rehearsal(config) else []),
     ])
 
 
 def run(config: DictConfig) -> None:
+    if rehearsal(config) == "cpu":
+        # This process (the driver) needs the CPU platform before verl's device detection below; Ray's workers
+        # get it from the runtime env the rehearsal config sets.
+        import recipe_apo.cpu.activate  # noqa: F401
     import ray
     from verl.trainer.main_ppo import run_ppo
     from verl.utils.config import validate_config

@@ -30,8 +30,15 @@ def _positive_number(value: Any) -> bool:
     return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value) and value > 0
 
 
-def validate_recipe_config(config: Any) -> None:
-    """Raise ``RecipeConfigError`` for the first invalid setting of a resolved trainer config."""
+# The CPU rehearsal's rollout backend (recipe_apo/cpu/), registered only when the rehearsal is on.
+REHEARSAL_ROLLOUT = "hf"
+
+
+def validate_recipe_config(config: Any, rehearsal: bool = False) -> None:
+    """Raise ``RecipeConfigError`` for the first invalid setting of a resolved trainer config.
+
+    ``rehearsal``: the job runs the CPU rehearsal (``rehearsal=cpu``), whose own checks ran already.
+    """
     from verl.trainer.ppo import core_algos
 
     import recipe_apo  # noqa: F401  (registers apo in this process even with VERL_USE_EXTERNAL_PLUGINS=none)
@@ -94,6 +101,10 @@ def validate_recipe_config(config: Any) -> None:
 
     if OmegaConf.is_missing(config.actor_rollout_ref.rollout, "name"):
         raise RecipeConfigError("actor_rollout_ref.rollout.name is not set: vllm or sglang (verl's rollout engine)")
+    if str(config.actor_rollout_ref.rollout.name) == REHEARSAL_ROLLOUT and not rehearsal:
+        raise RecipeConfigError(
+            f"actor_rollout_ref.rollout.name={REHEARSAL_ROLLOUT} is the CPU rehearsal's backend: add rehearsal=cpu"
+        )
 
     rollout_n = config.actor_rollout_ref.rollout.get("n", 1)
     if estimator in GROUP_ESTIMATORS and (not isinstance(rollout_n, int) or rollout_n < 2):

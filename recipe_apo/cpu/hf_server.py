@@ -1,0 +1,269 @@
+"""The rehearsal's generation server: a Hugging Face causal LM behind verl's token-in, token-out interface.
+
+One Ray actor per rollout replica, in place of verl's vLLM server. verl's agent loop calls ``generate`` once per
+response, all of a step's requests at once; the server gathers the requests that arrive together and runs
+them as one left-padded batch of ``model.generate`` per set of sampling settings.
+
+Sampling follows what verl passes, as vLLM would: ``temperature`` (0 = greedy), ``top_p``, ``top_k`` (-1 or 0 =
+off), ``repetition_penalty``, ``ignore_eos``, ``max_tokens`` (default: ``rollout.response_length``, capped by the
+prompt budget as in verl's vLLM server). ``logprobs`` returns, per generated token, its log-probability under
+``softmax(logits / temperature)`` before top-k/top-p truncation (raw logits when greedy): what verl's actor
+computes for the same token, so ``rollout_log_probs`` and the actor's old log-probs are comparable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+
+logger = logging.getLogger("recipe_apo")
+
+# Keys of verl's sampling_params this server honours; anything else is refused, not ignored.
+SAMPLING_KEYS = frozenset(
+    {"temperature", "top_p", "top_k", "repetition_penalty", "logprobs", "ignore_eos", "max_tokens", "max_new_tokens"}
+)
+
+
+class RehearsalUnsupported(ValueError):
+    """The CPU rehearsal cannot do what was asked; the message is one line naming the setting."""
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """One request's sampling settings, normalised; requests with equal settings share a batch."""
+
+    temperature: float
+    top_p: float
+    top_k: int
+    repetition_penalty: float
+    ignore_eos: bool
+    max_tokens: int
+    logprobs: bool
+
+    @classmethod
+    def from_verl(cls, params: dict[str, Any], prompt_len: int, response_length: int, prompt_length: int,
+                  max_model_len: Optional[int]) -> "Sampling":
+        unknown = sorted(set(params) - SAMPLING_KEYS)
+        if unknown:
+            raise RehearsalUnsupported(
+                f"the CPU rehearsal's hf rollout does not support sampling parameter(s) {', '.join(unknown)}"
+            )
+        budget = (max_model_len or prompt_length + response_length) - prompt_len
+        if budget < 1:
+            raise RehearsalUnsupported(
+                f"a prompt of {prompt_len} tokens leaves no room to generate within "
+                f"{max_model_len or prompt_length + response_length} tokens (data.max_prompt_length / "
+                "actor_rollout_ref.rollout.max_model_len)"
+            )
+        requested = params.get("max_tokens", params.get("max_new_tokens"))
+        if requested is None:
+            requested = min(response_length, prompt_length + response_length - prompt_len)
+        top_k = int(params.get("top_k", -1) or -1)
+        return cls(
+            temperature=float(params.get("temperature", 1.0)),
+            top_p=float(params.get("top_p", 1.0)),
+            top_k=-1 if top_k <= 0 else top_k,
+            repetition_penalty=float(params.get("repetition_penalty", 1.0)),
+            ignore_eos=bool(params.get("ignore_eos", False)),
+            max_tokens=max(1, min(int(requested), budget)),
+            logprobs=bool(params.get("logprobs", False)),
+        )
+
+
+@dataclass
+class _Request:
+    prompt_ids: list[int]
+    sampling: Sampling
+    done: asyncio.Future = field(repr=False)
+
+
+def generate_batch(model, prompts: list[list[int]], sampling: Sampling, eos_ids: list[int], pad_id: int
+                   ) -> list[tuple[list[int], Optional[list[float]]]]:
+    """Generate one response per prompt with shared settings: ``[(token_ids, log_probs or None), ...]``.
+
+    Left-padded, so every prompt ends where generation starts. A response ends after its first eos token
+    (kept, as vLLM keeps it) or at ``max_tokens``.
+    """
+    width = max(len(p) for p in prompts)
+    input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        input_ids[row, width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
+        attention_mask[row, width - len(prompt):] = 1
+    greedy = sampling.temperature <= 0
+    stop = None if sampling.ignore_eos else list(eos_ids)
+    kwargs: dict[str, Any] = dict(
+        max_new_tokens=sampling.max_tokens,
+        min_new_tokens=sampling.max_tokens if sampling.ignore_eos else 0,
+        do_sample=not greedy,
+        repetition_penalty=sampling.repetition_penalty,
+        eos_token_id=stop,
+        pad_token_id=pad_id,
+        output_logits=sampling.logprobs,
+        return_dict_in_generate=True,
+    )
+    if not greedy:
+        kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p,
+                      top_k=sampling.top_k if sampling.top_k > 0 else 0)
+    else:
+        kwargs.update(temperature=None, top_p=None, top_k=None)
+    with torch.inference_mode():
+        out = model.generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+    generated = out.sequences[:, width:]
+    steps = generated.shape[1]
+    # Each response's length: through its first eos (inclusive), else every generated token.
+    if stop:
+        is_eos = torch.isin(generated, torch.tensor(stop, dtype=generated.dtype))
+        first = torch.where(is_eos.any(dim=1), is_eos.int().argmax(dim=1) + 1, torch.full_like(generated[:, 0], steps))
+    else:
+        first = torch.full_like(generated[:, 0], steps)
+    token_logprobs = None
+    if sampling.logprobs:
+        logits = torch.stack(out.logits, dim=1).float()  # (batch, steps, vocab), before any logits processor
+        if not greedy:
+            logits = logits / sampling.temperature
+        token_logprobs = torch.log_softmax(logits, dim=-1).gather(-1, generated.unsqueeze(-1)).squeeze(-1)
+    results = []
+    for row in range(len(prompts)):
+        n = int(first[row])
+        ids = generated[row, :n].tolist()
+        results.append((ids, None if token_logprobs is None else token_logprobs[row, :n].tolist()))
+    return results
+
+
+class HFGenerationServer:
+    """The server actor: one model in CPU memory, weights replaced by the trainer after each update.
+
+    Args mirror verl's vLLM server where they mean the same: the rollout config (a ``RolloutConfig``), the
+    actor's model config (``actor_rollout_ref.model``) and the replica's rank (which seeds its sampling).
+    """
+
+    def __init__(self, config, model_config, replica_rank: int = 0) -> None:
+        from transformers import AutoModelForCausalLM
+        from verl.utils.config import omega_conf_to_dataclass
+        from verl.workers.config import HFModelConfig
+
+        self.config = config
+        self.model_config = omega_conf_to_dataclass(model_config, dataclass_type=HFModelConfig)
+        self.replica_rank = replica_rank
+        hf_config = self.model_config.hf_config
+        torch.manual_seed(int(getattr(config, "seed", 0) or 0) + replica_rank)
+        if "dummy" in str(config.load_format):
+            # verl's default: random weights until the trainer's first weight sync, exactly as vLLM starts.
+            self.model = AutoModelForCausalLM.from_config(hf_config, torch_dtype=torch.float32)
+        else:
+            self.model = AutoModelForCausalLM.from_pretrained(
+                self.model_config.local_path, config=hf_config, torch_dtype=torch.float32
+            )
+        self.model.eval()
+        tokenizer = self.model_config.tokenizer
+        eos = self.model_config.generation_config.eos_token_id if self.model_config.generation_config else None
+        eos_ids = set(eos if isinstance(eos, (list, tuple)) else [eos]) | {tokenizer.eos_token_id}
+        self.eos_ids = sorted(int(i) for i in eos_ids if i is not None)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
+        self.global_steps: Optional[int] = None
+        self._pending: list[_Request] = []
+        self._arrived: Optional[asyncio.Event] = None
+        self._worker: Optional[asyncio.Task] = None
+        self._paused = False
+
+    # ---- generation -------------------------------------------------------------------------------------
+    async def generate(self, prompt_ids: list[int], sampling_params: dict[str, Any], request_id: str,
+                       image_data=None, video_data=None, audio_data=None, **kwargs):
+        from verl.workers.rollout.replica import TokenOutput
+
+        if image_data is not None or video_data is not None or audio_data is not None:
+            raise RehearsalUnsupported("the CPU rehearsal's hf rollout generates text only (no images, video, audio)")
+        extra = sorted(k for k, v in kwargs.items() if v not in (None, 0, {}, []))
+        if extra:
+            raise RehearsalUnsupported(f"the CPU rehearsal's hf rollout does not support {', '.join(extra)}")
+        prompt_ids = [int(t) for t in prompt_ids]
+        sampling = Sampling.from_verl(
+            dict(sampling_params), len(prompt_ids), int(self.config.response_length), int(self.config.prompt_length),
+            getattr(self.config, "max_model_len", None),
+        )
+        loop = asyncio.get_running_loop()
+        if self._worker is None:
+            self._arrived = asyncio.Event()
+            self._worker = loop.create_task(self._serve())
+        request = _Request(prompt_ids, sampling, loop.create_future())
+        self._pending.append(request)
+        self._arrived.set()
+        token_ids, log_probs = await request.done
+        return TokenOutput(token_ids=token_ids, log_probs=log_probs, stop_reason="completed",
+                           extra_fields={"global_steps": self.global_steps})
+
+    async def _serve(self) -> None:
+        while True:
+            await self._arrived.wait()
+            # Let the rest of this wave of requests arrive: the agent loop sends a step's requests together.
+            await asyncio.sleep(0.01)
+            self._arrived.clear()
+            batch, self._pending = self._pending, []
+            groups: dict[Sampling, list[_Request]] = {}
+            for request in batch:
+                groups.setdefault(request.sampling, []).append(request)
+            for sampling, requests in groups.items():
+                try:
+                    results = await asyncio.to_thread(
+                        generate_batch, self.model, [r.prompt_ids for r in requests], sampling, self.eos_ids,
+                        self.pad_id,
+                    )
+                except Exception as exc:  # hand the error to every caller instead of killing the loop
+                    for request in requests:
+                        if not request.done.done():
+                            request.done.set_exception(exc)
+                    continue
+                for request, result in zip(requests, results):
+                    if not request.done.done():
+                        request.done.set_result(result)
+
+    # ---- weights ------------------------------------------------------------------------------------------
+    async def update_weights(self, state: dict[str, torch.Tensor], global_steps: Optional[int] = None) -> None:
+        """Load the trainer's weights (HF parameter names); refuse names the model does not have."""
+        missing, unexpected = self.model.load_state_dict(state, strict=False)
+        tied = {"lm_head.weight"} if getattr(self.model.config, "tie_word_embeddings", False) else set()
+        if unexpected or set(missing) - tied:
+            raise RehearsalUnsupported(
+                f"weight sync: the trainer's weights do not match the rollout model (unexpected: "
+                f"{sorted(unexpected)[:3]}, missing: {sorted(set(missing) - tied)[:3]})"
+            )
+        if tied:
+            self.model.tie_weights()
+        if global_steps is not None:
+            self.global_steps = global_steps
+
+    async def set_global_steps(self, global_steps: int) -> None:
+        self.global_steps = global_steps
+
+    # ---- the rest of verl's server interface: the model lives in CPU memory and is never released ----------
+    async def wake_up(self, tags: Optional[list[str]] = None) -> None:
+        pass
+
+    async def sleep(self) -> None:
+        pass
+
+    async def clear_kv_cache(self) -> None:
+        pass  # HF generate keeps no cache between calls
+
+    async def release_kv_cache(self) -> None:
+        pass
+
+    async def resume_kv_cache(self) -> None:
+        pass
+
+    async def abort_all_requests(self, reject_request: bool = False) -> dict[str, Any]:
+        return {"aborted_count": 0, "request_ids": []}
+
+    async def resume_generation(self) -> None:
+        pass
+
+    async def start_profile(self, **kwargs) -> None:
+        pass
+
+    async def stop_profile(self) -> None:
+        pass

@@ -1,0 +1,243 @@
+"""``make rehearse``: GRPO, Dr. GRPO and APO through verl's whole training loop on a CPU, with a resume.
+
+``python -m recipe_apo.cpu.rehearse [--out DIR] [--steps N] [--methods grpo,drgrpo,apo]`` makes the tiny model
+and dataset (``recipe_apo.cpu.make_tiny``), then runs the recipe's own command line twice per method, as a user
+would (``python -m recipe_apo.main method=<m> rehearsal=cpu ...``, as one Hydra multirun per phase):
+
+1. train: ``N`` steps, a checkpoint at the end (validation before the first step);
+2. resume: the same command with one more step; verl resumes model, optimizer and data position from the
+   checkpoint, the recipe the APO anchor.
+
+It prints one table: steps done, seconds per step by stage (verl's ``timing_s/*``), the last step's ``apo/*``
+metrics, and where the checkpoints are. Every run's full output goes to ``DIR/logs/``, its metrics (verl's
+``file`` logger) to ``DIR/metrics/<phase>/``. The same runner drives ``scripts/bench_e2e.py`` and the
+end-to-end tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Optional, Sequence
+
+METHODS = ("grpo", "drgrpo", "apo")
+PROJECT = "rehearsal"
+
+# What the rehearsal trains, beside the CPU settings of conf/rehearsal/cpu.yaml. Every value is small on purpose.
+RUN_OVERRIDES = (
+    "data.train_batch_size=4",                      # prompts per step
+    "actor_rollout_ref.rollout.n=4",                # responses per prompt (G)
+    "actor_rollout_ref.actor.ppo_mini_batch_size=4",  # prompts per update: one update per step
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",  # responses per forward/backward
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8",  # only read with a KL term
+    "actor_rollout_ref.actor.optim.lr=1e-4",        # a tiny model moves visibly in a few steps
+    "data.max_prompt_length=64",
+    "data.max_response_length=16",                  # also L0 of Dr. GRPO and APO
+    "data.val_batch_size=32",
+    "trainer.logger=[console,file]",
+    f"trainer.project_name={PROJECT}",
+    "trainer.test_freq=-1",                         # validate once, before the first step
+)
+
+# The stages of a step as verl times them (timing_s/<stage>), in the order they run.
+STAGES = ("gen", "old_log_prob", "adv", "update_actor", "update_weights", "save_checkpoint")
+APO_METRICS = ("apo/anchor", "apo/batch_success", "apo/weight_pos_mean", "apo/weight_neg_mean",
+               "actor/apo_gate_weight")
+
+
+def tiny_overrides(paths: dict) -> list[str]:
+    """The overrides that point a run at a tiny model, dataset and reward (``make_tiny``'s paths)."""
+    return [
+        f"actor_rollout_ref.model.path={paths['model']}",
+        f"data.train_files={paths['train']}",
+        f"data.val_files={paths['val']}",
+        f"reward.custom_reward_function.path={paths['reward']}",
+        "reward.custom_reward_function.name=compute_score",
+    ]
+
+
+def recipe_command(methods: Sequence[str], paths: dict, *extra: str) -> list[str]:
+    """``python -m recipe_apo.main`` for one method, or a Hydra multirun over several."""
+    sweep = ["-m"] if len(methods) > 1 else []
+    return [sys.executable, "-m", "recipe_apo.main", *sweep, f"method={','.join(methods)}", "rehearsal=cpu",
+            *tiny_overrides(paths), *RUN_OVERRIDES, *extra]
+
+
+def rehearsal_env(metrics_root: Optional[Path] = None) -> dict[str, str]:
+    """The launching environment: verl's file logger writes under ``metrics_root``; Ray prestarts no idle workers
+    (on 2 cores a pool of idle Python processes only slows the start)."""
+    env = dict(os.environ)
+    env.setdefault("RAY_prestart_worker_first_driver", "0")
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    if metrics_root is not None:
+        env["VERL_FILE_LOGGER_ROOT"] = str(metrics_root)
+    return env
+
+
+# ---- running, with progress ---------------------------------------------------------------------------------
+_STEP_LINE = re.compile(r"\bstep:(\d+) - ")
+_EXPERIMENT_LINE = re.compile(r"^experiment: \S+?/(\S+)")
+
+
+@dataclass
+class RunResult:
+    returncode: int
+    seconds: float
+    log: Path
+
+
+def run_logged(command: Sequence[str], log: Path, cwd: Path, env: dict, label: str,
+               say: Callable[[str], None] = print) -> RunResult:
+    """Run ``command``, its whole output into ``log``; one progress line per job start and per training step."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    started = last = time.perf_counter()
+    say(f"{label}: started (output: {log})")
+    with open(log, "w") as sink:
+        process = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                   text=True, errors="replace")
+        for line in process.stdout:
+            sink.write(line)
+            now = time.perf_counter()
+            if match := _EXPERIMENT_LINE.match(line):
+                say(f"{label}: {match.group(1)}")
+                last = now
+            elif match := _STEP_LINE.search(line):
+                say(f"{label}:   step {match.group(1)} done ({now - last:.0f} s, {now - started:.0f} s in all)")
+                last = now
+        returncode = process.wait()
+    seconds = time.perf_counter() - started
+    say(f"{label}: {'finished' if returncode == 0 else f'FAILED (exit {returncode})'} in {seconds:.0f} s")
+    return RunResult(returncode, seconds, log)
+
+
+# ---- reading what verl logged ---------------------------------------------------------------------------------
+def read_metrics(path: Path) -> list[dict]:
+    """verl's file logger: one ``{"step": n, "data": {...}}`` per line; training steps only, in order."""
+    rows = []
+    for line in Path(path).read_text().splitlines():
+        record = json.loads(line)
+        if "training/global_step" in record["data"]:
+            rows.append({"step": record["step"], **record["data"]})
+    return rows
+
+
+def metrics_file(root: Path, experiment: str) -> Path:
+    return Path(root) / PROJECT / f"{experiment}.jsonl"
+
+
+def experiment_names(log: Path) -> list[str]:
+    """The experiment of each job, in order, as the recipe printed them."""
+    return [m.group(1) for line in Path(log).read_text().splitlines() if (m := _EXPERIMENT_LINE.match(line))]
+
+
+@dataclass
+class MethodSummary:
+    method: str
+    steps: int
+    step_seconds: dict  # stage -> mean seconds per step (steps after each run's first)
+    last: dict          # the last step's metrics
+    checkpoints: str
+
+
+def summarize(method: str, runs: Iterable[list[dict]], checkpoints: str) -> MethodSummary:
+    """Per-stage seconds per step, leaving out each run's first step (it also starts verl's agent-loop workers)."""
+    runs = [run for run in runs if run]
+    steady = [row for run in runs for row in (run[1:] if len(run) > 1 else run)]
+    step_seconds = {}
+    for stage in ("step", *STAGES):
+        values = [row[f"timing_s/{stage}"] for row in steady if f"timing_s/{stage}" in row]
+        if values:
+            step_seconds[stage] = statistics.fmean(values)
+    last = runs[-1][-1] if runs else {}
+    return MethodSummary(method, int(last.get("training/global_step", 0)), step_seconds, last, checkpoints)
+
+
+def format_table(summaries: Sequence[MethodSummary]) -> str:
+    stages = [s for s in ("step", "gen", "old_log_prob", "adv", "update_actor") if
+              any(s in m.step_seconds for m in summaries)]
+    head = ["method", "steps", *(f"s/{s}" for s in stages), *APO_METRICS]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for m in summaries:
+        cells = [m.method, str(m.steps), *(f"{m.step_seconds[s]:.3f}" if s in m.step_seconds else "-"
+                                            for s in stages)]
+        cells += [f"{m.last[k]:.4f}" if k in m.last else "-" for k in APO_METRICS]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    lines += [f"- {m.method} checkpoints: {m.checkpoints}" for m in summaries]
+    return "\n".join(lines)
+
+
+# ---- the command ------------------------------------------------------------------------------------------------
+def rehearse(out: Path, steps: int, methods: Sequence[str], say: Callable[[str], None] = print) -> int:
+    from recipe_apo.cpu.make_tiny import make_tiny
+
+    out = out.resolve()
+    started = time.perf_counter()
+    say(f"rehearsal: {', '.join(methods)} on a tiny model, {steps} step(s) then a resume to step {steps + 1}, in {out}")
+    paths = make_tiny(out / "tiny", progress=say)
+    phases = {}
+    for phase, total in (("train", steps), ("resume", steps + 1)):
+        root = out / "metrics" / phase
+        result = run_logged(
+            recipe_command(methods, paths, f"trainer.total_training_steps={total}", f"trainer.save_freq={total}"),
+            out / "logs" / f"{phase}.log", cwd=out, env=rehearsal_env(root), label=phase, say=say,
+        )
+        if result.returncode != 0:
+            say(f"rehearsal: the {phase} run failed; the end of {result.log}:")
+            say("\n".join(result.log.read_text().splitlines()[-25:]))
+            return 1
+        phases[phase] = (root, experiment_names(result.log))
+    summaries = []
+    for index, method in enumerate(methods):
+        experiment = phases["train"][1][index]
+        runs = [read_metrics(metrics_file(root, names[index])) for root, names in phases.values()]
+        summaries.append(summarize(method, runs, str(out / "checkpoints" / PROJECT / experiment)))
+    table = format_table(summaries)
+    (out / "summary.md").write_text(table + "\n")
+    say("")
+    say(table)
+    say(f"\nrehearsal: done in {time.perf_counter() - started:.0f} s; seconds per step leave out each run's first "
+        f"step. Table: {out / 'summary.md'}")
+    return 0
+
+
+def _methods(text: str) -> list[str]:
+    methods = [m.strip() for m in text.split(",") if m.strip()]
+    unknown = [m for m in methods if m not in METHODS]
+    if not methods or unknown:
+        raise argparse.ArgumentTypeError(f"methods must be among {', '.join(METHODS)}, got {text!r}")
+    return methods
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m recipe_apo.cpu.rehearse", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=Path("rehearsal"),
+                        help="folder for the tiny model, checkpoints, logs and metrics (default ./rehearsal)")
+    parser.add_argument("--steps", type=_positive, default=2, help="training steps before the resume (default 2)")
+    parser.add_argument("--methods", type=_methods, default=list(METHODS),
+                        help="comma-separated presets to rehearse (default grpo,drgrpo,apo)")
+    args = parser.parse_args(argv)
+    return rehearse(args.out, args.steps, args.methods)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
