@@ -1,6 +1,7 @@
 # Two commands for a fresh machine; each creates .venv and installs what it needs on first use.
 #   make demo   the main job on a CPU machine: the CPU testbed (see README)
 #   make test   the test suite (what CI runs)
+#   make rehearse  optional: GRPO, Dr. GRPO and APO through verl's whole training loop on the CPU (see README)
 # TORCH selects the torch build installed beside verl, in the same pip call: pinning it there is what keeps
 # pip from resolving a multi-GB CUDA build on a CPU-only machine. GPU users: see README, "GPU training".
 
@@ -13,7 +14,7 @@ PIP_ARGS ?=
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.recipe-apo-installed
 
-.PHONY: demo test bench clean
+.PHONY: demo test rehearse bench clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -27,9 +28,15 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest
 
+# REHEARSAL_ARGS, e.g. REHEARSAL_ARGS="--steps 4 --out /tmp/rehearsal"
+REHEARSAL_ARGS ?=
+rehearse: $(STAMP)
+	$(PY) -m recipe_apo.cpu.rehearse $(REHEARSAL_ARGS)
+
 bench: $(STAMP)
 	$(PY) scripts/bench_estimator.py
 	$(PY) scripts/bench_loss.py
+	$(PY) scripts/bench_e2e.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .hypothesis rehearsal

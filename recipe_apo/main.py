@@ -113,6 +113,27 @@ def describe(config: DictConfig) -> str:
     ])
 
 
+def recipe_error(exc: BaseException) -> BaseException | None:
+    """The recipe's own error (bad data or setting) behind an exception from Ray, if that is what it is.
+
+    Ray re-raises a remote error as ``RayTaskError`` with the original under ``.cause``, nested once per actor
+    it crossed (agent loop -> task runner -> here).
+    """
+    from recipe_apo.settings import ApoConfigError
+    from recipe_apo.success import ApoInputError
+
+    seen, todo = set(), [exc]
+    while todo:
+        current = todo.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, (ApoInputError, ApoConfigError, RecipeConfigError)) and not hasattr(current, "cause"):
+            return current
+        todo += [getattr(current, "cause", None), current.__cause__, current.__context__]
+    return None
+
+
 def run(config: DictConfig) -> None:
     if rehearsal(config) == "cpu":
         # This process (the driver) needs the CPU platform before verl's device detection below; Ray's workers
@@ -131,6 +152,14 @@ def run(config: DictConfig) -> None:
     started_ray = not ray.is_initialized()
     try:
         run_ppo(config, task_runner_class=ApoTaskRunner)
+    except Exception as exc:
+        cause = recipe_error(exc)
+        if cause is None:
+            raise
+        # The estimator, the loss and the rehearsal name the data or setting at fault in one line; Ray buries
+        # that line in remote tracebacks, so it is said again here, last.
+        print(f"recipe-apo: error: {cause}", file=sys.stderr, flush=True)
+        sys.exit(1)
     finally:
         # Each job of a multirun gets its own Ray session, runtime env and driver (hence its own anchor).
         if started_ray and ray.is_initialized():

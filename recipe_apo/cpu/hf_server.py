@@ -20,6 +20,8 @@ from typing import Any, Optional
 
 import torch
 
+from recipe_apo.validation import RecipeConfigError
+
 logger = logging.getLogger("recipe_apo")
 
 # Keys of verl's sampling_params this server honours; anything else is refused, not ignored.
@@ -28,7 +30,7 @@ SAMPLING_KEYS = frozenset(
 )
 
 
-class RehearsalUnsupported(ValueError):
+class RehearsalUnsupported(RecipeConfigError):
     """The CPU rehearsal cannot do what was asked; the message is one line naming the setting."""
 
 

@@ -1,4 +1,4 @@
-"""The three places where verl 0.9.1 cannot run on a CPU as shipped, and what the rehearsal changes there.
+"""Where verl 0.9.1 cannot run on a CPU as shipped (or crawls), and what the rehearsal changes there.
 
 Each patch replaces one name in verl's or torch's modules and in the modules that already imported it; each is
 idempotent and applied only by ``recipe_apo.cpu.activate``, i.e. only in a rehearsal.
@@ -7,6 +7,8 @@ idempotent and applied only by ``recipe_apo.cpu.activate``, i.e. only in a rehea
 from __future__ import annotations
 
 import functools
+import importlib.abc
+import importlib.util
 import os
 import sys
 
@@ -61,6 +63,62 @@ def unpinned_cpu_offload() -> None:
         _replace(module_name, "CPUOffloadPolicy", UnpinnedCPUOffloadPolicy)
 
 
+# How often verl's sync trainer looks for finished rollouts (verl's fixed default: 2 s, a constant floor on the
+# generation stage that GPU runs never notice and that would be most of a tiny model's step).
+REPLAY_POLL_SECONDS = 0.05
+
+
+def when_imported(module_name: str, patch) -> None:
+    """Run ``patch(module)`` once ``module_name`` is imported (now, if it already is).
+
+    For patches of modules that most processes never import: importing them eagerly in every Ray worker, as
+    ``activate`` runs in all of them, would cost seconds of CPU each.
+    """
+    if module_name in sys.modules:
+        patch(sys.modules[module_name])
+        return
+
+    class PatchOnImport(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path, target=None):
+            if name != module_name:
+                return None
+            sys.meta_path.remove(self)
+            spec = importlib.util.find_spec(name)
+            if spec is None or spec.loader is None:
+                return spec
+            exec_module = spec.loader.exec_module
+
+            def exec_and_patch(module):
+                exec_module(module)
+                patch(module)
+
+            spec.loader.exec_module = exec_and_patch
+            return spec
+
+    if not any(isinstance(f, PatchOnImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, PatchOnImport())
+
+
+def _quick_poll(replay_buffer) -> None:
+    original = replay_buffer.ReplayBuffer.__init__
+    if getattr(original, "_recipe_apo_quick", False):
+        return
+
+    @functools.wraps(original)
+    def init(self, *args, **kwargs):
+        kwargs.setdefault("poll_interval", REPLAY_POLL_SECONDS)
+        original(self, *args, **kwargs)
+
+    init._recipe_apo_quick = True
+    replay_buffer.ReplayBuffer.__init__ = init
+
+
+def quick_replay_poll() -> None:
+    """verl's ``ReplayBuffer`` waits ``poll_interval`` (2 s, not configurable) between looks at TransferQueue;
+    the rehearsal's tiny model generates a batch in milliseconds. Same buffer, shorter wait (task runner only)."""
+    when_imported("verl.trainer.ppo.v1.replay_buffer", _quick_poll)
+
+
 def engine_device() -> None:
     for key, value in ENGINE_DEVICE_ENV.items():
         os.environ.setdefault(key, value)
@@ -70,3 +128,4 @@ def apply_all() -> None:
     gloo_process_group()
     unpinned_cpu_offload()
     engine_device()
+    quick_replay_poll()

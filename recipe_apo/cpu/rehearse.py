@@ -111,7 +111,8 @@ def run_logged(command: Sequence[str], log: Path, cwd: Path, env: dict, label: s
                 say(f"{label}: {match.group(1)}")
                 last = now
             elif match := _STEP_LINE.search(line):
-                say(f"{label}:   step {match.group(1)} done ({now - last:.0f} s, {now - started:.0f} s in all)")
+                what = "validation" if " - val-" in line else f"step {match.group(1)}"
+                say(f"{label}:   {what} done ({now - last:.0f} s, {now - started:.0f} s in all)")
                 last = now
         returncode = process.wait()
     seconds = time.perf_counter() - started

@@ -1,0 +1,227 @@
+"""End to end, on a CPU: verl's whole training loop through the recipe's and verl's own entry points.
+
+Each fixture is one real run (Ray, TransferQueue, the agent loop with the ``hf`` rollout, the reward loop, the
+FSDP2 actor, the estimator in the driver, the loss in the worker, checkpoints, the file logger) on the tiny
+model and dataset of ``recipe_apo.cpu.make_tiny``; several tests read each run. Seven Ray sessions in all,
+about a minute each on 2 cores.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from recipe_apo.anchor import AnchorBook
+from recipe_apo.checkpoint import STATE_FILE, load_anchor_state
+from recipe_apo.cpu import rehearse
+from recipe_apo.cpu.make_tiny import make_tiny
+from recipe_apo.settings import ApoSettings
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+SOURCES = ("tiny_add", "tiny_reverse")
+# The train row whose reward is NaN. With data.shuffle=false and 4 prompts a step, it is in step 4's batch.
+POISON_INDEX = 12
+
+NAN_REWARD = f'''
+import math
+from recipe_apo.cpu.reward import compute_score as task_score
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+    if extra_info and extra_info.get("split") == "train" and extra_info.get("index") == {POISON_INDEX}:
+        return math.nan
+    return task_score(data_source, solution_str, ground_truth, extra_info, **kwargs)
+'''
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny")
+    paths = make_tiny(root, progress=None)
+    nan_reward = root / "nan_reward.py"
+    nan_reward.write_text(NAN_REWARD)
+    return {**paths, "nan_reward": nan_reward}
+
+
+def run(command, workdir: Path, name: str, metrics: Path, env_extra=None) -> rehearse.RunResult:
+    env = {**rehearse.rehearsal_env(metrics), **(env_extra or {})}
+    return rehearse.run_logged(command, workdir / f"{name}.log", cwd=workdir, env=env, label=name)
+
+
+def tail(result: rehearse.RunResult, lines: int = 40) -> str:
+    return "\n".join(result.log.read_text().splitlines()[-lines:])
+
+
+def checkpoint_root(workdir: Path, experiment: str) -> Path:
+    return workdir / "checkpoints" / rehearse.PROJECT / experiment
+
+
+def state(folder: Path) -> dict:
+    return json.loads((folder / STATE_FILE).read_text())
+
+
+# ---- method=apo, per-data-source anchors: 2 steps, then a resume that meets a NaN reward at step 4 ----------------
+APO_ARGS = ("algorithm.apo.anchor_scope=data_source", "data.shuffle=false", "trainer.save_freq=1")
+
+
+@pytest.fixture(scope="module")
+def apo_runs(tiny, tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("apo")
+    paths = {**tiny, "reward": tiny["nan_reward"]}
+    first = run(rehearse.recipe_command(["apo"], paths, *APO_ARGS, "trainer.total_training_steps=2"),
+                workdir, "first", workdir / "metrics" / "first")
+    assert first.returncode == 0, tail(first)
+    experiment = rehearse.experiment_names(first.log)[0]
+    second = run(rehearse.recipe_command(["apo"], paths, *APO_ARGS, "trainer.total_training_steps=4"),
+                 workdir, "second", workdir / "metrics" / "second")
+    return {
+        "workdir": workdir, "experiment": experiment, "first": first, "second": second,
+        "ckpt": checkpoint_root(workdir, experiment),
+        "metrics_first": rehearse.read_metrics(rehearse.metrics_file(workdir / "metrics" / "first", experiment)),
+        "metrics_second": rehearse.read_metrics(rehearse.metrics_file(workdir / "metrics" / "second", experiment)),
+    }
+
+
+def test_apo_run_saves_one_anchor_per_data_source_in_every_checkpoint(apo_runs):
+    ckpt = apo_runs["ckpt"]
+    for step in (1, 2):
+        saved = state(ckpt / f"global_step_{step}")
+        assert saved["global_step"] == step
+        assert sorted(saved["anchors"]) == sorted(SOURCES)
+        assert all(anchor["steps"] == step for anchor in saved["anchors"].values())
+        assert (ckpt / f"global_step_{step}" / "actor").is_dir()
+
+
+def test_apo_metrics_reach_the_file_logger_and_match_the_saved_anchors(apo_runs):
+    rows = apo_runs["metrics_first"]
+    assert [row["step"] for row in rows] == [1, 2]
+    for row in rows:
+        saved = state(apo_runs["ckpt"] / f"global_step_{row['step']}")["anchors"]
+        for source in SOURCES:
+            assert row[f"apo/anchor/{source}"] == saved[source]["value"]
+            assert 0.0 <= row[f"apo/batch_success/{source}"] <= 1.0
+        # The loss ran in the FSDP worker and verl timed every stage.
+        assert 0.0 < row["actor/apo_gate_weight"] <= 1.0
+        assert all(row[f"timing_s/{stage}"] > 0 for stage in ("gen", "old_log_prob", "adv", "update_actor"))
+    # The hf rollout's log-probs are the actor's: same model, same tokens, same temperature.
+    assert rows[0]["training/rollout_probs_diff_max"] < 1e-4
+
+
+def test_resume_continues_the_anchor_from_exactly_the_saved_state(apo_runs):
+    """Replay step 3 from global_step_2's state with step 3's logged success rates: global_step_3 must match
+    bit for bit, which holds only if the resumed run started from exactly the saved anchors."""
+    rows = apo_runs["metrics_second"]
+    assert rows[0]["step"] == 3, "the second run must resume at step 3"
+    book = AnchorBook()
+    book.load_state_dict(state(apo_runs["ckpt"] / "global_step_2"))
+    settings = ApoSettings()
+    for source in SOURCES:
+        key = f"apo/batch_success/{source}"
+        if key in rows[0]:
+            book.anchor(source).update(rows[0][key], settings.eta, settings.eta_min, settings.history)
+    assert book.state_dict()["anchors"] == state(apo_runs["ckpt"] / "global_step_3")["anchors"]
+
+
+def test_nan_reward_stops_the_run_with_the_estimators_error_and_keeps_the_last_checkpoint(apo_runs):
+    second, ckpt = apo_runs["second"], apo_runs["ckpt"]
+    assert second.returncode != 0
+    output = second.log.read_text()
+    assert "recipe-apo: error: token_level_rewards: 4 of 16 responses have NaN/inf rewards" in output
+    assert not (ckpt / "global_step_4").exists()
+    assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "3"
+    assert load_anchor_state(str(ckpt / "global_step_3"), ApoSettings(anchor_scope="data_source"))
+    weights = torch.load(ckpt / "global_step_3" / "actor" / "model_world_size_1_rank_0.pt", weights_only=False)
+    assert any("embed_tokens" in name for name in weights)
+
+
+# ---- plain verl, as README's plain-verl section gives it -----------------------------------------------------------
+def readme_plain_verl_overrides() -> list[str]:
+    """README's plain-verl command, without what the rehearsal replaces (rollout engine, model, data files)."""
+    text = README.read_text()
+    start = text.index("python -m verl.trainer.main_ppo \\")
+    block = text[start:text.index("```", start)].replace("\\\n", " ")
+    replaced = ("actor_rollout_ref.rollout.name=", "actor_rollout_ref.model.path=", "data.")
+    return [arg for arg in shlex.split(block)[3:] if not arg.startswith(replaced)]
+
+
+@pytest.fixture(scope="module")
+def plain_verl(tiny, tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("plain")
+    command = [
+        sys.executable, "-m", "verl.trainer.main_ppo", "hydra.searchpath=[pkg://recipe_apo.conf]", "+rehearsal=cpu",
+        *readme_plain_verl_overrides(), *rehearse.tiny_overrides(tiny), *rehearse.RUN_OVERRIDES,
+        "actor_rollout_ref.rollout.name=hf", "trainer.experiment_name=plain", "trainer.total_training_steps=1",
+        "trainer.save_freq=1", "trainer.val_before_train=false",
+    ]
+    result = run(command, workdir, "plain", workdir / "metrics",
+                 env_extra={"VERL_USE_EXTERNAL_MODULES": "recipe_apo.cpu.activate"})
+    return workdir, result
+
+
+def test_readme_plain_verl_command_is_apo(tiny):
+    overrides = readme_plain_verl_overrides()
+    assert "algorithm.adv_estimator=apo" in overrides
+    assert "actor_rollout_ref.actor.policy_loss.loss_mode=apo" in overrides
+    assert "trainer.checkpoint_callback_class=recipe_apo.checkpoint.AnchorCheckpointCallback" in overrides
+
+
+def test_plain_verl_trains_with_apo_and_saves_the_anchor(plain_verl):
+    workdir, result = plain_verl
+    assert result.returncode == 0, tail(result)
+    saved = state(checkpoint_root(workdir, "plain") / "global_step_1")
+    assert list(saved["anchors"]) == ["global"] and saved["anchors"]["global"]["steps"] == 1
+    (row,) = rehearse.read_metrics(rehearse.metrics_file(workdir / "metrics", "plain"))
+    assert 0.0 < row["actor/apo_gate_weight"] <= 1.0  # the apo loss ran in verl's worker
+    assert math.isfinite(row["critic/advantages/max"])
+
+
+# ---- a Hydra multirun of two APO jobs ----------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def multirun(tiny, tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("multirun")
+    command = rehearse.recipe_command(["apo"], tiny, "algorithm.apo.lambda_scale=1.1,2.0",
+                                      "trainer.total_training_steps=1", "trainer.save_freq=1",
+                                      "trainer.val_before_train=false")
+    command.insert(3, "-m")
+    result = run(command, workdir, "multirun", workdir / "metrics")
+    return workdir, result
+
+
+def test_multirun_jobs_each_get_their_own_experiment_and_a_fresh_anchor(multirun):
+    workdir, result = multirun
+    assert result.returncode == 0, tail(result)
+    names = rehearse.experiment_names(result.log)
+    assert len(names) == 2 and len(set(names)) == 2
+    assert "apo.lambda_scale=1.1" in names[0] and "apo.lambda_scale=2.0" in names[1]
+    for name in names:
+        saved = state(checkpoint_root(workdir, name) / "global_step_1")["anchors"]["global"]
+        # A fresh anchor has seen exactly this job's one step; an anchor carried over would have seen two.
+        assert saved["steps"] == 1 and len(saved["history"]) == 1
+        (row,) = rehearse.read_metrics(rehearse.metrics_file(workdir / "metrics", name))
+        assert row["apo/anchor"] == saved["value"]
+
+
+# ---- the two baselines --------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def baselines(tiny, tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("baselines")
+    command = rehearse.recipe_command(["grpo", "drgrpo"], tiny, "trainer.total_training_steps=1",
+                                      "trainer.save_freq=1", "trainer.val_before_train=false")
+    return workdir, run(command, workdir, "baselines", workdir / "metrics")
+
+
+def test_grpo_and_drgrpo_each_train_one_step(baselines):
+    workdir, result = baselines
+    assert result.returncode == 0, tail(result)
+    names = rehearse.experiment_names(result.log)
+    assert [name.split("-")[0] for name in names] == ["grpo", "drgrpo"]
+    for name in names:
+        folder = checkpoint_root(workdir, name) / "global_step_1"
+        assert (folder / "actor").is_dir() and not (folder / STATE_FILE).exists()
+        (row,) = rehearse.read_metrics(rehearse.metrics_file(workdir / "metrics", name))
+        assert "actor/pg_clipfrac" in row and not any(key.startswith("apo/") for key in row)
