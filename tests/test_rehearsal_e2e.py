@@ -3,7 +3,7 @@
 Each fixture is one real run (Ray, TransferQueue, the agent loop with the ``hf`` rollout, the reward loop, the
 FSDP2 actor, the estimator in the driver, the loss in the worker, checkpoints, the file logger) on the tiny
 model and dataset of ``recipe_apo.cpu.make_tiny``; several tests read each run. Seven Ray sessions in all,
-about a minute each on 2 cores.
+about a minute each on 2 cores (mostly the start: every Ray worker imports torch, transformers and verl).
 """
 
 from __future__ import annotations
@@ -48,9 +48,14 @@ def tiny(tmp_path_factory):
     return {**paths, "nan_reward": nan_reward}
 
 
+# A hung run fails its tests instead of holding CI: each run takes about a minute a job.
+RUN_TIMEOUT_S = 600
+
+
 def run(command, workdir: Path, name: str, metrics: Path, env_extra=None) -> rehearse.RunResult:
     env = {**rehearse.rehearsal_env(metrics), **(env_extra or {})}
-    return rehearse.run_logged(command, workdir / f"{name}.log", cwd=workdir, env=env, label=name)
+    return rehearse.run_logged(command, workdir / f"{name}.log", cwd=workdir, env=env, label=name,
+                               timeout=RUN_TIMEOUT_S)
 
 
 def tail(result: rehearse.RunResult, lines: int = 40) -> str:
@@ -180,12 +185,13 @@ def test_plain_verl_trains_with_apo_and_saves_the_anchor(plain_verl):
     assert math.isfinite(row["critic/advantages/max"])
 
 
-# ---- a Hydra multirun of two APO jobs ----------------------------------------------------------------------------
+# ---- a Hydra multirun of two APO jobs, with verl's KL loss (the reference-model path) ---------------------------
 @pytest.fixture(scope="module")
 def multirun(tiny, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("multirun")
     command = rehearse.recipe_command(["apo"], tiny, "algorithm.apo.lambda_scale=1.1,2.0",
-                                      "trainer.total_training_steps=1", "trainer.save_freq=1",
+                                      "actor_rollout_ref.actor.use_kl_loss=true",
+                                      "trainer.total_training_steps=2", "trainer.save_freq=1",
                                       "trainer.val_before_train=false")
     command.insert(3, "-m")
     result = run(command, workdir, "multirun", workdir / "metrics")
@@ -200,10 +206,20 @@ def test_multirun_jobs_each_get_their_own_experiment_and_a_fresh_anchor(multirun
     assert "apo.lambda_scale=1.1" in names[0] and "apo.lambda_scale=2.0" in names[1]
     for name in names:
         saved = state(checkpoint_root(workdir, name) / "global_step_1")["anchors"]["global"]
-        # A fresh anchor has seen exactly this job's one step; an anchor carried over would have seen two.
+        # A fresh anchor has seen exactly this job's first step; one carried over would have seen three.
         assert saved["steps"] == 1 and len(saved["history"]) == 1
-        (row,) = rehearse.read_metrics(rehearse.metrics_file(workdir / "metrics", name))
-        assert row["apo/anchor"] == saved["value"]
+        first, second = rehearse.read_metrics(rehearse.metrics_file(workdir / "metrics", name))
+        assert first["apo/anchor"] == saved["value"]
+
+
+def test_kl_loss_runs_against_the_reference_model(multirun):
+    workdir, result = multirun
+    assert result.returncode == 0, tail(result)
+    for name in rehearse.experiment_names(result.log):
+        first, second = rehearse.read_metrics(rehearse.metrics_file(workdir / "metrics", name))
+        # Step 1's policy is the reference model itself; after one update it has moved away from it.
+        assert first["actor/kl_loss"] == pytest.approx(0.0, abs=1e-6)
+        assert second["actor/kl_loss"] > 0.0
 
 
 # ---- the two baselines --------------------------------------------------------------------------------------------

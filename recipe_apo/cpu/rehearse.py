@@ -20,9 +20,11 @@ import argparse
 import json
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,28 +98,53 @@ class RunResult:
 
 
 def run_logged(command: Sequence[str], log: Path, cwd: Path, env: dict, label: str,
-               say: Callable[[str], None] = print) -> RunResult:
-    """Run ``command``, its whole output into ``log``; one progress line per job start and per training step."""
+               say: Callable[[str], None] = print, timeout: Optional[float] = None) -> RunResult:
+    """Run ``command``, its whole output into ``log``; one progress line per job start and per training step.
+
+    The command runs in its own process group with the local Ray cluster it starts, so a timeout or Ctrl-C
+    stops all of it (exit code 124 for a timeout, as ``timeout(1)`` reports it).
+    """
     log.parent.mkdir(parents=True, exist_ok=True)
     started = last = time.perf_counter()
     say(f"{label}: started (output: {log})")
     with open(log, "w") as sink:
         process = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                   text=True, errors="replace")
-        for line in process.stdout:
-            sink.write(line)
-            now = time.perf_counter()
-            if match := _EXPERIMENT_LINE.match(line):
-                say(f"{label}: {match.group(1)}")
-                last = now
-            elif match := _STEP_LINE.search(line):
-                what = "validation" if " - val-" in line else f"step {match.group(1)}"
-                say(f"{label}:   {what} done ({now - last:.0f} s, {now - started:.0f} s in all)")
-                last = now
-        returncode = process.wait()
+                                   text=True, errors="replace", start_new_session=True)
+        timer = threading.Timer(timeout, _stop, args=(process,)) if timeout else None
+        if timer:
+            timer.start()
+        try:
+            for line in process.stdout:
+                sink.write(line)
+                now = time.perf_counter()
+                if match := _EXPERIMENT_LINE.match(line):
+                    say(f"{label}: {match.group(1)}")
+                    last = now
+                elif match := _STEP_LINE.search(line):
+                    what = "validation" if " - val-" in line else f"step {match.group(1)}"
+                    say(f"{label}:   {what} done ({now - last:.0f} s, {now - started:.0f} s in all)")
+                    last = now
+            returncode = process.wait()
+        except BaseException:
+            _stop(process)
+            raise
+        finally:
+            if timer:
+                timer.cancel()
+    if timer and timer.finished.is_set() and returncode < 0:
+        returncode = 124
+        with open(log, "a") as sink:
+            sink.write(f"\nrehearse: stopped after {timeout:.0f} s\n")
     seconds = time.perf_counter() - started
     say(f"{label}: {'finished' if returncode == 0 else f'FAILED (exit {returncode})'} in {seconds:.0f} s")
     return RunResult(returncode, seconds, log)
+
+
+def _stop(process: subprocess.Popen) -> None:
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 # ---- reading what verl logged ---------------------------------------------------------------------------------
