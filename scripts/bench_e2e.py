@@ -7,18 +7,18 @@ Printed per method: seconds per step and per stage as verl times them (``timing_
 
 The learning rate is 0 by default (``--lr``): every method then samples from the same, unchanging policy, so
 the rollouts (and the generation time) are alike and the difference between methods is what their estimator
-and loss cost. Each run's first step is left out (it also starts verl's agent-loop workers). Target: APO's
-throughput at least 0.98x GRPO's.
+and loss cost. Each run's first step is left out (it also starts verl's agent-loop workers). Methods run one after
+another, so ``--rounds`` repeats the multirun with the order rotated, and the figures are medians over all
+rounds' steps (tokens per second: all tokens over all seconds). Target: APO's throughput at least 0.98x GRPO's.
 
 Run from the repository root::
 
-    .venv/bin/python scripts/bench_e2e.py --steps 12
+    .venv/bin/python scripts/bench_e2e.py --steps 30 --rounds 2   # about 9 minutes on 2 cores
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import tempfile
@@ -31,49 +31,72 @@ STAGES = ("gen", "old_log_prob", "adv", "update_actor", "step")
 TARGET = 0.98  # APO throughput / GRPO throughput
 
 
+def throughput(rows: list[dict]) -> float:
+    """Tokens per second over all ``rows``: total tokens over total step seconds."""
+    return sum(r["perf/total_num_tokens"] for r in rows) / sum(r["timing_s/step"] for r in rows)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=12, help="training steps per method (default 12)")
+    parser.add_argument("--steps", type=int, default=30, help="training steps per method and round (default 30)")
+    parser.add_argument("--rounds", type=int, default=2,
+                        help="multiruns of all methods, each in a rotated order, so drift falls on all (default 2)")
     parser.add_argument("--lr", type=float, default=0.0, help="actor learning rate (default 0: a fixed policy)")
     parser.add_argument("--methods", default="grpo,drgrpo,apo", help="presets, the first is the baseline")
     parser.add_argument("--out", type=Path, default=None, help="work folder (default: a temporary one)")
     args = parser.parse_args()
-    if args.steps < 2:
-        parser.error("--steps must be >= 2 (the first step of each run is left out)")
+    if args.steps < 2 or args.rounds < 1:
+        parser.error("--steps must be >= 2 (the first step of each run is left out) and --rounds >= 1")
     methods = [m for m in args.methods.split(",") if m]
     out = (args.out or Path(tempfile.mkdtemp(prefix="bench_e2e_"))).resolve()
     paths = make_tiny(out / "tiny", progress=None)
-    command = rehearse.recipe_command(
-        methods, paths, f"trainer.total_training_steps={args.steps}", "trainer.save_freq=-1",
-        "trainer.val_before_train=false", f"actor_rollout_ref.actor.optim.lr={args.lr}",
-    )
-    if len(methods) == 1:
-        command.insert(3, "-m")
-    result = rehearse.run_logged(command, out / "bench.log", cwd=out, env=rehearse.rehearsal_env(out / "metrics"),
-                                 label="bench")
-    if result.returncode != 0:
-        print("\n".join(result.log.read_text().splitlines()[-30:]))
-        return 1
+    steps: dict[str, list[dict]] = {m: [] for m in methods}
+    per_round: list[dict[str, float]] = []
+    for round_ in range(args.rounds):
+        order = methods[round_ % len(methods):] + methods[: round_ % len(methods)]
+        command = rehearse.recipe_command(
+            order, paths, f"trainer.total_training_steps={args.steps}", "trainer.save_freq=-1",
+            "trainer.val_before_train=false", f"actor_rollout_ref.actor.optim.lr={args.lr}",
+            # Each round a fresh start: another experiment name, hence no resume of the previous round.
+            f"+bench_round={round_}",
+        )
+        if len(order) == 1:
+            command.insert(3, "-m")
+        root = out / "metrics" / f"round{round_}"
+        result = rehearse.run_logged(command, out / f"round{round_}.log", cwd=out, env=rehearse.rehearsal_env(root),
+                                     label=f"round {round_ + 1}/{args.rounds}")
+        if result.returncode != 0:
+            print("\n".join(result.log.read_text().splitlines()[-30:]))
+            return 1
+        this_round = {}
+        for method, name in zip(order, rehearse.experiment_names(result.log)):
+            kept = rehearse.read_metrics(rehearse.metrics_file(root, name))[1:]
+            steps[method] += kept
+            this_round[method] = throughput(kept)
+        per_round.append(this_round)
     rows = {}
-    for method, name in zip(methods, rehearse.experiment_names(result.log)):
-        steps = rehearse.read_metrics(rehearse.metrics_file(out / "metrics", name))[1:]
-        rows[method] = {stage: statistics.fmean(r[f"timing_s/{stage}"] for r in steps) for stage in STAGES}
-        rows[method]["throughput"] = statistics.fmean(r["perf/throughput"] for r in steps)
-        rows[method]["n"] = len(steps)
+    for method, pooled in steps.items():
+        rows[method] = {stage: statistics.median(r[f"timing_s/{stage}"] for r in pooled) for stage in STAGES}
+        rows[method]["throughput"] = throughput(pooled)
+        rows[method]["compute"] = sum(rows[method][s] for s in ("old_log_prob", "adv", "update_actor"))
     base = methods[0]
-    print(f"\n{args.steps - 1} steps per method after the first, lr {args.lr}, load average {os.getloadavg()[0]:.1f}; "
-          f"ratios are to {base}\n")
-    head = ["method", *(f"s/{s}" for s in STAGES), "tokens/s", f"step / {base}", f"throughput / {base}"]
+    print(f"\n{len(steps[base])} steps per method ({args.rounds} rounds x {args.steps - 1} after each run's first), "
+          f"lr {args.lr}; medians of verl's timing_s/*; ratios are to {base}\n")
+    head = ["method", *(f"s/{s}" for s in STAGES), "tokens/s", f"throughput / {base}",
+            f"old_log_prob+adv+update / {base}"]
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     for method, row in rows.items():
         cells = [method, *(f"{row[s]:.3f}" for s in STAGES), f"{row['throughput']:.1f}",
-                 f"{row['step'] / rows[base]['step']:.3f}x", f"{row['throughput'] / rows[base]['throughput']:.3f}x"]
+                 f"{row['throughput'] / rows[base]['throughput']:.3f}x",
+                 f"{row['compute'] / rows[base]['compute']:.3f}x"]
         print("| " + " | ".join(cells) + " |")
+    print("\nthroughput / " + base + " per round (the spread is this machine's noise): " + "; ".join(
+        ", ".join(f"{m} {r[m] / r[base]:.3f}x" for m in methods if m != base) for r in per_round))
     if "apo" in rows and base != "apo":
         ratio = rows["apo"]["throughput"] / rows[base]["throughput"]
         verdict = "meets" if ratio >= TARGET else "misses"
-        print(f"\nAPO throughput / {base}: {ratio:.3f}x ({verdict} the target >= {TARGET}x)")
+        print(f"APO throughput / {base}: {ratio:.3f}x ({verdict} the target >= {TARGET}x)")
     print(f"\nlogs and metrics: {out}")
     return 0
 

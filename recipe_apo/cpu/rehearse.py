@@ -45,6 +45,7 @@ RUN_OVERRIDES = (
     "data.max_prompt_length=64",
     "data.max_response_length=16",                  # also L0 of Dr. GRPO and APO
     "data.val_batch_size=32",
+    "data.seed=1",                                  # the same prompts in the same order for every method
     "trainer.logger=[console,file]",
     f"trainer.project_name={PROJECT}",
     "trainer.test_freq=-1",                         # validate once, before the first step
