@@ -75,18 +75,18 @@ def name_the_run(config: DictConfig) -> None:
         config.trainer.experiment_name = experiment_name(method, hydra_config.overrides.task)
 
 
-def rehearsal(config: DictConfig) -> str | None:
-    """The rehearsal this job runs (``rehearsal=cpu``), or None for a real run."""
+def rehearsal_choice() -> str | None:
+    """The rehearsal this Hydra job runs (``rehearsal=cpu``), or None for a real run."""
     from hydra.core.hydra_config import HydraConfig
 
     return HydraConfig.get().runtime.choices.get("rehearsal")
 
 
-def prepare(config: DictConfig) -> DictConfig:
+def prepare(config: DictConfig, rehearsal: str | None = None) -> DictConfig:
     """Name the run, resolve every interpolation here (Ray actors do not know Hydra's resolvers) and validate."""
     name_the_run(config)
     OmegaConf.resolve(config)
-    on_cpu = rehearsal(config) == "cpu"
+    on_cpu = rehearsal == "cpu"
     if on_cpu:
         from recipe_apo.cpu.checks import check_rehearsal_config
 
@@ -95,7 +95,7 @@ def prepare(config: DictConfig) -> DictConfig:
     return config
 
 
-def describe(config: DictConfig) -> str:
+def describe(config: DictConfig, rehearsal: str | None = None) -> str:
     """Where this run writes, for a dry run and for the start of a real one."""
     from hydra.core.hydra_config import HydraConfig
 
@@ -108,8 +108,7 @@ def describe(config: DictConfig) -> str:
         f"checkpoints: {trainer.default_local_dir}",
         f"hydra output: {HydraConfig.get().runtime.output_dir}",
         f"loggers: {', '.join(trainer.logger) if not isinstance(trainer.logger, str) else trainer.logger}",
-        *([f"rehearsal: {rehearsal(config)} (rollout {config.actor_rollout_ref.rollout.name})"]
-          if rehearsal(config) else []),
+        *([f"rehearsal: {rehearsal} (rollout {config.actor_rollout_ref.rollout.name})"] if rehearsal else []),
     ])
 
 
@@ -134,8 +133,8 @@ def recipe_error(exc: BaseException) -> BaseException | None:
     return None
 
 
-def run(config: DictConfig) -> None:
-    if rehearsal(config) == "cpu":
+def run(config: DictConfig, rehearsal: str | None = None) -> None:
+    if rehearsal == "cpu":
         # This process (the driver) needs the CPU platform before verl's device detection below; Ray's workers
         # get it from the runtime env the rehearsal config sets.
         import recipe_apo.cpu.activate  # noqa: F401
@@ -168,16 +167,17 @@ def run(config: DictConfig) -> None:
 
 @hydra.main(config_path="pkg://recipe_apo.conf", config_name="apo_trainer", version_base=None)
 def main(config: DictConfig) -> Any:
+    rehearsal = rehearsal_choice()
     try:
-        prepare(config)
+        prepare(config, rehearsal)
     except RecipeConfigError as exc:
         print(f"recipe-apo: error: {exc}", file=sys.stderr)
         sys.exit(2)
-    print(describe(config), flush=True)
+    print(describe(config, rehearsal), flush=True)
     if config.get("dry_run", False):
         print("dry run: stopping before Ray starts", flush=True)
         return
-    run(config)
+    run(config, rehearsal)
 
 
 if __name__ == "__main__":
