@@ -16,13 +16,16 @@ from recipe_apo.cpu.platform import NAME, PlatformCPU
 # What a process needs in its environment to be a rehearsal process; the rehearsal config sets the same for
 # Ray's workers (conf/rehearsal/cpu.yaml, ray_kwargs.ray_init.runtime_env.env_vars).
 ENV = {"VERL_PLATFORM": NAME, "VERL_USE_EXTERNAL_MODULES": __name__, **patches.ENGINE_DEVICE_ENV}
+# Read by the local Ray cluster the driver starts: by default Ray prestarts one idle Python worker per CPU it
+# is told of (16 here), which on 2 cores only slows the start of the processes verl actually needs.
+DRIVER_ENV = {"RAY_prestart_worker_first_driver": "0"}
 
 
 def install() -> None:
     """Register the CPU platform and the ``hf`` rollout, apply the patches; idempotent."""
     from verl.plugin.platform import PlatformRegistry, platform_manager
 
-    for key, value in ENV.items():
+    for key, value in {**ENV, **DRIVER_ENV}.items():
         os.environ.setdefault(key, value)
     PlatformRegistry.register(NAME)(PlatformCPU)
     current = platform_manager._current_platform

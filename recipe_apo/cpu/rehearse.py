@@ -76,10 +76,9 @@ def recipe_command(methods: Sequence[str], paths: dict, *extra: str) -> list[str
 
 
 def rehearsal_env(metrics_root: Optional[Path] = None) -> dict[str, str]:
-    """The launching environment: verl's file logger writes under ``metrics_root``; Ray prestarts no idle workers
-    (on 2 cores a pool of idle Python processes only slows the start)."""
+    """The launching environment, with verl's file logger writing under ``metrics_root`` (one file per
+    experiment: verl's logger truncates its file, so a resumed run needs a root of its own)."""
     env = dict(os.environ)
-    env.setdefault("RAY_prestart_worker_first_driver", "0")
     env.setdefault("PYTHONUNBUFFERED", "1")
     if metrics_root is not None:
         env["VERL_FILE_LOGGER_ROOT"] = str(metrics_root)
