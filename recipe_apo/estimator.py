@@ -22,6 +22,7 @@ pandas is the one dependency of the maths beyond torch, numpy and verl), group s
 
 from __future__ import annotations
 
+import math
 from typing import Any, Optional
 
 import numpy as np
@@ -69,6 +70,34 @@ def _group_mean(codes: np.ndarray, weighted_values: np.ndarray, counts: np.ndarr
     return np.divide(sums, counts, out=np.zeros_like(sums), where=counts > 0)
 
 
+def _response_rewards(token_level_rewards: torch.Tensor) -> np.ndarray:
+    """R_i, float64: summed in the rewards' own dtype where that is exact enough (integers, bool, float32/64),
+    in float32 for half precision (a float16 sum of a 3,000-token row would round). Not in float64 throughout:
+    torch's upcasting sum is about 13x slower on (65,536 x 512) float32 rewards."""
+    rewards = token_level_rewards.detach()
+    if rewards.dtype in (torch.float16, torch.bfloat16):
+        sums = rewards.sum(dim=-1, dtype=torch.float32)
+    else:
+        sums = rewards.sum(dim=-1)
+    return sums.to(torch.float64).cpu().numpy()
+
+
+def _check_no_overflow(centered: np.ndarray, settings: ApoSettings, dtype: torch.dtype) -> None:
+    """Refuse, before any anchor moves, a batch whose advantages could leave ``dtype``'s range.
+
+    |Delta_g| <= 1 (success rates and anchors lie in [0, 1]), so |A_i^eff| <= lambda_scale * e * |A_i|.
+    """
+    largest = float(np.abs(centered).max(initial=0.0))
+    bound = largest * (settings.lambda_scale * math.e if settings.reweight else 1.0)
+    limit = float(torch.finfo(dtype).max)
+    if not bound <= limit:  # also catches inf and NaN
+        raise ApoInputError(
+            f"advantages would overflow {str(dtype).removeprefix('torch.')} (max {limit:.3g}): "
+            f"algorithm.apo.lambda_scale={settings.lambda_scale:g} x e x the largest group-centered reward "
+            f"{largest:.3g}; lower lambda_scale or rescale the rewards"
+        )
+
+
 def compute_apo_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
@@ -95,11 +124,18 @@ def compute_apo_advantage(
     if scopes is not None and isinstance(anchors, CapabilityAnchor):
         raise ApoInputError("per-scope anchors need an AnchorBook, not a single CapabilityAnchor")
     batch_size = token_level_rewards.shape[0]
+    # Integer and boolean rewards are valid inputs (verl's own scorers return ints); the advantages are real
+    # numbers whatever the rewards' dtype.
+    out_dtype = token_level_rewards.dtype if token_level_rewards.is_floating_point() else torch.float32
+    if batch_size == 0 or token_level_rewards.shape[1] == 0:
+        # No response, or no token in any: nothing observed, the anchors stay as they are.
+        group_ids(index, batch_size)
+        return torch.zeros(token_level_rewards.shape, dtype=out_dtype, device=token_level_rewards.device), {}
     # Rows without a single valid token are padding (verl pads a batch to a divisible size with such rows, all
     # under one made-up uid): they take no part in group means, p_hat_g or y_t, and get advantage 0.
     # amax, not any: any() first converts the whole mask to bool, 3-6x slower on verl's int64 masks.
     valid = (response_mask.detach().amax(dim=-1) != 0).cpu().numpy()
-    scores = token_level_rewards.detach().sum(dim=-1).to(torch.float64).cpu().numpy()
+    scores = _response_rewards(token_level_rewards)
     bad = valid & ~np.isfinite(scores)
     if bad.any():
         rows = np.flatnonzero(bad)
@@ -118,14 +154,19 @@ def compute_apo_advantage(
         if scope_labels.shape != (batch_size,):
             raise ApoInputError(f"data sources: got {scope_labels.size} for {batch_size} responses")
         raw_codes, uniques = pd.factorize(scope_labels)
+        if (raw_codes < 0).any():
+            rows = np.flatnonzero(raw_codes < 0)
+            raise ApoInputError(
+                f"data_source is missing (None/NaN) for {rows.size} of {batch_size} responses, first rows "
+                f"{rows[:5].tolist()}; algorithm.apo.anchor_scope=data_source needs a data_source in every row"
+            )
         scope_codes, scope_names = raw_codes.astype(np.int64, copy=False), [str(u) for u in uniques]
-    if batch_size == 0:
-        return torch.zeros_like(token_level_rewards), {}
     group_scope = _group_scopes(scope_codes, codes, n_groups, index) if scopes is not None else None
 
     weights = valid.astype(np.float64)
     counts = np.bincount(codes, weights=weights, minlength=n_groups)
     centered = np.where(valid, scores - _group_mean(codes, scores * weights, counts)[codes], 0.0)
+    _check_no_overflow(centered, settings, out_dtype)
     group_success = _group_mean(codes, success * weights, counts)
     scope_counts = np.bincount(scope_codes, weights=weights, minlength=len(scope_names))
     scope_success = _group_mean(scope_codes, success * weights, scope_counts)
@@ -145,10 +186,10 @@ def compute_apo_advantage(
         weight = settings.lambda_scale * np.exp(direction * np.abs(gap)[codes])
     else:
         weight = np.ones_like(centered)
-    scalar = torch.from_numpy(weight * centered).to(device=token_level_rewards.device, dtype=token_level_rewards.dtype)
+    scalar = torch.from_numpy(weight * centered).to(device=token_level_rewards.device, dtype=out_dtype)
     # One output allocation, and no mixed-dtype product (torch's int64 x float32 broadcast runs ~1.7x slower):
     # copy=True keeps the caller's mask intact when it already has the output dtype.
-    advantages = response_mask.to(token_level_rewards.dtype, copy=True).mul_(scalar.unsqueeze(-1))
+    advantages = response_mask.to(out_dtype, copy=True).mul_(scalar.unsqueeze(-1))
 
     metrics: dict[str, float] = {}
     observed = counts > 0

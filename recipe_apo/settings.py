@@ -26,6 +26,10 @@ from dataclasses import dataclass, fields
 from typing import Any, Optional
 
 SUCCESS_MODES = ("binary", "threshold", "minmax")
+# Upper bounds far beyond the paper's ranges (lambda_scale 1.1-2.0, m 10-50), there so that no accepted value
+# overflows: a lambda_scale of 1e308 makes every advantage inf, a history of 1e20 cannot be a deque length.
+MAX_LAMBDA_SCALE = 1e3
+MAX_HISTORY = 100_000
 ANCHOR_SCOPES = ("global", "data_source")
 
 
@@ -68,11 +72,14 @@ class ApoSettings:
     anchor_scope: str = "global"
 
     def __post_init__(self) -> None:
-        _check_number("lambda_scale", self.lambda_scale, low=0.0, low_open=True)
+        _check_number("lambda_scale", self.lambda_scale, low=0.0, low_open=True, high=MAX_LAMBDA_SCALE)
         _check_number("eta", self.eta, low=0.0)
         _check_number("eta_min", self.eta_min, low=0.0, high=1.0)
-        if isinstance(self.history, bool) or not isinstance(self.history, int) or self.history < 1:
-            raise ApoConfigError(f"algorithm.apo.history must be an integer >= 1, got {self.history!r}")
+        if (isinstance(self.history, bool) or not isinstance(self.history, int)
+                or not 1 <= self.history <= MAX_HISTORY):
+            raise ApoConfigError(
+                f"algorithm.apo.history must be an integer in [1, {MAX_HISTORY}], got {self.history!r}"
+            )
         if self.anchor_init is not None:
             _check_number("anchor_init", self.anchor_init, low=0.0, high=1.0)
         if self.success not in SUCCESS_MODES:
