@@ -45,12 +45,21 @@ def _aggregation_kwargs(config: Any, loss_agg_mode: str) -> dict:
     info = dict(getattr(config, "global_batch_info", None) or {})
     if info.get("loss_scale_factor") is None:
         info["loss_scale_factor"] = getattr(config, "loss_scale_factor", None)
-    if loss_agg_mode == NORM_MODE and info["loss_scale_factor"] is None:
+    scale = info["loss_scale_factor"]
+    if loss_agg_mode == NORM_MODE and scale is None:
         # agg_loss would fall back to the padded width of each micro-batch, which varies from one micro-batch
         # to the next and brings the length bias back.
         raise ValueError(
             "loss_mode=apo with loss_agg_mode=seq-mean-token-sum-norm needs the constant L0: set "
             "actor_rollout_ref.actor.loss_scale_factor to the maximum response length (data.max_response_length)"
+        )
+    if loss_agg_mode == NORM_MODE and (isinstance(scale, bool) or not isinstance(scale, (int, float))
+                                       or not math.isfinite(scale) or scale <= 0):
+        # Checked here, not only in the recipe's validation: plain verl hands the value over unchecked, and a
+        # negative L0 flips the loss's sign, 0 makes it -inf.
+        raise ValueError(
+            f"actor_rollout_ref.actor.loss_scale_factor (L0) must be a finite number > 0 for loss_mode=apo, "
+            f"got {scale!r}"
         )
     return info
 
@@ -71,7 +80,10 @@ def compute_policy_loss_apo(
     tau_neg = _temperature(config, "tau_neg")
     aggregation = _aggregation_kwargs(config, loss_agg_mode)
 
-    log_ratio = torch.clamp(log_prob - old_log_prob, min=-LOG_RATIO_CLAMP, max=LOG_RATIO_CLAMP)
+    # The gate in float32 whatever the log-probs' dtype: in float16, exp of a log-ratio of 12 or more overflows
+    # and the gradient turns NaN (verl's own losses share that failure). No copy for float32 inputs.
+    log_ratio = torch.clamp(log_prob.float() - old_log_prob.float(), min=-LOG_RATIO_CLAMP, max=LOG_RATIO_CLAMP)
+    advantages = advantages.float()
     ratio = torch.exp(log_ratio)
     positive = advantages > 0
     tau = torch.where(positive, tau_pos, tau_neg).to(ratio.dtype)

@@ -202,3 +202,29 @@ def test_gate_metrics_by_hand():
     assert metrics["actor/apo_ratio_out_share"] == pytest.approx(2 / 8)  # e^0.5 = 1.65 > 1.2
     assert metrics["actor/ppo_kl"] == pytest.approx(-2 * 0.5 / 8, rel=1e-5)
     assert not any("max" in k or "min" in k for k in metrics)  # verl reduces by substrings of the name
+
+
+@pytest.mark.parametrize("value", [-24, 0, 0.0, float("nan"), float("inf"), True, "24"])
+def test_an_unusable_l0_is_refused_by_the_loss_itself(value):
+    """Plain verl passes loss_scale_factor through unchecked: the loss must refuse what would flip or blow it up."""
+    log_prob, old, adv, mask = batch([8, 4], [1.0, -1.0])
+    config = actor_config()
+    # As verl's ppo_loss hands it over, per micro-batch.
+    object.__setattr__(config, "global_batch_info", {"loss_scale_factor": value})
+    with pytest.raises(ValueError, match=r"actor_rollout_ref.actor.loss_scale_factor \(L0\) must be a finite number > 0"):
+        apo_loss(log_prob, old, adv, mask, config)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_log_probs_far_off_policy_give_finite_gradients_equal_to_float32(dtype):
+    log_ratio = torch.full((2, WIDTH), 12.0)
+    log_prob, old, adv, mask = batch([8, 5], [1.0, -1.0], log_ratio=log_ratio)
+    half = log_prob.detach().to(dtype).requires_grad_(True)
+    loss, _ = apo_loss(half, old.to(dtype), adv.to(dtype), mask, actor_config())
+    loss.backward()
+    reference = half.detach().float().requires_grad_(True)
+    expected, _ = apo_loss(reference, old.to(dtype).float(), adv.to(dtype).float(), mask, actor_config())
+    expected.backward()
+    assert torch.isfinite(loss) and torch.isfinite(half.grad).all()
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
+    torch.testing.assert_close(half.grad.float(), reference.grad.to(dtype).float())
