@@ -34,6 +34,32 @@ def _positive_number(value: Any) -> bool:
 REHEARSAL_ROLLOUT = "hf"
 
 
+def _refuse_silent_combinations(algorithm: Any, actor: Any, estimator: str, loss_mode: str) -> None:
+    """Settings that verl accepts but that do something other than what they say."""
+    norm_by_std = bool(algorithm.get("norm_adv_by_std_in_grpo", True))
+    if estimator == "grpo_vectorized" and not norm_by_std:
+        raise RecipeConfigError(
+            "algorithm.adv_estimator=grpo_vectorized ignores algorithm.norm_adv_by_std_in_grpo=false in verl 0.9.1 "
+            "(it always divides by the std): use algorithm.adv_estimator=grpo for Dr. GRPO's centered advantages"
+        )
+    if estimator == "apo" and norm_by_std:
+        raise RecipeConfigError(
+            "algorithm.norm_adv_by_std_in_grpo=true is not read by algorithm.adv_estimator=apo (APO never divides "
+            "by the group's std): set it to false, or use adv_estimator=grpo for std-normalized advantages"
+        )
+    agg_mode = str(actor.loss_agg_mode)
+    if loss_mode == "sapo" and agg_mode != "seq-mean-token-mean":
+        raise RecipeConfigError(
+            f"actor_rollout_ref.actor.policy_loss.loss_mode=sapo ignores loss_agg_mode={agg_mode}: verl's sapo "
+            "always aggregates with seq-mean-token-mean; set that, or use loss_mode=apo (same gate, any mode)"
+        )
+    if actor.get("loss_scale_factor", None) is not None and agg_mode != NORM_MODE:
+        raise RecipeConfigError(
+            f"actor_rollout_ref.actor.loss_scale_factor={actor.get('loss_scale_factor')} is only read with "
+            f"loss_agg_mode={NORM_MODE} (got {agg_mode}): set it to null, or use that mode for a constant L0"
+        )
+
+
 def validate_recipe_config(config: Any, rehearsal: bool = False) -> None:
     """Raise ``RecipeConfigError`` for the first invalid setting of a resolved trainer config.
 
@@ -80,6 +106,8 @@ def validate_recipe_config(config: Any, rehearsal: bool = False) -> None:
             f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode} is not a registered policy loss; known: {known}"
         )
 
+    _refuse_silent_combinations(algorithm, actor, estimator, loss_mode)
+
     agg_mode = str(actor.loss_agg_mode)
     if agg_mode not in AGG_MODES:
         raise RecipeConfigError(
@@ -107,7 +135,12 @@ def validate_recipe_config(config: Any, rehearsal: bool = False) -> None:
         )
 
     rollout_n = config.actor_rollout_ref.rollout.get("n", 1)
-    if estimator in GROUP_ESTIMATORS and (not isinstance(rollout_n, int) or rollout_n < 2):
+    if isinstance(rollout_n, bool) or not isinstance(rollout_n, int):
+        raise RecipeConfigError(
+            f"actor_rollout_ref.rollout.n must be an integer (responses per prompt), got {rollout_n!r} "
+            f"of type {type(rollout_n).__name__}"
+        )
+    if estimator in GROUP_ESTIMATORS and rollout_n < 2:
         raise RecipeConfigError(
             f"actor_rollout_ref.rollout.n={rollout_n}: algorithm.adv_estimator={estimator} compares the responses "
             "of a prompt with each other and needs at least 2 per prompt"

@@ -112,6 +112,14 @@ def test_kl_in_reward_is_fine_with_a_threshold_success_and_data_sources_with_the
         (["algorithm.apo.anchor_scope=data_source", "trainer.v1.trainer_mode=sync"], "algorithm.apo.anchor_scope"),
         (["trainer.use_v1=false"], "trainer.use_v1"),
         (["actor_rollout_ref.rollout.name=???"], "actor_rollout_ref.rollout.name"),
+        # Accepted by verl, but meaning something else than they say:
+        (["method=drgrpo", "algorithm.adv_estimator=grpo_vectorized"], "adv_estimator=grpo"),
+        (["algorithm.norm_adv_by_std_in_grpo=true"], "algorithm.norm_adv_by_std_in_grpo=true"),
+        (["method=drgrpo", "actor_rollout_ref.actor.policy_loss.loss_mode=sapo"], "loss_mode=sapo ignores"),
+        (["method=grpo", "actor_rollout_ref.actor.loss_scale_factor=3000"], "actor_rollout_ref.actor.loss_scale_factor"),
+        # The type, not the count, is at fault:
+        (["actor_rollout_ref.rollout.n='8'"], "actor_rollout_ref.rollout.n must be an integer"),
+        (["actor_rollout_ref.rollout.n=2.5"], "actor_rollout_ref.rollout.n must be an integer"),
     ],
 )
 def test_invalid_settings_fail_validation_naming_the_key(overrides, key):
