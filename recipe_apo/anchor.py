@@ -28,14 +28,27 @@ from typing import Any, Iterator, Optional
 
 import numpy as np
 
+from recipe_apo.settings import MAX_HISTORY
+
 STATE_VERSION = 1
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_rate(value: Any) -> bool:
+    """A real number in [0, 1]: JSON's true/false and strings are not numbers here."""
+    return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            and 0.0 <= value <= 1.0)
+
+
 def _check_version(state: Any) -> None:
-    try:
-        version = int(state["version"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ValueError(f"malformed anchor state ({type(exc).__name__}: {exc})") from exc
+    if not isinstance(state, dict) or "version" not in state:
+        raise ValueError("malformed anchor state: not a mapping with a version")
+    version = state["version"]
+    if not _is_int(version):
+        raise ValueError(f"malformed anchor state: version must be the integer {STATE_VERSION}, got {version!r}")
     if version != STATE_VERSION:
         raise ValueError(f"anchor state version {version} is not supported (expected {STATE_VERSION})")
 
@@ -85,21 +98,28 @@ class CapabilityAnchor:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a state from ``state_dict``; a malformed state raises and leaves this anchor unchanged."""
+        """Restore a state from ``state_dict``; a malformed state raises and leaves this anchor unchanged.
+
+        Types are checked, not coerced: ``"1"``, ``1.9`` or ``true`` where an integer or a rate belongs means
+        the file is not what this code wrote, and restoring it would run on made-up numbers.
+        """
         _check_version(state)
-        try:
-            value = state["value"]
-            value = None if value is None else float(value)
-            history = [float(v) for v in state["history"]]
-            history_len = int(state["history_len"])
-            steps = int(state["steps"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"malformed anchor state ({type(exc).__name__}: {exc})") from exc
-        values = history + ([] if value is None else [value])
-        if history_len < 1 or steps < 0 or any(not (math.isfinite(v) and 0.0 <= v <= 1.0) for v in values):
-            raise ValueError("malformed anchor state: values must lie in [0, 1], history_len >= 1, steps >= 0")
-        self.value = value
-        self.history = deque(history, maxlen=history_len)
+        missing = [key for key in ("value", "history", "history_len", "steps") if key not in state]
+        if missing:
+            raise ValueError(f"malformed anchor state: missing {', '.join(missing)}")
+        value, history, history_len, steps = state["value"], state["history"], state["history_len"], state["steps"]
+        if value is not None and not _is_rate(value):
+            raise ValueError(f"malformed anchor state: value must be null or a number in [0, 1], got {value!r}")
+        if not isinstance(history, list) or not all(_is_rate(v) for v in history):
+            raise ValueError("malformed anchor state: history must be a list of numbers in [0, 1]")
+        if not _is_int(history_len) or not 1 <= history_len <= MAX_HISTORY:
+            raise ValueError(
+                f"malformed anchor state: history_len must be an integer in [1, {MAX_HISTORY}], got {history_len!r}"
+            )
+        if not _is_int(steps) or steps < 0:
+            raise ValueError(f"malformed anchor state: steps must be an integer >= 0, got {steps!r}")
+        self.value = None if value is None else float(value)
+        self.history = deque((float(v) for v in history), maxlen=history_len)
         self.steps = steps
 
 
@@ -130,10 +150,9 @@ class AnchorBook:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Replace all anchors by those in ``state``; a malformed state raises and changes nothing."""
         _check_version(state)
-        try:
-            items = dict(state["anchors"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"malformed anchor state ({type(exc).__name__}: {exc})") from exc
+        items = state.get("anchors")
+        if not isinstance(items, dict) or not all(isinstance(scope, str) for scope in items):
+            raise ValueError("malformed anchor state: anchors must be a mapping from scope names to anchor states")
         restored = {}
         for scope, anchor_state in items.items():
             anchor = CapabilityAnchor(history=self.history)

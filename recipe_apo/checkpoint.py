@@ -5,9 +5,11 @@ steps against the wrong capability. The recipe's trainer (``recipe_apo.trainer``
 into every checkpoint folder and reads them back on resume; ``AnchorCheckpointCallback`` does the same for
 plain ``verl.trainer.main_ppo`` through ``trainer.checkpoint_callback_class``.
 
-Fallback on resume: a missing or unreadable state file is a warning, not an error, and the anchors restart
-fresh (from ``algorithm.apo.anchor_init``, or the first batch's success rate when that is null). The model and
-optimizer still resume, and a fresh anchor settles within a few tens of steps.
+On resume, a missing or unreadable state file, or one of the other ``anchor_scope``, stops the resume with one
+line naming the file and the cause: a long run must not lose its anchor unnoticed. ``algorithm.apo.
+on_missing_state=fresh`` starts the anchor fresh instead (from ``anchor_init``, or the first batch's success
+rate when that is null), with a warning; use it to switch a run from another method to APO mid-run, whose
+checkpoints have no state file. Runs that do not use ``apo`` never read or write the file.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any, Optional
 
 from verl.trainer.ppo.checkpoint_callback import CheckpointCallback
 
-from recipe_apo.anchor import driver_anchors, reset_driver_anchor
+from recipe_apo.anchor import GLOBAL_SCOPE, AnchorBook, driver_anchors, reset_driver_anchor
 from recipe_apo.settings import ApoSettings
 
 logger = logging.getLogger("recipe_apo")
@@ -67,26 +69,54 @@ def _fsync_dir(folder: str) -> None:
         os.close(fd)
 
 
-def load_anchor_state(checkpoint_dir: str, settings: Optional[ApoSettings] = None) -> bool:
-    """Restore the driver's anchors from ``checkpoint_dir``; True if restored, False on the documented fallback."""
-    settings = settings or ApoSettings()
-    reset_driver_anchor()
-    book = driver_anchors(init=settings.anchor_init, history=settings.history)
-    path = os.path.join(checkpoint_dir, STATE_FILE)
-    fallback = (
-        "the APO anchor restarts fresh (algorithm.apo.anchor_init="
-        f"{settings.anchor_init if settings.anchor_init is not None else 'null: first batch success rate'})"
-    )
+class AnchorStateError(ValueError):
+    """A resume cannot restore the APO anchor; the message names the file, the cause and the override."""
+
+
+def _read_state(path: str, settings: ApoSettings) -> dict:
+    """The state in ``path``, checked against this run's settings; raises with the cause in one line."""
     if not os.path.exists(path):
-        logger.warning("recipe-apo: no %s in %s to resume from; %s", STATE_FILE, checkpoint_dir, fallback)
-        return False
+        raise AnchorStateError("it is missing")
     try:
         with open(path) as handle:
             state = json.load(handle)
-        book.load_state_dict(state)
-    except (OSError, ValueError, TypeError) as exc:
-        logger.warning("recipe-apo: cannot read %s (%s: %s); %s", path, type(exc).__name__, exc, fallback)
+        AnchorBook(history=settings.history).load_state_dict(state)
+    except (OSError, ValueError, TypeError, RecursionError, OverflowError) as exc:
+        # RecursionError: deeply nested JSON; OverflowError: numbers too large for what they stand for.
+        raise AnchorStateError(f"it cannot be read ({type(exc).__name__}: {exc})") from None
+    scopes = sorted(state["anchors"])
+    if scopes and (scopes == [GLOBAL_SCOPE]) != (settings.anchor_scope == "global"):
+        held = "one global anchor" if scopes == [GLOBAL_SCOPE] else f"anchors per data source ({', '.join(scopes)})"
+        raise AnchorStateError(f"it holds {held} but this run has algorithm.apo.anchor_scope={settings.anchor_scope}")
+    return state
+
+
+def load_anchor_state(checkpoint_dir: str, settings: Optional[ApoSettings] = None) -> bool:
+    """Restore the driver's anchors from ``checkpoint_dir``: True if restored.
+
+    A missing, unreadable or mismatched state file raises ``AnchorStateError``, or with
+    ``algorithm.apo.on_missing_state=fresh`` warns, starts fresh anchors and returns False. The driver's
+    anchors are only replaced once the whole file has been checked.
+    """
+    settings = settings or ApoSettings()
+    path = os.path.join(checkpoint_dir, STATE_FILE)
+    try:
+        state = _read_state(path, settings)
+    except AnchorStateError as exc:
+        if settings.on_missing_state != "fresh":
+            raise AnchorStateError(
+                f"cannot resume the APO anchor from {path}: {exc}; set algorithm.apo.on_missing_state=fresh to "
+                "start the anchor fresh instead"
+            ) from None
+        reset_driver_anchor()
+        driver_anchors(init=settings.anchor_init, history=settings.history)
+        start = settings.anchor_init if settings.anchor_init is not None else "null: first batch success rate"
+        logger.warning("recipe-apo: %s: %s; the APO anchor restarts fresh (algorithm.apo.on_missing_state=fresh, "
+                       "anchor_init=%s)", path, exc, start)
         return False
+    reset_driver_anchor()
+    book = driver_anchors(init=settings.anchor_init, history=settings.history)
+    book.load_state_dict(state)
     folder_step = os.path.basename(os.path.normpath(checkpoint_dir)).rpartition("global_step_")[2]
     if folder_step.isdigit() and state.get("global_step") != int(folder_step):
         logger.warning("recipe-apo: %s says step %s but sits in %s; restored it anyway", path,

@@ -113,11 +113,12 @@ def describe(config: DictConfig, rehearsal: str | None = None) -> str:
 
 
 def recipe_error(exc: BaseException) -> BaseException | None:
-    """The recipe's own error (bad data or setting) behind an exception from Ray, if that is what it is.
+    """The recipe's own error (bad data, setting or state file) behind an exception from Ray, if it is one.
 
     Ray re-raises a remote error as ``RayTaskError`` with the original under ``.cause``, nested once per actor
     it crossed (agent loop -> task runner -> here).
     """
+    from recipe_apo.checkpoint import AnchorStateError
     from recipe_apo.settings import ApoConfigError
     from recipe_apo.success import ApoInputError
 
@@ -127,7 +128,8 @@ def recipe_error(exc: BaseException) -> BaseException | None:
         if current is None or id(current) in seen:
             continue
         seen.add(id(current))
-        if isinstance(current, (ApoInputError, ApoConfigError, RecipeConfigError)) and not hasattr(current, "cause"):
+        own = (ApoInputError, ApoConfigError, AnchorStateError, RecipeConfigError)
+        if isinstance(current, own) and not hasattr(current, "cause"):
             return current
         todo += [getattr(current, "cause", None), current.__cause__, current.__context__]
     return None

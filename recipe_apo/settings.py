@@ -31,6 +31,7 @@ SUCCESS_MODES = ("binary", "threshold", "minmax")
 MAX_LAMBDA_SCALE = 1e3
 MAX_HISTORY = 100_000
 ANCHOR_SCOPES = ("global", "data_source")
+ON_MISSING_STATE = ("error", "fresh")
 
 
 class ApoConfigError(ValueError):
@@ -70,6 +71,10 @@ class ApoSettings:
     # training mixes whose sources differ in difficulty (the paper's first stated limitation). verl does not
     # pass data sources to estimators: this needs the recipe's trainer (`python -m recipe_apo.main`).
     anchor_scope: str = "global"
+    # On resume, when the checkpoint's apo_state.json is missing, unreadable, or holds anchors of the other
+    # scope: "error" stops the resume naming the file and the cause (a long run must not lose its anchor
+    # unnoticed); "fresh" starts the anchor from anchor_init instead, with a warning.
+    on_missing_state: str = "error"
 
     def __post_init__(self) -> None:
         _check_number("lambda_scale", self.lambda_scale, low=0.0, low_open=True, high=MAX_LAMBDA_SCALE)
@@ -99,6 +104,11 @@ class ApoSettings:
         if self.anchor_scope not in ANCHOR_SCOPES:
             raise ApoConfigError(
                 f"algorithm.apo.anchor_scope must be one of {', '.join(ANCHOR_SCOPES)}, got {self.anchor_scope!r}"
+            )
+        if self.on_missing_state not in ON_MISSING_STATE:
+            raise ApoConfigError(
+                f"algorithm.apo.on_missing_state must be one of {', '.join(ON_MISSING_STATE)}, "
+                f"got {self.on_missing_state!r}"
             )
 
     @classmethod

@@ -7,11 +7,19 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 import torch
 from omegaconf import OmegaConf
 
 from recipe_apo.anchor import driver_anchors, get_driver_anchor, reset_driver_anchor
-from recipe_apo.checkpoint import STATE_FILE, AnchorCheckpointCallback, load_anchor_state, save_anchor_state
+from recipe_apo.checkpoint import (
+    STATE_FILE,
+    AnchorCheckpointCallback,
+    AnchorStateError,
+    load_anchor_state,
+    save_anchor_state,
+)
+from recipe_apo.settings import ApoSettings
 
 # One step of training as the driver sees it: a batch through the registered estimator, seeded by the step.
 STEP_SCRIPT = """
@@ -93,23 +101,84 @@ def test_state_file_is_json_written_atomically_with_the_step(tmp_path):
     reset_driver_anchor()
 
 
-def test_missing_and_corrupt_state_warn_and_fall_back_to_a_fresh_anchor(tmp_path, caplog):
+GOOD_ANCHOR = {"version": 1, "value": 0.5, "history": [0.4, 0.5], "history_len": 6, "steps": 2}
+
+
+def state_text(**anchor_fields) -> str:
+    return json.dumps({"global_step": 9, "version": 1, "anchors": {"global": {**GOOD_ANCHOR, **anchor_fields}}})
+
+
+BROKEN_STATES = {
+    # A file that is not what the recipe writes: each must stop the resume, none may be coerced.
+    "missing": None,
+    "empty": "",
+    "not json": "{not json",
+    "value is a string": state_text(value="x"),
+    "value is true": state_text(value=True),
+    "value out of range": state_text(value=1.5),
+    "version as a string": json.dumps({"version": "1", "anchors": {}}),
+    "version 1.9": json.dumps({"version": 1.9, "anchors": {}}),
+    "anchor version true": state_text(version=True),
+    "steps 2.7": state_text(steps=2.7),
+    "steps true": state_text(steps=True),
+    "history_len 1e20": state_text(history_len=1e20),
+    "history_len 10**20": state_text(history_len=10**20),
+    "history not a list": state_text(history="0.5"),
+    "anchors a list": json.dumps({"version": 1, "anchors": []}),
+    "deeply nested": "[" * 100_000 + "]" * 100_000,
+}
+
+
+@pytest.mark.parametrize("case", list(BROKEN_STATES))
+def test_a_broken_state_file_stops_the_resume_naming_the_file_and_leaves_the_anchor(tmp_path, case):
+    folder = tmp_path / "global_step_9"
+    folder.mkdir()
+    if BROKEN_STATES[case] is not None:
+        (folder / STATE_FILE).write_text(BROKEN_STATES[case])
+    reset_driver_anchor()
+    get_driver_anchor(init=0.9)
+    with pytest.raises(AnchorStateError) as info:
+        load_anchor_state(str(folder), ApoSettings(history=6))
+    message = str(info.value)
+    assert message.startswith(f"cannot resume the APO anchor from {folder / STATE_FILE}: ")
+    assert "algorithm.apo.on_missing_state=fresh" in message and "\n" not in message
+    assert get_driver_anchor().value == 0.9  # nothing was replaced
+    reset_driver_anchor()
+
+
+@pytest.mark.parametrize("saved_scopes, run_scope", [(["math", "code"], "global"), (["global"], "data_source")])
+def test_a_state_of_the_other_anchor_scope_is_refused(tmp_path, saved_scopes, run_scope):
+    folder = tmp_path / "global_step_9"
+    folder.mkdir()
+    (folder / STATE_FILE).write_text(json.dumps({"global_step": 9, "version": 1,
+                                                 "anchors": {s: GOOD_ANCHOR for s in saved_scopes}}))
+    with pytest.raises(AnchorStateError, match=f"this run has algorithm.apo.anchor_scope={run_scope}"):
+        load_anchor_state(str(folder), ApoSettings(anchor_scope=run_scope))
+    reset_driver_anchor()
+
+
+def test_on_missing_state_fresh_warns_and_starts_a_fresh_anchor(tmp_path, caplog):
     folder = tmp_path / "global_step_9"
     folder.mkdir()
     reset_driver_anchor()
     get_driver_anchor(init=0.9)
-    with caplog.at_level(logging.WARNING, logger="recipe_apo"):
-        assert load_anchor_state(str(folder)) is False
-    assert "no apo_state.json" in caplog.text and "restarts fresh" in caplog.text
-    assert get_driver_anchor().value is None  # the fresh anchor, not the one from before
-    caplog.clear()
-    for corrupt in ('{"version": 1, "anchors": {"global": {"value": "x"}}}', "{not json", ""):
-        (folder / STATE_FILE).write_text(corrupt)
+    for content in (None, "{not json", state_text(steps=2.7)):
+        if content is not None:
+            (folder / STATE_FILE).write_text(content)
         with caplog.at_level(logging.WARNING, logger="recipe_apo"):
-            assert load_anchor_state(str(folder)) is False
-        assert f"cannot read {folder / STATE_FILE}" in caplog.text
-        assert driver_anchors().anchors == {}
+            assert load_anchor_state(str(folder), ApoSettings(on_missing_state="fresh", anchor_init=0.2)) is False
+        assert "restarts fresh" in caplog.text and str(folder / STATE_FILE) in caplog.text
+        assert get_driver_anchor().value == 0.2 and get_driver_anchor().steps == 0
         caplog.clear()
+    reset_driver_anchor()
+
+
+def test_a_good_state_file_is_restored_exactly(tmp_path):
+    folder = tmp_path / "global_step_9"
+    folder.mkdir()
+    (folder / STATE_FILE).write_text(state_text())
+    assert load_anchor_state(str(folder), ApoSettings(history=6)) is True
+    assert get_driver_anchor().state_dict() == GOOD_ANCHOR
     reset_driver_anchor()
 
 
