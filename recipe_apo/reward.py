@@ -22,14 +22,22 @@ or runs unbounded (none set), and sympy then spends minutes on ``10^{10^{10}}`` 
 runs in a few long-lived worker processes (plain ``subprocess``, one JSON line per request), in their main
 thread, where its own timeouts (a third of ``timeout`` each) end such answers in about a second. A signal
 handler cannot interrupt one long C call, so the caller also enforces ``timeout`` itself: a worker that
-overruns it is killed and replaced, and the response scores 0. If no worker can be started, the check runs in
-the calling process, with math-verify's timeouts where a main thread allows them, and says so once in the log.
+overruns it is killed and replaced, and the response scores 0.
 
-``compute_score`` never raises: anything unexpected scores 0 (logged once per kind of failure).
+What ``timeout`` bounds: the check of one answer, from the moment a worker takes it to its score. A call
+first waits for a free worker (``RECIPE_APO_REWARD_WORKERS`` of them serve all threads of a process); with
+every worker busy on answers that each run to the timeout, a call waits for them in turn. The first call of a
+process also starts the workers (a few seconds).
 
-Environment: ``RECIPE_APO_REWARD_TIMEOUT`` (seconds, default 10), ``RECIPE_APO_REWARD_WORKERS`` (default
-``min(4, cpu count)``), ``RECIPE_APO_REWARD_MEMORY_MB`` (address-space cap per worker, default 4096; 0 = none).
-``timeout`` can also come from ``reward_kwargs``.
+``compute_score`` never raises on an answer: anything unexpected in a response or ground truth scores 0 (logged
+once per kind of failure). It raises on what would make every score wrong: a bad environment value
+(``RewardConfigError``, naming the variable) or workers that cannot start (``WorkerError``); checking answers in
+the calling thread instead would run math-verify without any time bound, and a single hostile answer could
+then hang training.
+
+Environment: ``RECIPE_APO_REWARD_TIMEOUT`` (seconds > 0, default 10), ``RECIPE_APO_REWARD_WORKERS`` (an integer
+>= 1; default ``min(4, cpu count)``), ``RECIPE_APO_REWARD_MEMORY_MB`` (address-space cap per worker, an integer
+>= 0, default 4096; 0 = none). ``timeout`` can also come from ``reward_kwargs``.
 """
 
 from __future__ import annotations
@@ -61,6 +69,47 @@ WORKER_START_TIMEOUT_S = 120.0
 VERL_RULE_SOURCES = frozenset({"openai/gsm8k"})
 
 _WARNED: set[str] = set()
+
+TIMEOUT_ENV = "RECIPE_APO_REWARD_TIMEOUT"
+WORKERS_ENV = "RECIPE_APO_REWARD_WORKERS"
+MEMORY_ENV = "RECIPE_APO_REWARD_MEMORY_MB"
+DEFAULT_MEMORY_MB = 4096
+
+
+class RewardConfigError(ValueError):
+    """A setting of the reward (environment variable or ``reward_kwargs``) is invalid; the message names it."""
+
+
+def _number(name: str, raw: Any, integer: bool, minimum: float) -> float:
+    """``raw`` as a finite number >= ``minimum`` (an integer when ``integer``), or RewardConfigError naming ``name``."""
+    kind = "an integer" if integer else "a number"
+    try:
+        value = int(raw) if integer and not isinstance(raw, float) else float(raw)
+    except (TypeError, ValueError):
+        value = None
+    if isinstance(raw, bool) or value is None or value != value or value in (float("inf"), float("-inf")) \
+            or value < minimum:
+        raise RewardConfigError(f"{name}={raw!r} must be {kind} >= {minimum:g}")
+    return value
+
+
+def _env_number(name: str, default: float, integer: bool, minimum: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return default
+    return _number(name, raw.strip(), integer, minimum)
+
+
+def env_settings() -> dict[str, float]:
+    """The reward's environment settings, checked: ``timeout`` (s), ``workers``, ``memory_mb``."""
+    timeout = _env_number(TIMEOUT_ENV, DEFAULT_TIMEOUT_S, integer=False, minimum=0.0)
+    if timeout <= 0:
+        raise RewardConfigError(f"{TIMEOUT_ENV}={os.environ[TIMEOUT_ENV]!r} must be a number > 0")
+    return {
+        "timeout": timeout,
+        "workers": int(_env_number(WORKERS_ENV, min(4, os.cpu_count() or 1), integer=True, minimum=1)),
+        "memory_mb": int(_env_number(MEMORY_ENV, DEFAULT_MEMORY_MB, integer=True, minimum=0)),
+    }
 
 
 def _warn_once(key: str, message: str, *args: Any) -> None:
@@ -229,7 +278,7 @@ def _worker_main() -> None:
 
     if parent:
         threading.Thread(target=watch_parent, daemon=True).start()
-    memory_mb = int(os.environ.get("RECIPE_APO_REWARD_MEMORY_MB", "4096") or 0)
+    memory_mb = int(os.environ.get(MEMORY_ENV, "") or DEFAULT_MEMORY_MB)  # checked by the parent
     if memory_mb > 0:
         try:  # a runaway big-integer computation fails with MemoryError instead of swapping the node
             import resource
@@ -284,9 +333,10 @@ class WorkerError(RuntimeError):
 
 
 class _Worker:
-    def __init__(self) -> None:
+    def __init__(self, memory_mb: int = DEFAULT_MEMORY_MB) -> None:
         env = dict(os.environ)
         env["RECIPE_APO_REWARD_PARENT"] = str(os.getpid())
+        env[MEMORY_ENV] = str(memory_mb)
         env.setdefault("PYTHONUNBUFFERED", "1")
         self.proc = subprocess.Popen(
             [sys.executable, "-c", _WORKER_BOOT, os.path.abspath(__file__)],
@@ -355,8 +405,12 @@ class _Worker:
 class VerifierPool:
     """Up to ``size`` workers shared by all threads of this process; started on first use."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, memory_mb: int = DEFAULT_MEMORY_MB) -> None:
         self.size = max(1, size)
+        self.memory_mb = memory_mb
+        # The longest check of one answer so far (what ``timeout`` bounds), for tests and benchmarks.
+        self.longest_check_s = 0.0
+        self._start_error: Optional[WorkerError] = None
         self.pid = os.getpid()
         self._slots = threading.BoundedSemaphore(self.size)
         self._idle: list[_Worker] = []
@@ -368,7 +422,9 @@ class VerifierPool:
     def score(self, golds: list[str], pred: str, timeout: float, op_timeout: Optional[int] = None) -> float:
         with self._slots:
             worker = self._take()
+            started = time.monotonic()
             result = worker.request(golds, pred, timeout, op_timeout)
+            self.longest_check_s = max(self.longest_check_s, time.monotonic() - started)
             if result is None:
                 self._discard(worker)
                 self.kills += 1
@@ -385,11 +441,17 @@ class VerifierPool:
                 if worker.proc.poll() is None:
                     return worker
                 self._all.discard(worker)
+        if self._start_error is not None:
+            raise self._start_error  # once failed, not retried on every call (each try can take minutes)
         try:
-            worker = _Worker()
-        except Exception:
+            worker = _Worker(self.memory_mb)
+        except WorkerError as exc:
             self.start_failures += 1
-            raise
+            self._start_error = WorkerError(
+                f"recipe_apo.reward: {exc}; math-verify cannot run with its time bound, so answers are not scored "
+                f"(check that subprocesses can start and math-verify imports; {MEMORY_ENV} too small?)"
+            )
+            raise self._start_error from None
         with self._lock:
             self._all.add(worker)
         return worker
@@ -410,15 +472,14 @@ class VerifierPool:
 
 _POOL: Optional[VerifierPool] = None
 _POOL_LOCK = threading.Lock()
-_INLINE = False  # set when workers cannot be started here
 
 
 def _pool() -> VerifierPool:
     global _POOL
     with _POOL_LOCK:
         if _POOL is None or _POOL.pid != os.getpid():  # a forked child starts its own workers
-            size = int(os.environ.get("RECIPE_APO_REWARD_WORKERS", "0") or 0) or min(4, os.cpu_count() or 1)
-            _POOL = VerifierPool(size)
+            settings = env_settings()
+            _POOL = VerifierPool(int(settings["workers"]), int(settings["memory_mb"]))
         return _POOL
 
 
@@ -432,23 +493,12 @@ def shutdown() -> None:
 
 
 atexit.register(shutdown)
+# A bad environment value stops the run when verl loads this reward, not at the first answer.
+env_settings()
 
 
 def _verify(golds: list[str], pred: str, timeout: float) -> float:
-    global _INLINE
-    if not _INLINE:
-        try:
-            return _pool().score(golds, pred, timeout)
-        except WorkerError as exc:
-            _INLINE = True
-            _warn_once(
-                "inline",
-                "recipe_apo.reward: %s; checking answers in this process from now on, where math-verify's "
-                "timeouts only work in the main thread and cannot stop a runaway computation",
-                exc,
-            )
-    in_main = threading.current_thread() is threading.main_thread() and os.name == "posix"
-    return _math_verify_inline(golds, pred, _op_timeout(timeout) if in_main else None)
+    return _pool().score(golds, pred, timeout)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -473,12 +523,12 @@ def score_answer(answer: Optional[str], golds: list[str], timeout: float = DEFAU
 
 
 def _timeout_from(kwargs: dict) -> float:
-    value = kwargs.get("timeout", os.environ.get("RECIPE_APO_REWARD_TIMEOUT", DEFAULT_TIMEOUT_S))
-    try:
-        value = float(value)
-    except (TypeError, ValueError):
-        return DEFAULT_TIMEOUT_S
-    return value if value > 0 else DEFAULT_TIMEOUT_S
+    if "timeout" not in kwargs:
+        return env_settings()["timeout"]
+    value = _number("reward.custom_reward_function.reward_kwargs.timeout", kwargs["timeout"], False, 0.0)
+    if value <= 0:
+        raise RewardConfigError(f"reward.custom_reward_function.reward_kwargs.timeout={kwargs['timeout']!r} must be > 0")
+    return value
 
 
 def _verl_rule_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: Any) -> float:
@@ -505,7 +555,9 @@ def compute_score(
             return _verl_rule_score(data_source, solution_str, ground_truth, extra_info)
         return score_answer(last_boxed_answer(solution_str), _ground_truths(ground_truth, extra_info),
                             _timeout_from(kwargs))
-    except Exception as exc:  # a reward must never take a training step down
+    except (RewardConfigError, WorkerError):
+        raise  # every score would be wrong: stop, naming the cause
+    except Exception as exc:  # an answer must never take a training step down
         _warn_once(f"error:{type(exc).__name__}", "recipe_apo.reward: %s: %s; scored 0", type(exc).__name__, exc)
         return 0.0
 

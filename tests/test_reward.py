@@ -270,21 +270,73 @@ def test_pathological_answer_in_a_thread_returns():
     assert not thread.is_alive() and result["score"] == 0.0
 
 
-def test_falls_back_to_checking_in_process_when_workers_cannot_start(monkeypatch, caplog):
+def test_workers_that_cannot_start_stop_scoring_instead_of_checking_unbounded_in_the_thread(monkeypatch):
+    starts = []
+
     class NoWorker:
-        def __init__(self):
+        def __init__(self, memory_mb):
+            starts.append(memory_mb)
             raise reward.WorkerError("reward worker did not start: simulated")
 
     monkeypatch.setattr(reward, "_Worker", NoWorker)
     monkeypatch.setattr(reward, "_POOL", None)
-    monkeypatch.setattr(reward, "_INLINE", False)
-    monkeypatch.setattr(reward, "_WARNED", set())
-    with caplog.at_level("WARNING", logger="recipe_apo.reward"):
-        assert compute_score("math500", boxed("0.5"), "\\frac{1}{2}") == 1.0
-        assert compute_score("math500", boxed("0.6"), "\\frac{1}{2}") == 0.0
-    assert reward._INLINE
-    assert "checking answers in this process" in caplog.text
+    for _ in range(2):
+        with pytest.raises(reward.WorkerError, match="simulated; math-verify cannot run with its time bound"):
+            compute_score("math500", boxed("0.5"), "\\frac{1}{2}")
+    assert len(starts) == 1  # a failed start is not retried on every call
+    # An exact match needs no worker.
+    assert compute_score("math500", boxed("1/2"), "1/2") == 1.0
+    monkeypatch.setattr(reward, "_POOL", None)
+
+
+@pytest.mark.parametrize("name, value", [
+    ("RECIPE_APO_REWARD_WORKERS", "abc"), ("RECIPE_APO_REWARD_WORKERS", "0"), ("RECIPE_APO_REWARD_WORKERS", "2.5"),
+    ("RECIPE_APO_REWARD_MEMORY_MB", "abc"), ("RECIPE_APO_REWARD_MEMORY_MB", "-1"),
+    ("RECIPE_APO_REWARD_TIMEOUT", "abc"), ("RECIPE_APO_REWARD_TIMEOUT", "0"), ("RECIPE_APO_REWARD_TIMEOUT", "nan"),
+])
+def test_a_bad_environment_value_is_an_error_naming_the_variable(monkeypatch, name, value):
+    monkeypatch.setenv(name, value)
+    monkeypatch.setattr(reward, "_POOL", None)
+    with pytest.raises(reward.RewardConfigError) as info:
+        compute_score("math500", boxed("0.5"), "\\frac{1}{2}")
+    assert str(info.value).startswith(f"{name}={value!r} must be") and "\n" not in str(info.value)
+    monkeypatch.setattr(reward, "_POOL", None)
+
+
+def test_a_bad_environment_value_stops_the_reward_when_verl_loads_it():
+    env = {**os.environ, "RECIPE_APO_REWARD_MEMORY_MB": "lots"}
+    result = subprocess.run([sys.executable, "-c", "import recipe_apo.reward"], capture_output=True, text=True,
+                            env=env, timeout=120)
+    assert result.returncode != 0
+    assert "RewardConfigError: RECIPE_APO_REWARD_MEMORY_MB='lots' must be an integer >= 0" in result.stderr
+
+
+@pytest.mark.parametrize("timeout", ["soon", 0, -1, float("inf")])
+def test_a_bad_timeout_in_reward_kwargs_is_an_error_naming_it(timeout):
+    with pytest.raises(reward.RewardConfigError, match="reward_kwargs.timeout"):
+        compute_score("math500", boxed("0.5"), "\\frac{1}{2}", timeout=timeout)
+
+
+def test_under_load_no_check_outlasts_the_timeout_and_benign_answers_still_score(monkeypatch):
+    """Ten threads, two workers, hostile answers among benign ones: each answer's check (what ``timeout``
+    bounds) ends within it; calls wait for a free worker in turn; the benign answers keep their right scores."""
+    monkeypatch.setenv("RECIPE_APO_REWARD_WORKERS", "2")
+    monkeypatch.setattr(reward, "_POOL", None)
+    timeout = 2.0
+    hostile = [("1", boxed("9^{9^{9}}"), 0.0), ("1", boxed("10^{10^{10}}"), 0.0), ("1", boxed("(10^8)!"), 0.0)] * 2
+    benign = [(gt, boxed(answer), expected) for gt, answer, expected in ANSWER_FORMATS]
+    cases = hostile + benign
+    reward._pool().score(["1"], "1", timeout)  # start-up is not what is measured
+    started = time.monotonic()
+    with ThreadPoolExecutor(max_workers=10) as executor:
+        scores = list(executor.map(lambda c: compute_score("math500", c[1], c[0], timeout=timeout), cases))
+    elapsed = time.monotonic() - started
+    assert scores == [expected for _, _, expected in cases]
+    assert reward._pool().longest_check_s <= timeout + 0.5
+    # Six hostile answers on two workers: at most three in turn, each ended at the timeout.
+    assert elapsed <= 3 * timeout + 10
     reward.shutdown()
+    monkeypatch.setattr(reward, "_POOL", None)
 
 
 def test_errors_inside_score_to_zero(monkeypatch):
