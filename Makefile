@@ -36,6 +36,7 @@ rehearse: $(STAMP)
 bench: $(STAMP)
 	$(PY) scripts/bench_estimator.py
 	$(PY) scripts/bench_loss.py
+	$(PY) scripts/bench_reward.py
 	$(PY) scripts/bench_e2e.py
 
 clean:
