@@ -172,6 +172,13 @@ def driver_anchors(init: Optional[float] = None, history: int = 20) -> AnchorBoo
     return _driver_book
 
 
+def install_driver_anchors(book: AnchorBook) -> AnchorBook:
+    """Make ``book`` the driver process's anchors (a restored checkpoint's)."""
+    global _driver_book
+    _driver_book = book
+    return book
+
+
 def get_driver_anchor(init: Optional[float] = None, history: int = 20) -> CapabilityAnchor:
     """The driver's global-scope anchor."""
     return driver_anchors(init, history).anchor(GLOBAL_SCOPE)

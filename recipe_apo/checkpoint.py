@@ -22,7 +22,7 @@ from typing import Any, Optional
 
 from verl.trainer.ppo.checkpoint_callback import CheckpointCallback
 
-from recipe_apo.anchor import GLOBAL_SCOPE, AnchorBook, driver_anchors, reset_driver_anchor
+from recipe_apo.anchor import GLOBAL_SCOPE, AnchorBook, driver_anchors, install_driver_anchors, reset_driver_anchor
 from recipe_apo.settings import ApoSettings
 
 logger = logging.getLogger("recipe_apo")
@@ -73,14 +73,16 @@ class AnchorStateError(ValueError):
     """A resume cannot restore the APO anchor; the message names the file, the cause and the override."""
 
 
-def _read_state(path: str, settings: ApoSettings) -> dict:
-    """The state in ``path``, checked against this run's settings; raises with the cause in one line."""
+def _read_state(path: str, settings: ApoSettings) -> tuple[dict, AnchorBook]:
+    """The state in ``path`` and the anchors it holds, checked against this run's settings; raises with the
+    cause in one line."""
     if not os.path.exists(path):
         raise AnchorStateError("it is missing")
+    book = AnchorBook(init=settings.anchor_init, history=settings.history)
     try:
         with open(path) as handle:
             state = json.load(handle)
-        AnchorBook(history=settings.history).load_state_dict(state)
+        book.load_state_dict(state)
     except (OSError, ValueError, TypeError, RecursionError, OverflowError) as exc:
         # RecursionError: deeply nested JSON; OverflowError: numbers too large for what they stand for.
         raise AnchorStateError(f"it cannot be read ({type(exc).__name__}: {exc})") from None
@@ -88,7 +90,7 @@ def _read_state(path: str, settings: ApoSettings) -> dict:
     if scopes and (scopes == [GLOBAL_SCOPE]) != (settings.anchor_scope == "global"):
         held = "one global anchor" if scopes == [GLOBAL_SCOPE] else f"anchors per data source ({', '.join(scopes)})"
         raise AnchorStateError(f"it holds {held} but this run has algorithm.apo.anchor_scope={settings.anchor_scope}")
-    return state
+    return state, book
 
 
 def load_anchor_state(checkpoint_dir: str, settings: Optional[ApoSettings] = None) -> bool:
@@ -101,7 +103,7 @@ def load_anchor_state(checkpoint_dir: str, settings: Optional[ApoSettings] = Non
     settings = settings or ApoSettings()
     path = os.path.join(checkpoint_dir, STATE_FILE)
     try:
-        state = _read_state(path, settings)
+        state, book = _read_state(path, settings)
     except AnchorStateError as exc:
         if settings.on_missing_state != "fresh":
             raise AnchorStateError(
@@ -114,9 +116,7 @@ def load_anchor_state(checkpoint_dir: str, settings: Optional[ApoSettings] = Non
         logger.warning("recipe-apo: %s: %s; the APO anchor restarts fresh (algorithm.apo.on_missing_state=fresh, "
                        "anchor_init=%s)", path, exc, start)
         return False
-    reset_driver_anchor()
-    book = driver_anchors(init=settings.anchor_init, history=settings.history)
-    book.load_state_dict(state)
+    install_driver_anchors(book)
     folder_step = os.path.basename(os.path.normpath(checkpoint_dir)).rpartition("global_step_")[2]
     if folder_step.isdigit() and state.get("global_step") != int(folder_step):
         logger.warning("recipe-apo: %s says step %s but sits in %s; restored it anyway", path,

@@ -114,7 +114,10 @@ def test_the_rehearsal_config_passes_its_checks_and_the_recipes():
     check_rehearsal_config(config)
     validate_recipe_config(config, rehearsal=True)
     env = config.ray_kwargs.ray_init.runtime_env.env_vars
-    assert env.VERL_USE_EXTERNAL_MODULES == "recipe_apo.cpu.activate" and env.VERL_PLATFORM == "cpu"
+    # Every Ray worker gets what activate sets in the driver: the two lists must not drift apart.
+    from recipe_apo.cpu.activate import ENV
+
+    assert {key: env[key] for key in ENV} == ENV
 
 
 @pytest.mark.parametrize("override, key", [

@@ -4,17 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from omegaconf import OmegaConf
+
 from recipe_apo.validation import REHEARSAL_ROLLOUT as ROLLOUT_NAME
 from recipe_apo.validation import RecipeConfigError
 
 
 def _get(config: Any, dotted: str, default=None):
-    node = config
-    for part in dotted.split("."):
-        if node is None or not hasattr(node, "get"):
-            return default
-        node = node.get(part, None)
-    return default if node is None else node
+    value = OmegaConf.select(config, dotted, default=None)
+    return default if value is None else value
 
 
 def check_rehearsal_config(config: Any) -> None:

@@ -14,7 +14,6 @@ computes for the same token, so ``rollout_log_probs`` and the actor's old log-pr
 from __future__ import annotations
 
 import asyncio
-import logging
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -22,7 +21,6 @@ import torch
 
 from recipe_apo.validation import RecipeConfigError
 
-logger = logging.getLogger("recipe_apo")
 
 # Keys of verl's sampling_params this server honours; anything else is refused, not ignored.
 SAMPLING_KEYS = frozenset(
@@ -171,7 +169,6 @@ class HFGenerationServer:
         self._pending: list[_Request] = []
         self._arrived: Optional[asyncio.Event] = None
         self._worker: Optional[asyncio.Task] = None
-        self._paused = False
 
     # ---- generation -------------------------------------------------------------------------------------
     async def generate(self, prompt_ids: list[int], sampling_params: dict[str, Any], request_id: str,

@@ -9,7 +9,6 @@ from __future__ import annotations
 import functools
 import importlib.abc
 import importlib.util
-import os
 import sys
 
 # verl picks the FSDP training engine by device, and registers it for cuda and npu only; the engine itself is
@@ -119,13 +118,7 @@ def quick_replay_poll() -> None:
     when_imported("verl.trainer.ppo.v1.replay_buffer", _quick_poll)
 
 
-def engine_device() -> None:
-    for key, value in ENGINE_DEVICE_ENV.items():
-        os.environ.setdefault(key, value)
-
-
 def apply_all() -> None:
     gloo_process_group()
     unpinned_cpu_offload()
-    engine_device()
     quick_replay_poll()
