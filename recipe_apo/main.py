@@ -12,55 +12,14 @@ its own experiment name, checkpoint folder and logs.
 
 from __future__ import annotations
 
-import hashlib
-import re
 import sys
-from typing import Any, Iterable
+from typing import Any
 
 import hydra
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from recipe_apo.validation import RecipeConfigError, validate_recipe_config
-
-# Overrides that say where things are or how they are logged, not what is trained: left out of the name.
-_LOCATION_KEYS = ("method", "dry_run", "data.train_files", "data.val_files", "trainer.", "ray_kwargs.", "hydra.",
-                  "actor_rollout_ref.rollout.name")
-_MODEL_PATH = "actor_rollout_ref.model.path"
-# Shortened in the name; ordered first, so that a truncated name still shows what a sweep varies.
-_PREFIXES = (("algorithm.", ""), ("actor_rollout_ref.actor.", "actor."), ("actor_rollout_ref.", ""), ("data.", "data."))
-_MAX_NAME_LEN = 96
-
-
-def _short(key: str) -> tuple[int, str]:
-    for rank, (prefix, short) in enumerate(_PREFIXES):
-        if key.startswith(prefix):
-            return rank, short + key[len(prefix):]
-    return len(_PREFIXES), key
-
-
-def experiment_name(method: str, task_overrides: Iterable[str]) -> str:
-    """``<method>`` and every training override of the command line, e.g. ``apo-apo.eta=0.5-rollout.n=8``.
-
-    The model counts by its folder or hub name (``model=Qwen2.5-Math-1.5B``); data files, ``trainer.*`` and
-    Hydra keys do not. Deterministic, so rerunning a command resumes its own checkpoints (verl's
-    ``resume_mode=auto``); distinct whenever two runs train differently, so no run resumes another's. Names
-    longer than 96 characters end in a hash of the whole list.
-    """
-    kept = []
-    for item in task_overrides:
-        item = item.lstrip("+~")
-        key, _, value = item.partition("=")
-        if key == _MODEL_PATH:
-            kept.append((-1, f"model={value.rstrip('/').rsplit('/', 1)[-1]}"))
-        elif not key.startswith(_LOCATION_KEYS):
-            rank, short = _short(key)
-            kept.append((rank, f"{short}={value}"))
-    parts = [method, *(text for _, text in sorted(kept))]
-    name = re.sub(r"[^A-Za-z0-9_.=,+-]", "_", "-".join(parts))
-    if len(name) > _MAX_NAME_LEN:
-        digest = hashlib.sha1(name.encode()).hexdigest()[:10]
-        name = f"{name[: _MAX_NAME_LEN - 11]}-{digest}"
-    return name
+from recipe_apo.naming import experiment_name
+from recipe_apo.validation import RecipeConfigError, config_warnings, validate_recipe_config
 
 
 def name_the_run(config: DictConfig) -> None:
@@ -71,8 +30,14 @@ def name_the_run(config: DictConfig) -> None:
         return
     hydra_config = HydraConfig.get()
     method = hydra_config.runtime.choices.get("method") or str(config.algorithm.adv_estimator)
+    run_name = config.get("run_name") or {}
+    script_overrides = run_name.get("script_overrides", 0)
+    if not isinstance(script_overrides, int) or isinstance(script_overrides, bool):
+        raise RecipeConfigError(f"run_name.script_overrides={script_overrides!r}: must be a whole number")
     with open_dict(config):
-        config.trainer.experiment_name = experiment_name(method, hydra_config.overrides.task)
+        config.trainer.experiment_name = experiment_name(
+            method, list(hydra_config.overrides.task), prefix=run_name.get("prefix"), script_overrides=script_overrides
+        )
 
 
 def rehearsal_choice() -> str | None:
@@ -92,6 +57,8 @@ def prepare(config: DictConfig, rehearsal: str | None = None) -> DictConfig:
 
         check_rehearsal_config(config)
     validate_recipe_config(config, rehearsal=on_cpu)
+    for warning in config_warnings(config):
+        print(f"recipe-apo: warning: {warning}", file=sys.stderr)
     return config
 
 
@@ -108,6 +75,8 @@ def describe(config: DictConfig, rehearsal: str | None = None) -> str:
         f"checkpoints: {trainer.default_local_dir}",
         f"hydra output: {HydraConfig.get().runtime.output_dir}",
         f"loggers: {', '.join(trainer.logger) if not isinstance(trainer.logger, str) else trainer.logger}",
+        *([f"rollouts: {trainer.rollout_data_dir}"] if trainer.get("rollout_data_dir") else []),
+        *([f"validation generations: {trainer.validation_data_dir}"] if trainer.get("validation_data_dir") else []),
         *([f"rehearsal: {rehearsal} (rollout {config.actor_rollout_ref.rollout.name})"] if rehearsal else []),
     ])
 

@@ -145,3 +145,17 @@ def validate_recipe_config(config: Any, rehearsal: bool = False) -> None:
             f"actor_rollout_ref.rollout.n={rollout_n}: algorithm.adv_estimator={estimator} compares the responses "
             "of a prompt with each other and needs at least 2 per prompt"
         )
+
+
+def config_warnings(config: Any) -> list[str]:
+    """Settings that run but probably skew a comparison of methods; one line each, printed before Ray starts."""
+    warnings = []
+    actor = config.actor_rollout_ref.actor
+    prompts, per_update = config.data.get("train_batch_size"), actor.get("ppo_mini_batch_size")
+    if _positive_number(prompts) and _positive_number(per_update) and prompts > per_update and not actor.get("shuffle"):
+        warnings.append(
+            f"{prompts // per_update} mini-batches per step with actor_rollout_ref.actor.shuffle=false: verl keeps "
+            "a step's responses in the order they finished (short first) and cuts mini-batches in sequence, so "
+            "later updates get the longer responses; set actor_rollout_ref.actor.shuffle=true (the scripts do)"
+        )
+    return warnings

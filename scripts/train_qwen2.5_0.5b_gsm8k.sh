@@ -9,9 +9,13 @@
 # Data: `python scripts/prepare_data.py --splits gsm8k --out-dir "$DATA_DIR"` first (the Qwen-Math prompt,
 # boxed answers). verl's own GSM8K parquet files work too (data.train_files=... data.val_files=...): the
 # reward scores their `openai/gsm8k` rows with verl's "#### answer" rule.
-# Environment: DATA_DIR (~/data/recipe_apo), MODEL (Qwen/Qwen2.5-0.5B-Instruct), PYTHON (python),
-# EXPERIMENT_NAME (qwen2.5-0.5b-gsm8k-<method>[-<hash of your overrides>]).
-# RECIPE_APO_DRY_RUN=1 prints the composed config (`--cfg job`) and starts nothing; =args prints the command.
+# Environment: DATA_DIR (~/data/recipe_apo), MODEL (Qwen/Qwen2.5-0.5B-Instruct),
+# PYTHON (python), LOGGERS (console,file: verl's trainer.logger, e.g. console,wandb), EXPERIMENT_NAME (default:
+# qwen2.5-0.5b-gsm8k-<method>[-<your overrides>]-<hash of the script's settings>, made by recipe_apo/naming.py).
+# RECIPE_APO_DRY_RUN=1 names and validates the run and prints where it writes, starting nothing (=cfg prints
+# the composed config with Hydra's --cfg job; =args prints the command).
+# Every run records its rollouts and validation generations under its checkpoint folder (see README,
+# "Reproducing the paper").
 #
 # [paper] marks settings kept from section 5.1 (the group size, the update structure, L0 = the response cap);
 # the sizes are scaled to one GPU and GSM8K's short solutions.
@@ -22,8 +26,6 @@ recipe_parse_method "$@"
 
 DATA_DIR="${DATA_DIR:-$HOME/data/recipe_apo}"
 MODEL="${MODEL:-Qwen/Qwen2.5-0.5B-Instruct}"
-
-recipe_experiment_name qwen2.5-0.5b-gsm8k
 
 args=(
     # --- data ---------------------------------------------------------------------------------------------------
@@ -52,6 +54,7 @@ args=(
     # 64 rollouts per update and 512 / 64 = 8 updates per round.
     actor_rollout_ref.actor.ppo_mini_batch_size=8
     actor_rollout_ref.actor.ppo_epochs=1
+    actor_rollout_ref.actor.shuffle=true  # mini-batches of mixed lengths (see train_qwen2.5_math.sh)
     actor_rollout_ref.actor.optim.lr=1e-6
     actor_rollout_ref.actor.optim.lr_scheduler_type=constant
     actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.0
@@ -67,6 +70,7 @@ args=(
     # --- reward -------------------------------------------------------------------------------------------------
     reward.custom_reward_function.path=pkg://recipe_apo.reward
     reward.custom_reward_function.name=compute_score
+    truncation=zero  # a response the length cap cut off scores 0, as in Dr. GRPO
 
     # --- schedule -----------------------------------------------------------------------------------------------
     trainer.n_gpus_per_node=1
@@ -78,4 +82,4 @@ args=(
     trainer.max_actor_ckpt_to_keep=1
 )
 
-recipe_launch "${args[@]}"
+recipe_launch qwen2.5-0.5b-gsm8k "${args[@]}"

@@ -12,8 +12,12 @@
 # Every further argument is a Hydra override of `python -m recipe_apo.main` and wins over the values below.
 # Data: `python scripts/prepare_data.py --out-dir "$DATA_DIR"` first.
 # Environment: DATA_DIR (~/data/recipe_apo), MODEL (Qwen/Qwen2.5-Math-1.5B or -7B), NGPUS (8), NNODES (1),
-# PYTHON (python), EXPERIMENT_NAME (qwen2.5-math-<size>-<method>[-<hash of your overrides>]).
-# RECIPE_APO_DRY_RUN=1 prints the composed config (`--cfg job`) and starts nothing; =args prints the command.
+# PYTHON (python), LOGGERS (console,file: verl's trainer.logger, e.g. console,wandb), EXPERIMENT_NAME (default:
+# qwen2.5-math-<size>-<method>[-<your overrides>]-<hash of the script's settings>, made by recipe_apo/naming.py).
+# RECIPE_APO_DRY_RUN=1 names and validates the run and prints where it writes, starting nothing (=cfg prints
+# the composed config with Hydra's --cfg job; =args prints the command).
+# Every run records its rollouts and validation generations under its checkpoint folder (see README,
+# "Reproducing the paper").
 #
 # Settings marked [paper] are section 5.1's; [Dr. GRPO] are from Dr. GRPO's own script for the size
 # (sail-sg/understand-r1-zero, examples/qwen2.5-math-1.5b.sh and -7b.sh), whose setup the paper says it follows;
@@ -37,8 +41,6 @@ DATA_DIR="${DATA_DIR:-$HOME/data/recipe_apo}"
 MODEL="${MODEL:-$default_model}"
 NGPUS="${NGPUS:-8}"
 NNODES="${NNODES:-1}"
-
-recipe_experiment_name "qwen2.5-math-$size"
 
 args=(
     # --- data ---------------------------------------------------------------------------------------------------
@@ -71,6 +73,11 @@ args=(
     # round with ppo_epochs=1.
     actor_rollout_ref.actor.ppo_mini_batch_size=16
     actor_rollout_ref.actor.ppo_epochs=1
+    # Shuffled before they are cut into mini-batches: verl stores a step's responses in the order they finish
+    # (short ones first) and cuts mini-batches in sequence, so unshuffled the 8th, most off-policy update would
+    # always get the longest and truncated responses: a length effect in a study of length bias. [Dr. GRPO]
+    # Oat shuffles every epoch.
+    actor_rollout_ref.actor.shuffle=true
     actor_rollout_ref.actor.optim.lr=1e-6                     # [Dr. GRPO] learning_rate 1e-6
     actor_rollout_ref.actor.optim.lr_scheduler_type=constant  # [Dr. GRPO] lr_scheduler constant
     actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.0
@@ -89,6 +96,8 @@ args=(
     # 1 when the last \boxed{} answer equals the ground truth (math-verify), else 0: recipe_apo/reward.py.
     reward.custom_reward_function.path=pkg://recipe_apo.reward
     reward.custom_reward_function.name=compute_score
+    # [Dr. GRPO] a response the 3,000-token cap cut off scores 0 (recipe_apo/reward_manager.py)
+    truncation=zero
 
     # --- schedule -----------------------------------------------------------------------------------------------
     trainer.n_gpus_per_node="$NGPUS"
@@ -102,4 +111,4 @@ args=(
     trainer.max_actor_ckpt_to_keep=2
 )
 
-recipe_launch "${args[@]}"
+recipe_launch "qwen2.5-math-$size" "${args[@]}"

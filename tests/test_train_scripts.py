@@ -100,6 +100,19 @@ def check_method(config, method, l0):
         assert actor.clip_ratio_low == actor.clip_ratio_high == 0.2
 
 
+def check_recording_and_fairness(config):
+    from recipe_apo.validation import config_warnings
+
+    actor, trainer = config.actor_rollout_ref.actor, config.trainer
+    assert actor.shuffle is True and config_warnings(config) == []  # mini-batches of mixed lengths
+    manager = config.reward.reward_manager  # truncated responses score 0 (Dr. GRPO)
+    assert (manager.source, manager.name, manager.module.path) == (
+        "importlib", "TruncationAwareRewardManager", "pkg://recipe_apo.reward_manager")
+    assert trainer.rollout_data_dir == f"{trainer.default_local_dir}/rollouts"
+    assert trainer.validation_data_dir == f"{trainer.default_local_dir}/validation"
+    assert list(trainer.logger) == ["console", "file"]
+
+
 @pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("size", ["1.5b", "7b"])
 def test_paper_runs_map_section_5_1(compose, size, method):
@@ -123,7 +136,8 @@ def test_paper_runs_map_section_5_1(compose, size, method):
     assert config.reward.custom_reward_function.path == "pkg://recipe_apo.reward"
     assert config.reward.custom_reward_function.name == "compute_score"
     assert config.trainer.n_gpus_per_node == 8 and config.trainer.test_freq == 16
-    assert config.trainer.experiment_name == f"qwen2.5-math-{size}-{method}"
+    assert config.run_name.prefix == f"qwen2.5-math-{size}"  # the run's name: see test_run_names_*
+    check_recording_and_fairness(config)
     check_method(config, method, l0=3000)
 
 
@@ -137,6 +151,7 @@ def test_small_gsm8k_run(compose, method):
     assert config.actor_rollout_ref.model.path == "Qwen/Qwen2.5-0.5B-Instruct"
     assert config.data.train_files == "/data/apo/gsm8k_train.parquet"
     assert config.data.val_files == "/data/apo/gsm8k_test.parquet"
+    check_recording_and_fairness(config)
     check_method(config, method, l0=config.data.max_response_length)
 
 
@@ -161,18 +176,65 @@ def test_further_overrides_pass_through_and_win(compose):
     assert config.algorithm.apo.eta == 0.5
 
 
-def test_run_names_separate_settings_not_plumbing():
-    def name(*args):
-        return [a for a in overrides_of(SCRIPTS["1.5b"], *args) if a.startswith("trainer.experiment_name=")][-1]
+def dry_run_names(script, *args, env=None):
+    """The experiment names recipe_apo.main gives the script's run(s), from its dry run (no Ray)."""
+    result = script_command(script, *args, env=env, dry_run="1")
+    assert result.returncode == 0, result.stderr[-2000:]
+    return [line.split("/", 1)[1] for line in result.stdout.splitlines() if line.startswith("experiment: ")]
 
-    base = name("method=apo")
-    assert base == "trainer.experiment_name=qwen2.5-math-1.5b-apo"
-    assert name("method=apo", "trainer.logger=[console,wandb]", "data.val_files=[x]") == base
-    tuned = name("method=apo", "algorithm.apo.eta=0.5")
-    assert tuned.startswith(base + "-") and tuned != base
-    assert name("algorithm.apo.eta=0.5", "method=apo") == tuned  # deterministic: a rerun resumes
-    assert name("method=apo", "algorithm.apo.eta=0.7") != tuned
+
+def test_run_names_change_with_data_model_and_method_in_the_dry_run():
+    # The bug this guards against: runs differing in data settings or the model shared a name, so
+    # resume_mode=auto let the real run resume the smoke test's checkpoint.
+    script = SCRIPTS["1.5b"]
+    (base,) = dry_run_names(script)
+    assert base.startswith("qwen2.5-math-1.5b-apo-")
+    variants = {
+        "response cap": dry_run_names(script, "data.max_response_length=2048"),
+        "batch": dry_run_names(script, "data.train_batch_size=64"),
+        "model (environment)": dry_run_names(script, env={"MODEL": "/models/Qwen2.5-Math-1.5B-Instruct"}),
+        "method": dry_run_names(script, "method=grpo"),
+    }
+    names = [base] + [name for found in variants.values() for name in found]
+    assert len(names) == 5 and len(set(names)) == 5, variants
+    assert variants["response cap"][0].startswith("qwen2.5-math-1.5b-apo-data.max_response_length=2048-")
+    # A multirun sweep through the script: one name per job.
+    swept = dry_run_names(script, "-m", "algorithm.apo.eta=0.1,0.5")
+    assert len(swept) == 2 and len(set(swept) | {base}) == 3
+
+
+def name_from_args(args):
+    """What recipe_apo.main names a run launched with these overrides (the same function it calls)."""
+    from recipe_apo.naming import experiment_name
+
+    settings = dict(arg.split("=", 1) for arg in args if arg.startswith("run_name."))
+    method = [arg for arg in args if arg.startswith("method=")][-1].split("=", 1)[1]
+    return experiment_name(method, args, prefix=settings["run_name.prefix"],
+                           script_overrides=int(settings["run_name.script_overrides"]))
+
+
+def test_run_names_separate_settings_not_plumbing():
+    def name(*args, env=None):
+        return name_from_args(overrides_of(SCRIPTS["1.5b"], *args, env=env))
+
+    base = name()
+    assert name("method=apo") == base  # the default method, said or not
+    # where things are and how they are logged do not change the run
+    assert name("trainer.logger=[console,wandb]", "data.val_files=[x]", "trainer.total_training_steps=5") == base
+    assert name(env={"DATA_DIR": "/elsewhere"}) == base
+    # an override equal to the script's own value is the same run
+    assert name("data.train_batch_size=128") == base
+    # what is trained does
+    distinct = {base, name("data.train_files=/data/apo/gsm8k_train.parquet"),
+                name("actor_rollout_ref.model.path=Qwen/Qwen2.5-Math-7B"), name("algorithm.apo.eta=0.5"),
+                name("actor_rollout_ref.actor.optim.lr=2e-6"), name("data.max_prompt_length=512")}
+    assert len(distinct) == 6
+    tuned = name("algorithm.apo.eta=0.5", "actor_rollout_ref.actor.optim.lr=2e-6")
+    assert tuned == name("actor_rollout_ref.actor.optim.lr=2e-6", "algorithm.apo.eta=0.5")  # a rerun resumes
+    assert tuned.startswith("qwen2.5-math-1.5b-apo-apo.eta=0.5-actor.optim.lr=2e-6-")
     assert "trainer.experiment_name=mine" in overrides_of(SCRIPTS["1.5b"], env={"EXPERIMENT_NAME": "mine"})
+    # the 7B script is another run even with the same overrides
+    assert name_from_args(overrides_of(SCRIPTS["7b"])) != base
 
 
 def test_scripts_are_executable_bash():
@@ -187,14 +249,14 @@ def test_scripts_are_executable_bash():
 
 def test_dry_run_prints_the_composed_config_end_to_end():
     # The real entry point, as a user runs it: python -m recipe_apo.main ... --cfg job (no Ray, no GPU).
-    result = script_command(SCRIPTS["1.5b"], "method=drgrpo", dry_run="1")
+    result = script_command(SCRIPTS["1.5b"], "method=drgrpo", dry_run="cfg")
     assert result.returncode == 0, result.stderr[-2000:]
     config = OmegaConf.create(yaml.safe_load(result.stdout))
     assert config.algorithm.adv_estimator == "grpo" and config.algorithm.norm_adv_by_std_in_grpo is False
     assert config.actor_rollout_ref.rollout.n == 8
     assert config.actor_rollout_ref.actor.loss_scale_factor == 3000  # ${data.max_response_length}
     assert config.actor_rollout_ref.actor.ppo_mini_batch_size == 16
-    assert config.trainer.experiment_name == "qwen2.5-math-1.5b-drgrpo"
+    assert config.run_name.prefix == "qwen2.5-math-1.5b" and config.actor_rollout_ref.actor.shuffle is True
 
 
 # ----------------------------------------------------------------------------------------------------------------

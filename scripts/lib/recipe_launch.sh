@@ -1,10 +1,11 @@
-# Sourced by scripts/train_*.sh, which differ only in their overrides: the method switch, the run name and the
-# dry run behave the same in every run. Call in order:
+# Sourced by scripts/train_*.sh, which differ only in their overrides: the method switch, the run name, what is
+# recorded and the dry run behave the same in every run. Call in order:
 #
 #   recipe_parse_method "$@"            # METHOD (method=<m> anywhere on the line, else $METHOD, else apo);
-#                                       # the other arguments in `passthrough`
-#   recipe_experiment_name <prefix>     # EXPERIMENT_NAME, unless the caller set it
-#   recipe_launch <the script's overrides...>  # runs (or prints) recipe_apo.main with METHOD and EXPERIMENT_NAME
+#                                       # Hydra's flags in `hydra_flags`, the overrides in `passthrough`
+#   recipe_launch <prefix> <the script's overrides...>
+#                                       # runs (or prints) recipe_apo.main with METHOD, the script's overrides,
+#                                       # RECORDING and then the user's
 #
 # Arrays are expanded as ${a[@]+"${a[@]}"}: under `set -u`, bash before 4.4 (macOS ships 3.2) takes an empty
 # "${a[@]}" for an unset variable.
@@ -12,10 +13,20 @@
 recipe_parse_method() {
     METHOD="${METHOD:-apo}"
     passthrough=()
-    local arg
+    hydra_flags=()
+    local arg takes_value=0
     for arg in "$@"; do
+        if ((takes_value)); then
+            hydra_flags+=("$arg")
+            takes_value=0
+            continue
+        fi
         case "$arg" in
             method=*) METHOD="${arg#method=}" ;;
+            # Hydra's flags (-m, --cfg job, ...) go before every override: its parser takes no flag between them.
+            -c | --cfg | -p | --package | -cp | --config-path | -cn | --config-name | -cd | --config-dir | \
+                --experimental-rerun) hydra_flags+=("$arg"); takes_value=1 ;;
+            -*) hydra_flags+=("$arg") ;;
             *) passthrough+=("$arg") ;;
         esac
     done
@@ -25,36 +36,47 @@ recipe_parse_method() {
     esac
 }
 
-# One run folder per method and set of training overrides, so that rerunning a command resumes its own run
-# (verl's resume_mode=auto) and a changed setting never resumes another run's checkpoints.
-recipe_experiment_name() {
-    local arg suffix=""
-    local name_args=()
-    for arg in ${passthrough[@]+"${passthrough[@]}"}; do
-        case "${arg#[+~]}" in
-            trainer.* | data.* | ray_kwargs.* | hydra.* | actor_rollout_ref.model.* | -*) ;;
-            *) name_args+=("$arg") ;;
-        esac
-    done
-    if ((${#name_args[@]})); then
-        # sorted: the same overrides in another order are the same run
-        suffix="-$(printf '%s\n' "${name_args[@]}" | LC_ALL=C sort | cksum | cut -d' ' -f1)"
-    fi
-    EXPERIMENT_NAME="${EXPERIMENT_NAME:-$1-${METHOD}${suffix}}"
+# What every paper run records, under its own checkpoint folder (checkpoints/<project>/<experiment>/): every
+# step's rollouts (one JSONL per step: what the bias audit reads) and every validation's generations (the
+# final one is the paper's table), plus the loggers named in LOGGERS (verl's trainer.logger; default
+# console,file: a JSONL of metrics per run under ./<project>/).
+recipe_recording() {
+    RECORDING=(
+        'trainer.rollout_data_dir=${trainer.default_local_dir}/rollouts'
+        'trainer.validation_data_dir=${trainer.default_local_dir}/validation'
+        "trainer.logger=[${LOGGERS:-console,file}]"
+    )
 }
 
+# The run's name is made by recipe_apo.main (recipe_apo/naming.py), from the prefix, the method and every
+# override that changes what is trained: the script's own (the first run_name.script_overrides, which count
+# through a hash) and the user's (spelled out). So a rerun resumes its own run (verl's resume_mode=auto) and a
+# changed setting, model or dataset never resumes another run's checkpoints. EXPERIMENT_NAME sets it instead.
 # The user's overrides go last, so that they win over the script's (Hydra keeps the last value of a key).
 recipe_launch() {
-    local command=(
-        "${PYTHON:-python}" -m recipe_apo.main
+    local prefix="$1"
+    shift
+    recipe_recording
+    local settings=(
         method="$METHOD"  # conf/method/<method>.yaml: estimator, loss, aggregation (L0), clip or soft gate
         "$@"
-        trainer.experiment_name="$EXPERIMENT_NAME"
-        ${passthrough[@]+"${passthrough[@]}"}
+        "${RECORDING[@]}"
     )
+    local command=(
+        "${PYTHON:-python}" -m recipe_apo.main
+        ${hydra_flags[@]+"${hydra_flags[@]}"}
+        "${settings[@]}"
+        run_name.prefix="$prefix"
+        run_name.script_overrides="${#settings[@]}"
+    )
+    if [[ -n "${EXPERIMENT_NAME:-}" ]]; then
+        command+=(trainer.experiment_name="$EXPERIMENT_NAME")
+    fi
+    command+=(${passthrough[@]+"${passthrough[@]}"})
     case "${RECIPE_APO_DRY_RUN:-0}" in
         0 | "") exec "${command[@]}" ;;
         args) printf '%s\n' "${command[@]}" ;;
-        *) exec "${command[@]}" --cfg job ;;
+        cfg) exec "${command[@]}" --cfg job ;;
+        *) exec "${command[@]}" dry_run=true ;;
     esac
 }

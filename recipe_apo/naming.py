@@ -1,0 +1,104 @@
+"""How a run is named: ``trainer.experiment_name`` when the user has not set it.
+
+One rule for every entry point. ``python -m recipe_apo.main`` names a job from its Hydra overrides; the launch
+scripts in ``scripts/`` pass their settings as overrides too, ahead of the user's, and say how many with
+``run_name.script_overrides``, so the same rule names their runs.
+
+The name is the method and every override that changes what is trained, e.g. ``apo-apo.eta=0.5-rollout.n=8``:
+deterministic, so rerunning a command resumes its own checkpoints (verl's ``resume_mode=auto``), and distinct
+whenever two runs train differently, so no run resumes another's. What counts:
+
+- every override except where things are and how they are logged: ``trainer.*``, ``hydra.*``, ``ray_kwargs.*``,
+  ``data.val_files``, the rollout engine's name, the recipe's own switches (``method``, ``dry_run``,
+  ``run_name.*``);
+- the training data by its file names (``data.train_files``), not its folder, so moving the data keeps the name;
+- the model by its last path component (``model=Qwen2.5-Math-1.5B``).
+
+A script's own settings (the first ``run_name.script_overrides`` overrides) would spell out the whole script, so
+they count through a hash at the end of the name; the user's overrides are spelled out after
+``run_name.prefix`` and the method (``qwen2.5-math-1.5b-apo-data.max_response_length=2048-1f0c2d3e``). Names
+longer than 96 characters are cut and end in a hash of everything that counts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from typing import Iterable, Optional, Sequence
+
+from recipe_apo.validation import RecipeConfigError
+
+# Overrides that say where things are or how they are logged, not what is trained.
+LOCATION_KEYS = ("method", "dry_run", "run_name.", "data.val_files", "trainer.", "ray_kwargs.", "hydra.",
+                 "actor_rollout_ref.rollout.name")
+MODEL_PATH = "actor_rollout_ref.model.path"
+TRAIN_FILES = "data.train_files"
+# Shortened in the name; ordered first, so that a cut name still shows what a sweep varies.
+_PREFIXES = (("algorithm.", ""), ("actor_rollout_ref.actor.", "actor."), ("actor_rollout_ref.", ""), ("data.", "data."))
+MAX_NAME_LEN = 96
+_HASH_LEN = 8
+
+
+def _short(key: str) -> tuple[int, str]:
+    for rank, (prefix, short) in enumerate(_PREFIXES):
+        if key.startswith(prefix):
+            return rank, short + key[len(prefix):]
+    return len(_PREFIXES), key
+
+
+def _file_names(value: str) -> str:
+    names = [part.strip().strip("'\"").rstrip("/").rsplit("/", 1)[-1] for part in value.strip("[]").split(",")]
+    return ",".join(name for name in names if name)
+
+
+def training_item(override: str) -> Optional[tuple[str, int, str]]:
+    """``(key, rank, text in the name)`` of one override, or None when it does not change what is trained."""
+    key, _, value = override.lstrip("+~").partition("=")
+    if key == MODEL_PATH:
+        return key, -2, f"model={value.rstrip('/').rsplit('/', 1)[-1]}"
+    if key == TRAIN_FILES:
+        return key, -1, f"train_files={_file_names(value)}"
+    if key.startswith(LOCATION_KEYS):
+        return None
+    rank, short = _short(key)
+    return key, rank, f"{short}={value}"
+
+
+def _effective(overrides: Iterable[str]) -> dict[str, tuple[int, str]]:
+    """key -> (rank, text), the last value of each key winning, as Hydra applies overrides."""
+    items: dict[str, tuple[int, str]] = {}
+    for override in overrides:
+        item = training_item(override)
+        if item is not None:
+            items[item[0]] = item[1:]
+    return items
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha1(text.encode()).hexdigest()[:_HASH_LEN]
+
+
+def experiment_name(method: str, task_overrides: Sequence[str], prefix: Optional[str] = None,
+                    script_overrides: int = 0) -> str:
+    """The run's name from the method and the job's overrides (Hydra's ``overrides.task``, in command-line order).
+
+    ``script_overrides``: how many of the first overrides are a launch script's own settings (hashed, not
+    spelled out); ``prefix``: the name's first part (the scripts name their setup, e.g. ``qwen2.5-math-1.5b``).
+    """
+    overrides = list(task_overrides)
+    if not 0 <= script_overrides <= len(overrides):
+        raise RecipeConfigError(
+            f"run_name.script_overrides={script_overrides}: must count overrides on the command line (0 to "
+            f"{len(overrides)})"
+        )
+    script = _effective(overrides[:script_overrides])
+    everything = _effective(overrides)
+    # The user's overrides that change the script's setting (all of them without a script), spelled out.
+    spelled = {key: item for key, item in _effective(overrides[script_overrides:]).items() if script.get(key) != item}
+    parts = [part for part in (prefix, method) if part]
+    parts += [text for _, text in sorted(spelled.values())]
+    name = re.sub(r"[^A-Za-z0-9_.=,+-]", "_", "-".join(parts))
+    fingerprint = "\n".join([str(prefix), method, *(f"{key}={text}" for key, (_, text) in sorted(everything.items()))])
+    if script_overrides or len(name) > MAX_NAME_LEN:
+        name = f"{name[: MAX_NAME_LEN - _HASH_LEN - 1].rstrip('-')}-{_digest(fingerprint)}"
+    return name

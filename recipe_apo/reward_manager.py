@@ -1,0 +1,81 @@
+"""A verl reward manager that scores a truncated response 0, as Dr. GRPO does: ``truncation=zero``.
+
+verl hands a reward function the decoded text only, so the function cannot tell a response the length cap cut
+off from one that ended; a cut response that happens to hold the right answer keeps its reward, which changes
+the length incentive differently for each method. A reward manager sees the tokens. This one is verl's default
+manager (``naive``) with one rule on top:
+
+    a response whose valid length reaches the cap (``actor_rollout_ref.rollout.response_length``, which
+    follows ``data.max_response_length``) and whose last token is not an end token (the tokenizer's eos or one
+    of the model's ``generation_config`` eos ids, where vLLM stops) scores 0, whatever the function said.
+
+Every score carries two extras into verl's reward info (the rollout and validation dumps, and validation
+metrics): ``truncated`` (1.0 or 0.0) and ``score_before_truncation``.
+
+Select it with ``truncation=zero`` in the recipe (``conf/truncation/zero.yaml``; the paper scripts do), or in
+plain verl with::
+
+    reward.reward_manager.source=importlib reward.reward_manager.name=TruncationAwareRewardManager \\
+    reward.reward_manager.module.path=pkg://recipe_apo.reward_manager
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Optional
+
+import torch
+from verl import DataProto
+from verl.experimental.reward_loop.reward_manager.naive import NaiveRewardManager
+
+# The extras that hold the score itself (verl's naive manager writes ``acc``; dict rewards often ``score``).
+_SCORE_KEYS = ("acc", "score")
+
+
+def end_token_ids(tokenizer, model_path: Optional[str]) -> frozenset[int]:
+    """Where generation stops: the tokenizer's eos and the model's generation_config eos ids (as vLLM stops)."""
+    ids: set[int] = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    if model_path:
+        from transformers import GenerationConfig
+        from verl.utils.fs import copy_to_local
+
+        try:
+            eos = GenerationConfig.from_pretrained(copy_to_local(model_path)).eos_token_id
+        except OSError:  # a model without generation_config.json stops at the tokenizer's eos only
+            eos = None
+        ids.update(int(i) for i in (eos if isinstance(eos, (list, tuple)) else [eos]) if i is not None)
+    return frozenset(ids)
+
+
+def is_truncated(response_ids: torch.Tensor, response_mask: torch.Tensor, cap: int, end_ids: Iterable[int]) -> bool:
+    """A response of ``response_mask.sum()`` valid tokens reached ``cap`` without ending in an end token."""
+    length = int(response_mask.sum())
+    if length < cap:
+        return False
+    return int(response_ids[length - 1]) not in set(end_ids)
+
+
+class TruncationAwareRewardManager(NaiveRewardManager):
+    """verl's naive reward manager, scoring 0 what the length cap cut off (module docstring)."""
+
+    def __init__(self, config, tokenizer, compute_score, reward_router_address=None, reward_model_tokenizer=None):
+        super().__init__(config, tokenizer, compute_score, reward_router_address, reward_model_tokenizer)
+        self.response_cap = int(config.actor_rollout_ref.rollout.response_length)
+        self.end_ids = end_token_ids(tokenizer, config.actor_rollout_ref.model.get("path"))
+
+    async def run_single(self, data: DataProto) -> dict:
+        result = await super().run_single(data)
+        item = data[-1:][0]  # the naive manager scores the last sequence of a multi-sequence output
+        responses = item.batch["responses"]
+        mask = item.batch["attention_mask"][-responses.shape[-1]:]
+        truncated = is_truncated(responses, mask, self.response_cap, self.end_ids)
+        info = result["reward_extra_info"]
+        info["score_before_truncation"] = result["reward_score"]
+        info["truncated"] = 1.0 if truncated else 0.0
+        if truncated:
+            result["reward_score"] = 0.0
+            for key in _SCORE_KEYS:
+                if key in info:
+                    info[key] = 0.0
+        return result
