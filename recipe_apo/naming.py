@@ -22,6 +22,7 @@ longer than 96 characters are cut and end in a hash of everything that counts.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from typing import Iterable, Optional, Sequence
@@ -51,15 +52,34 @@ def _file_names(value: str) -> str:
     return ",".join(name for name in names if name)
 
 
+@functools.lru_cache(maxsize=1)
+def _parser():
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    return OverridesParser.create()
+
+
+def _key_and_value(override: str) -> tuple[str, Optional[str]]:
+    """The key without Hydra's ``+``/``~`` and the value as Hydra writes it back (``1e-6`` -> ``1e-06``), None
+    for a deletion (``~key``). In a multirun Hydra hands each job its overrides rewritten this way, so one
+    spelling serves both routes."""
+    parsed = _parser().parse_overrides([override])[0]
+    value = None if parsed.is_delete() else parsed.get_value_element_as_str()
+    return parsed.get_key_element().lstrip("+~"), value
+
+
 def training_item(override: str) -> Optional[tuple[str, int, str]]:
     """``(key, rank, text in the name)`` of one override, or None when it does not change what is trained."""
-    key, _, value = override.lstrip("+~").partition("=")
+    key, value = _key_and_value(override)
+    if key.startswith(LOCATION_KEYS):
+        return None
+    if value is None:
+        rank, short = _short(key)
+        return key, rank, f"{short}=deleted"
     if key == MODEL_PATH:
         return key, -2, f"model={value.rstrip('/').rsplit('/', 1)[-1]}"
     if key == TRAIN_FILES:
         return key, -1, f"train_files={_file_names(value)}"
-    if key.startswith(LOCATION_KEYS):
-        return None
     rank, short = _short(key)
     return key, rank, f"{short}={value}"
 

@@ -18,8 +18,9 @@ Three stages, each of which can run on its own:
    answers every prompt of ``<data-dir>/{aime24,amc,math500,minerva,olympiadbench}.parquet`` (made by
    ``scripts/prepare_data.py``: the Qwen-Math prompt) greedily, at most 3,000 tokens, like Dr. GRPO's
    evaluation and the training runs' validation. Output: ``<out-dir>/generations.parquet``.
-3. **score** (CPU): every response through ``recipe_apo.reward.compute_score``, the training reward; one JSON
-   line per problem in ``<out-dir>/scores.jsonl``; the table in ``<out-dir>/results.md`` and on stdout.
+3. **score** (CPU): every response through ``recipe_apo.reward.compute_score``, the training reward (or the
+   ``--reward-path``/``--reward-name`` function, in verl's custom-reward form); one JSON line per problem in
+   ``<out-dir>/scores.jsonl``; the table in ``<out-dir>/results.md`` and on stdout.
 
 pass@1 is the mean score per benchmark (over the ``--n`` samples of each problem; greedy: one); "Avg." is the
 unweighted mean of the five benchmarks, as in the paper.
@@ -35,7 +36,7 @@ import shlex
 import subprocess
 import sys
 from collections import defaultdict
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 # (data_source written by prepare_data.py, column title in the paper's table, problems)
 BENCHMARKS: tuple[tuple[str, str, int], ...] = (
@@ -45,6 +46,9 @@ BENCHMARKS: tuple[tuple[str, str, int], ...] = (
     ("minerva", "Minerva", 272),
     ("olympiadbench", "Olympiad Bench", 675),
 )
+
+# The training reward, as verl's reward.custom_reward_function names it.
+DEFAULT_REWARD_PATH, DEFAULT_REWARD_NAME = "pkg://recipe_apo.reward", "compute_score"
 
 # Section 5.2 of the paper. Its last row is printed there as "7.0B - GMPO-7B (Ours)": APO's 7B row.
 PAPER_ROWS: tuple[tuple[str, tuple[float, ...], float], ...] = (
@@ -166,11 +170,37 @@ def _as_dict(value: Any) -> dict:
     return {}
 
 
-def score_generations(path: str, out_path: str, timeout: float) -> list[dict]:
-    """Score ``responses`` of a generations parquet with the training reward; write scores.jsonl."""
+ScoreMany = Callable[..., list[float]]  # (items, timeout=...) -> scores, as recipe_apo.reward.score_many
+
+
+def reward_scorer(path: str = DEFAULT_REWARD_PATH, name: str = DEFAULT_REWARD_NAME) -> ScoreMany:
+    """The training reward's ``score_many`` (worker processes, timeouts), or a reward function given the way
+    verl's ``reward.custom_reward_function`` gives one (a file path or ``pkg://module``, and a name), called
+    in order, as verl calls it."""
+    if (path, name) == (DEFAULT_REWARD_PATH, DEFAULT_REWARD_NAME):
+        from recipe_apo.reward import score_many
+
+        return score_many
+    from verl.utils.import_utils import load_extern_object
+
+    compute_score = load_extern_object(path, name)
+
+    def score_many_custom(items: list, timeout: float) -> list[float]:
+        # timeout bounds the recipe's reward only: its workers enforce it; a plain function cannot be stopped.
+        return [float(compute_score(data_source=source, solution_str=response, ground_truth=truth,
+                                    extra_info=extra_info)) for source, response, truth, extra_info in items]
+
+    return score_many_custom
+
+
+def score_generations(path: str, out_path: str, timeout: float, score_many: Optional[ScoreMany] = None) -> list[dict]:
+    """Score ``responses`` of a generations parquet with the training reward (or ``score_many``, e.g.
+    ``reward_scorer(...)``); write scores.jsonl."""
     import pandas as pd
 
-    from recipe_apo.reward import last_boxed_answer, score_many
+    from recipe_apo.reward import last_boxed_answer
+
+    score_many = score_many or reward_scorer()
 
     frame = pd.read_parquet(path)
     missing = {"data_source", "reward_model", "responses"} - set(frame.columns)
@@ -257,6 +287,8 @@ def generation_command(python: str, model: str, data_files: Sequence[str], outpu
         f"data.max_response_length={args.max_response_length}",  # the rollout's response_length follows it
         f"actor_rollout_ref.model.path={model}",
         "actor_rollout_ref.rollout.name=vllm",
+        # verl's default, dummy, expects a trainer to sync weights in; a standalone server never gets them.
+        "actor_rollout_ref.rollout.load_format=auto",
         f"actor_rollout_ref.rollout.temperature={args.temperature}",
         f"actor_rollout_ref.rollout.top_p={args.top_p}",
         f"actor_rollout_ref.rollout.n={args.n}",
@@ -309,6 +341,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--n", type=int, default=1, help="samples per problem (needs --temperature > 0 when > 1)")
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds per answer check")
+    parser.add_argument("--reward-path", default=DEFAULT_REWARD_PATH,
+                        help="reward function's file or pkg://module, as verl's reward.custom_reward_function.path")
+    parser.add_argument("--reward-name", default=DEFAULT_REWARD_NAME, help="the reward function's name there")
     parser.add_argument("--python", default=sys.executable, help="interpreter that runs verl")
     parser.add_argument("--generation-override", action="append", default=[], metavar="KEY=VALUE",
                         help="extra Hydra override for main_generation_server")
@@ -330,6 +365,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     if args.n > 1 and args.temperature == 0:
         parser.error("--n > 1 needs --temperature > 0 (greedy decoding gives n identical answers)")
+    # Loaded first: a wrong --reward-path should fail before the generation's GPU hours, not after.
+    score_many = None if args.dry_run else reward_scorer(args.reward_path, args.reward_name)
 
     if args.score:
         generations = args.score
@@ -355,14 +392,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         else:
             print(f"[1/3] {model}: a Hugging Face model, nothing to merge", file=sys.stderr)
         generations = os.path.join(os.path.abspath(out_dir), "generations.parquet")
-        print(f"[2/3] generating with vLLM on {args.ngpus} GPU(s) -> {generations}", file=sys.stderr)
+        print(f"[2/3] generating with verl's generation server on {args.ngpus} GPU(s) -> {generations}", file=sys.stderr)
         run(generation_command(args.python, model, files, generations, args), args.dry_run)
         if args.dry_run:
             return 0
 
     print(f"[3/3] scoring {generations}", file=sys.stderr)
     scores_path = os.path.join(out_dir, "scores.jsonl")
-    results = score_generations(generations, scores_path, args.timeout)
+    results = score_generations(generations, scores_path, args.timeout, score_many)
     summary = summarize(results)
     for warning in count_warnings(name, summary):
         print(f"warning: {warning}", file=sys.stderr)

@@ -36,6 +36,9 @@ args=(
     data.max_response_length=1024    # GSM8K solutions are short; also L0 (loss_scale_factor)
     data.filter_overlong_prompts=true
     data.shuffle=true
+    # verl's default (null) draws a new prompt order every run: seeded, each method sees the same prompts in
+    # the same order, so a difference between methods is not a difference in data order.
+    data.seed=42
 
     # --- rollout ------------------------------------------------------------------------------------------------
     actor_rollout_ref.model.path="$MODEL"

@@ -47,3 +47,11 @@ def test_without_a_script_the_name_spells_everything_and_has_no_hash():
 def test_a_script_count_beyond_the_command_line_is_refused(count):
     with pytest.raises(RecipeConfigError, match="run_name.script_overrides"):
         experiment_name("apo", SCRIPT, script_overrides=count)
+
+
+def test_values_are_spelled_as_hydra_hands_them_to_multirun_jobs():
+    # Hydra rewrites a multirun job's overrides (1e-6 -> 1e-06, true -> True); a single run must get the same name.
+    assert experiment_name("apo", ["actor_rollout_ref.actor.optim.lr=1e-6", "algorithm.apo.reweight=false"]) == \
+        experiment_name("apo", ["actor_rollout_ref.actor.optim.lr=1e-06", "algorithm.apo.reweight=False"]) == \
+        "apo-apo.reweight=False-actor.optim.lr=1e-06"
+    assert experiment_name("apo", ["~data.seed"]) == "apo-data.seed=deleted"

@@ -222,12 +222,19 @@ def test_kl_loss_runs_against_the_reference_model(multirun):
         assert second["actor/kl_loss"] > 0.0
 
 
-# ---- the two baselines --------------------------------------------------------------------------------------------
+# ---- the two baselines, as the paper scripts run them: truncated responses score 0, rollouts recorded -----------
+# A cap of 2 tokens: a one-token answer ends with <|im_end|> inside it, a two-token answer is cut before its end.
+TRUNCATION_CAP = 2
+
+
 @pytest.fixture(scope="module")
 def baselines(tiny, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("baselines")
     command = rehearse.recipe_command(["grpo", "drgrpo"], tiny, "trainer.total_training_steps=1",
-                                      "trainer.save_freq=1", "trainer.val_before_train=false")
+                                      "trainer.save_freq=1", "truncation=zero",
+                                      f"data.max_response_length={TRUNCATION_CAP}",
+                                      "trainer.rollout_data_dir=${trainer.default_local_dir}/rollouts",
+                                      "trainer.validation_data_dir=${trainer.default_local_dir}/validation")
     return workdir, run(command, workdir, "baselines", workdir / "metrics")
 
 
@@ -241,3 +248,26 @@ def test_grpo_and_drgrpo_each_train_one_step(baselines):
         assert (folder / "actor").is_dir() and not (folder / STATE_FILE).exists()
         (row,) = rehearse.read_metrics(rehearse.metrics_file(workdir / "metrics", name))
         assert "actor/pg_clipfrac" in row and not any(key.startswith("apo/") for key in row)
+
+
+def dump(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_truncated_responses_score_zero_in_the_real_loop(baselines):
+    workdir, result = baselines
+    assert result.returncode == 0, tail(result)
+    for name in rehearse.experiment_names(result.log):
+        root = checkpoint_root(workdir, name)
+        # Step 1's rollouts: 4 prompts x 4. verl's V1 trainer dumps no reward extras for them, only the uid.
+        rollouts = dump(root / "rollouts" / "1.jsonl")
+        assert len(rollouts) == 16 and {"input", "output", "gts", "score", "step", "uid"} <= set(rollouts[0])
+        rows = dump(root / "validation" / "0.jsonl")  # greedy validation before training: every val prompt
+        assert all(row["truncated"] in (0.0, 1.0) for row in rows)
+        for row in rows:
+            assert row["score"] == (0.0 if row["truncated"] else row["score_before_truncation"])
+        # A right answer cut at the cap scores 0; one that ended within it keeps its 1.
+        cut = [row for row in rows if row["truncated"] and row["output"].strip() == row["gts"]]
+        ended = [row for row in rows if not row["truncated"] and row["score"] == 1.0]
+        assert cut and all(row["score_before_truncation"] == 1.0 and row["score"] == 0.0 for row in cut)
+        assert ended

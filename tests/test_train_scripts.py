@@ -105,6 +105,7 @@ def check_recording_and_fairness(config):
 
     actor, trainer = config.actor_rollout_ref.actor, config.trainer
     assert actor.shuffle is True and config_warnings(config) == []  # mini-batches of mixed lengths
+    assert config.data.shuffle is True and config.data.seed == 42  # every method sees the same prompt order
     manager = config.reward.reward_manager  # truncated responses score 0 (Dr. GRPO)
     assert (manager.source, manager.name, manager.module.path) == (
         "importlib", "TruncationAwareRewardManager", "pkg://recipe_apo.reward_manager")
@@ -189,18 +190,20 @@ def test_run_names_change_with_data_model_and_method_in_the_dry_run():
     script = SCRIPTS["1.5b"]
     (base,) = dry_run_names(script)
     assert base.startswith("qwen2.5-math-1.5b-apo-")
-    variants = {
-        "response cap": dry_run_names(script, "data.max_response_length=2048"),
-        "batch": dry_run_names(script, "data.train_batch_size=64"),
-        "model (environment)": dry_run_names(script, env={"MODEL": "/models/Qwen2.5-Math-1.5B-Instruct"}),
-        "method": dry_run_names(script, "method=grpo"),
-    }
-    names = [base] + [name for found in variants.values() for name in found]
-    assert len(names) == 5 and len(set(names)) == 5, variants
-    assert variants["response cap"][0].startswith("qwen2.5-math-1.5b-apo-data.max_response_length=2048-")
-    # A multirun sweep through the script: one name per job.
-    swept = dry_run_names(script, "-m", "algorithm.apo.eta=0.1,0.5")
-    assert len(swept) == 2 and len(set(swept) | {base}) == 3
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as handle:
+        assert f"checkpoints/recipe_apo/{base}/global_step_" in handle.read()  # README's evaluate example
+    # One sweep through the script (Hydra multirun: one name per job): data settings and the model.
+    swept = dry_run_names(script, "-m", "data.max_response_length=3000,2048", "data.train_batch_size=128,64",
+                          "actor_rollout_ref.model.path=Qwen/Qwen2.5-Math-1.5B,/models/Qwen2.5-Math-1.5B-Instruct")
+    assert len(swept) == 8 and len(set(swept) | {base}) == 9
+    # A swept key is spelled out in every job, even at the script's own value; the hash is the script run's.
+    assert swept[0].startswith("qwen2.5-math-1.5b-apo-model=Qwen2.5-Math-1.5B-data.max_response_length=3000-")
+    assert swept[0].rsplit("-", 1)[1] == base.rsplit("-", 1)[1] and len(swept[0]) == 96
+    assert swept[4].startswith("qwen2.5-math-1.5b-apo-model=Qwen2.5-Math-1.5B-data.max_response_length=2048-")
+    # The model from the environment, and the method, in their own processes.
+    (other_model,) = dry_run_names(script, env={"MODEL": "/models/Qwen2.5-Math-1.5B-Instruct"})
+    (grpo,) = dry_run_names(script, "method=grpo")
+    assert len(set(swept) | {other_model, grpo}) == 10
 
 
 def name_from_args(args):
@@ -231,7 +234,7 @@ def test_run_names_separate_settings_not_plumbing():
     assert len(distinct) == 6
     tuned = name("algorithm.apo.eta=0.5", "actor_rollout_ref.actor.optim.lr=2e-6")
     assert tuned == name("actor_rollout_ref.actor.optim.lr=2e-6", "algorithm.apo.eta=0.5")  # a rerun resumes
-    assert tuned.startswith("qwen2.5-math-1.5b-apo-apo.eta=0.5-actor.optim.lr=2e-6-")
+    assert tuned.startswith("qwen2.5-math-1.5b-apo-apo.eta=0.5-actor.optim.lr=2e-06-")
     assert "trainer.experiment_name=mine" in overrides_of(SCRIPTS["1.5b"], env={"EXPERIMENT_NAME": "mine"})
     # the 7B script is another run even with the same overrides
     assert name_from_args(overrides_of(SCRIPTS["7b"])) != base

@@ -17,7 +17,7 @@ from typing import Generator, Optional
 import ray
 import torch
 from verl.workers.rollout.base import BaseRollout
-from verl.workers.rollout.replica import RolloutReplica
+from verl.workers.rollout.replica import RolloutMode, RolloutReplica
 
 from recipe_apo.cpu.hf_server import HFGenerationServer, RehearsalUnsupported
 from recipe_apo.validation import REHEARSAL_ROLLOUT as NAME
@@ -34,7 +34,11 @@ def server_actor_name(replica_rank: int, role: str = "", suffix: str = "") -> st
 
 
 class HFRolloutReplica(RolloutReplica):
-    """One replica = one server actor in CPU memory; tensor, data and pipeline parallel sizes must be 1."""
+    """One replica = one server actor in CPU memory; tensor, data and pipeline parallel sizes must be 1.
+
+    Standalone (``init_standalone``, as verl's ``main_generation_server`` starts it) the server also serves
+    OpenAI chat completions over HTTP, and ``server_address`` is that endpoint's ``host:port``.
+    """
 
     def __init__(self, replica_rank, config, model_config, gpus_per_node=8, is_reward_model=False,
                  is_teacher_model=False, name_suffix=""):
@@ -58,11 +62,15 @@ class HFRolloutReplica(RolloutReplica):
                 node_id=node_id, soft=False)
         server = ray.remote(HFGenerationServer).options(**options).remote(
             config=self.config, model_config=self.model_config, replica_rank=self.replica_rank)
-        # The server has no HTTP endpoint: verl routes by this address only as a key.
         await server.__ray_ready__.remote()
         self.servers = [server]
         self._server_handle = server
-        self._server_address = f"{NAME}-replica-{self.replica_rank}"
+        if self.rollout_mode == RolloutMode.STANDALONE:
+            # Standalone clients (verl's main_generation_server) speak OpenAI HTTP to this address.
+            self._server_address = await server.serve_http.remote()
+        else:
+            # Training calls the server's methods through Ray; verl routes by this address only as a key.
+            self._server_address = f"{NAME}-replica-{self.replica_rank}"
 
 
 class HFServerAdapter(BaseRollout):

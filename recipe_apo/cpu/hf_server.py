@@ -9,6 +9,9 @@ off), ``repetition_penalty``, ``ignore_eos``, ``max_tokens`` (default: ``rollout
 prompt budget as in verl's vLLM server). ``logprobs`` returns, per generated token, its log-probability under
 ``softmax(logits / temperature)`` before top-k/top-p truncation (raw logits when greedy): what verl's actor
 computes for the same token, so ``rollout_log_probs`` and the actor's old log-probs are comparable.
+
+Standalone (verl's ``main_generation_server``), the server also answers OpenAI chat completions over HTTP
+(``serve_http``, ``chat_completion``; the HTTP side is ``chat_http``), through the same batching queue.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any, Optional
 
 import torch
 
+from recipe_apo.cpu import chat_http
 from recipe_apo.validation import RecipeConfigError
 
 
@@ -169,6 +173,7 @@ class HFGenerationServer:
         self._pending: list[_Request] = []
         self._arrived: Optional[asyncio.Event] = None
         self._worker: Optional[asyncio.Task] = None
+        self._http = None  # (aiohttp runner, "host:port") once serve_http has run
 
     # ---- generation -------------------------------------------------------------------------------------
     async def generate(self, prompt_ids: list[int], sampling_params: dict[str, Any], request_id: str,
@@ -181,10 +186,36 @@ class HFGenerationServer:
         if extra:
             raise RehearsalUnsupported(f"the CPU rehearsal's hf rollout does not support {', '.join(extra)}")
         prompt_ids = [int(t) for t in prompt_ids]
-        sampling = Sampling.from_verl(
-            dict(sampling_params), len(prompt_ids), int(self.config.response_length), int(self.config.prompt_length),
-            getattr(self.config, "max_model_len", None),
-        )
+        token_ids, log_probs = await self._submit(prompt_ids, self._sampling(sampling_params, len(prompt_ids)))
+        return TokenOutput(token_ids=token_ids, log_probs=log_probs, stop_reason="completed",
+                           extra_fields={"global_steps": self.global_steps})
+
+    async def chat_completion(self, body: Any) -> dict:
+        """One OpenAI chat completion (``chat_http``'s request and response), greedy or sampled as asked."""
+        request = chat_http.parse_request(body)
+        tokenizer = self.model_config.tokenizer
+        # As vLLM's chat endpoint: the template writes the special tokens, so tokenizing must not add more.
+        text = tokenizer.apply_chat_template(request.messages, add_generation_prompt=True, tokenize=False)
+        prompt_ids = tokenizer.encode(text, add_special_tokens=False)
+        token_ids, _ = await self._submit(prompt_ids, self._sampling(request.sampling_params, len(prompt_ids)))
+        stopped = bool(token_ids) and token_ids[-1] in self.eos_ids
+        return chat_http.completion(request.model, tokenizer.decode(token_ids, skip_special_tokens=True),
+                                    "stop" if stopped else "length", len(prompt_ids), len(token_ids))
+
+    async def serve_http(self) -> str:
+        """Start the chat-completions endpoint on this node (once); its ``host:port``."""
+        if self._http is None:
+            import ray
+
+            self._http = await chat_http.serve(self.chat_completion, ray.util.get_node_ip_address())
+        return self._http[1]
+
+    def _sampling(self, params: dict[str, Any], prompt_len: int) -> Sampling:
+        return Sampling.from_verl(dict(params), prompt_len, int(self.config.response_length),
+                                  int(self.config.prompt_length), getattr(self.config, "max_model_len", None))
+
+    async def _submit(self, prompt_ids: list[int], sampling: Sampling) -> tuple[list[int], Optional[list[float]]]:
+        """Queue one request for the next batch; its ``(token_ids, log_probs or None)``."""
         loop = asyncio.get_running_loop()
         if self._worker is None:
             self._arrived = asyncio.Event()
@@ -192,9 +223,7 @@ class HFGenerationServer:
         request = _Request(prompt_ids, sampling, loop.create_future())
         self._pending.append(request)
         self._arrived.set()
-        token_ids, log_probs = await request.done
-        return TokenOutput(token_ids=token_ids, log_probs=log_probs, stop_reason="completed",
-                           extra_fields={"global_steps": self.global_steps})
+        return await request.done
 
     async def _serve(self) -> None:
         while True:

@@ -48,31 +48,46 @@ recipe_recording() {
     )
 }
 
+# An override's key: what is left of `[+~]key[=value]` once the value and Hydra's + and ~ are cut off.
+recipe_override_key() {
+    local key="${1%%=*}"
+    printf '%s' "${key#"${key%%[!+~]*}"}"
+}
+
 # The run's name is made by recipe_apo.main (recipe_apo/naming.py), from the prefix, the method and every
 # override that changes what is trained: the script's own (the first run_name.script_overrides, which count
 # through a hash) and the user's (spelled out). So a rerun resumes its own run (verl's resume_mode=auto) and a
 # changed setting, model or dataset never resumes another run's checkpoints. EXPERIMENT_NAME sets it instead.
-# The user's overrides go last, so that they win over the script's (Hydra keeps the last value of a key).
+#
+# A user's override of one of the script's keys replaces the script's (no key is passed twice: in a multirun
+# Hydra would merge the two into the script's place, hiding the user's change); one equal to the script's
+# setting is dropped, so saying a default changes nothing. The user's overrides go last.
 recipe_launch() {
     local prefix="$1"
     shift
     recipe_recording
-    local settings=(
-        method="$METHOD"  # conf/method/<method>.yaml: estimator, loss, aggregation (L0), clip or soft gate
-        "$@"
-        "${RECORDING[@]}"
-    )
+    local arg own user_keys=" " user=() settings=()
+    for arg in ${passthrough[@]+"${passthrough[@]}"}; do
+        for own in "$@" "${RECORDING[@]}"; do
+            [[ "$arg" == "$own" ]] && continue 2
+        done
+        user+=("$arg")
+        user_keys+="$(recipe_override_key "$arg") "
+    done
+    for arg in method="$METHOD" "$@" "${RECORDING[@]}"; do
+        [[ "$user_keys" == *" $(recipe_override_key "$arg") "* ]] || settings+=("$arg")
+    done
     local command=(
         "${PYTHON:-python}" -m recipe_apo.main
         ${hydra_flags[@]+"${hydra_flags[@]}"}
-        "${settings[@]}"
+        "${settings[@]}"  # method first: conf/method/<method>.yaml (estimator, loss, aggregation, clip or gate)
         run_name.prefix="$prefix"
         run_name.script_overrides="${#settings[@]}"
     )
     if [[ -n "${EXPERIMENT_NAME:-}" ]]; then
         command+=(trainer.experiment_name="$EXPERIMENT_NAME")
     fi
-    command+=(${passthrough[@]+"${passthrough[@]}"})
+    command+=(${user[@]+"${user[@]}"})
     case "${RECIPE_APO_DRY_RUN:-0}" in
         0 | "") exec "${command[@]}" ;;
         args) printf '%s\n' "${command[@]}" ;;
