@@ -240,6 +240,29 @@ def test_run_names_separate_settings_not_plumbing():
     assert name_from_args(overrides_of(SCRIPTS["7b"])) != base
 
 
+@pytest.mark.parametrize("script", sorted(SCRIPTS))
+def test_every_script_dry_runs_through_the_recipe(script):
+    # RECIPE_APO_DRY_RUN=1: the recipe's dry_run=true, which names, validates and prints where the run writes.
+    result = script_command(SCRIPTS[script], dry_run="1")
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.splitlines()
+    (experiment,) = [line for line in lines if line.startswith("experiment: recipe_apo/")]
+    (rollouts,) = [line for line in lines if line.startswith("rollouts: ")]
+    assert rollouts == f"rollouts: checkpoints/{experiment.split(': ', 1)[1]}/rollouts"
+    assert lines[-1] == "dry run: stopping before Ray starts" and "warning" not in result.stderr
+
+
+def test_unshuffled_mini_batches_are_warned_about(compose):
+    from recipe_apo.validation import config_warnings
+
+    config = compose(overrides_of(SCRIPTS["1.5b"], "actor_rollout_ref.actor.shuffle=false"))
+    (warning,) = config_warnings(config)
+    assert warning.startswith("8 mini-batches per step with actor_rollout_ref.actor.shuffle=false")
+    one_update = compose(overrides_of(SCRIPTS["1.5b"], "actor_rollout_ref.actor.shuffle=false",
+                                      "actor_rollout_ref.actor.ppo_mini_batch_size=128"))
+    assert config_warnings(one_update) == []  # one mini-batch: its order does not matter
+
+
 def test_scripts_are_executable_bash():
     # the 1.5B and 7B scripts exec the shared one, which is documented to be run directly too
     for script in (*SCRIPTS.values(), "scripts/train_qwen2.5_math.sh"):
