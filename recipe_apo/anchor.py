@@ -137,6 +137,9 @@ class AnchorBook:
         self.history = history
         self.anchors: dict[str, CapabilityAnchor] = {}
         self.last_metrics: dict[str, float] = {}
+        # Per response of the last APO step, in the batch's order: Phi_i and the C_t it was measured against.
+        self.last_phi: Optional[np.ndarray] = None
+        self.last_anchor: Optional[np.ndarray] = None
 
     def anchor(self, scope: str = GLOBAL_SCOPE) -> CapabilityAnchor:
         if scope not in self.anchors:

@@ -218,6 +218,8 @@ def compute_apo_advantage(
         metrics["apo/weight_neg_mean"] = float(weight[negative].mean())
     if isinstance(anchors, AnchorBook):
         anchors.last_metrics = metrics
+        anchors.last_phi = weight
+        anchors.last_anchor = values[group_scope[codes] if group_scope is not None else np.zeros_like(codes)]
     return advantages, metrics
 
 

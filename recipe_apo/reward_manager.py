@@ -48,12 +48,18 @@ def end_token_ids(tokenizer, model_path: Optional[str]) -> frozenset[int]:
     return frozenset(ids)
 
 
+def truncated_rows(responses: torch.Tensor, lengths: torch.Tensor, cap: int, end_ids: Iterable[int]) -> torch.Tensor:
+    """Per row of right-padded ``responses`` (n, width) with ``lengths`` valid tokens: reached ``cap`` without
+    ending in an end token."""
+    lengths = lengths.to(torch.long)
+    last = responses.gather(1, (lengths - 1).clamp(min=0).unsqueeze(1)).squeeze(1)
+    ended = torch.isin(last, torch.tensor(sorted(end_ids), dtype=responses.dtype, device=responses.device))
+    return (lengths >= cap) & ~ended
+
+
 def is_truncated(response_ids: torch.Tensor, response_mask: torch.Tensor, cap: int, end_ids: Iterable[int]) -> bool:
-    """A response of ``response_mask.sum()`` valid tokens reached ``cap`` without ending in an end token."""
-    length = int(response_mask.sum())
-    if length < cap:
-        return False
-    return int(response_ids[length - 1]) not in set(end_ids)
+    """One response of ``response_mask.sum()`` valid tokens reached ``cap`` without ending in an end token."""
+    return bool(truncated_rows(response_ids.unsqueeze(0), response_mask.sum().reshape(1), cap, end_ids)[0])
 
 
 class TruncationAwareRewardManager(NaiveRewardManager):

@@ -10,6 +10,11 @@ What it adds, only when ``algorithm.adv_estimator=apo``:
 - ``global_step_N/apo_state.json`` in every checkpoint folder;
 - the anchor's ``apo/...`` metrics in every step's metrics, so they reach whatever ``trainer.logger`` names;
 - the per-response ``data_source`` handed to the estimator when ``algorithm.apo.anchor_scope=data_source``.
+
+For every method, when ``trainer.rollout_data_dir`` is set, each rollout dump row also carries what the bias
+audit (``python -m recipe_apo.audit``) needs and verl's dump lacks, beside verl's fields, unchanged:
+``response_length`` (tokens), ``advantage`` (the one the loss used), ``truncated``, ``data_source`` and, for
+APO, ``apo_phi`` and ``apo_anchor`` (``recipe_apo.audit.dumps``).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
 from recipe_apo.anchor import batch_scopes, driver_anchors, reset_driver_anchor
+from recipe_apo.reward_manager import end_token_ids, truncated_rows
 from recipe_apo.checkpoint import restore_for_run, save_anchor_state, uses_apo
 from recipe_apo.estimator import ApoInputError
 from recipe_apo.settings import ApoSettings
@@ -67,12 +73,58 @@ class ApoSyncTrainer(PPOTrainerSync):
         scopes = None
         if self.apo_active and self.apo_settings.anchor_scope == "data_source":
             scopes = self._data_sources(batch)
-        driver_anchors().last_metrics = {}  # a step that computes no APO advantages logs no stale anchor
+        book = driver_anchors()
+        # A step that computes no APO advantages logs and dumps no stale anchor.
+        book.last_metrics, book.last_phi, book.last_anchor = {}, None, None
         with batch_scopes(scopes):
             batch = super()._compute_advantage(batch, metrics)
         if self.apo_active:
             metrics.update(driver_anchors().last_metrics)
         return batch
+
+    def _log_rollout_data(self, batch, timing_raw, rollout_data_dir):
+        """verl's rollout dump, each row with the audit's fields added (module docstring)."""
+        fields = self._audit_fields(batch)
+        position = {key: i for i, key in enumerate(batch.keys)}
+        write = self._dump_generations
+
+        def write_with_fields(inputs, outputs, gts, scores, reward_extra_infos_dict, dump_path):
+            # verl sorts the rows by uid before writing; its "uid" list says in which order.
+            order = [position[key] for key in reward_extra_infos_dict["uid"]]
+            extra = {name: [values[i] for i in order] for name, values in fields.items()}
+            return write(inputs, outputs, gts, scores, {**reward_extra_infos_dict, **extra}, dump_path)
+
+        self._dump_generations = write_with_fields
+        try:
+            return super()._log_rollout_data(batch, timing_raw, rollout_data_dir)
+        finally:
+            del self._dump_generations
+
+    def _audit_fields(self, batch) -> dict[str, list]:
+        """Per response, in ``batch.keys`` order: length, advantage, truncation, data source, APO's Phi and C_t."""
+        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
+                               select_fields=["responses", "response_mask", "advantages"])
+        responses = data["responses"].to_padded_tensor(padding=0)
+        lengths = data["response_mask"].to_padded_tensor(padding=0).sum(dim=-1)
+        # Outcome advantages are one value on every token of a response: its first token's.
+        advantages = data["advantages"].to_padded_tensor(padding=0.0)[:, 0]
+        cap = int(self.config.actor_rollout_ref.rollout.response_length)
+        if not hasattr(self, "_end_ids"):
+            self._end_ids = end_token_ids(self.tokenizer, self.config.actor_rollout_ref.model.get("path"))
+        fields = {
+            "response_length": lengths.tolist(),
+            "advantage": advantages.float().tolist(),
+            "truncated": truncated_rows(responses, lengths, cap, self._end_ids).float().tolist(),
+        }
+        try:
+            fields["data_source"] = self._data_sources(batch).tolist()
+        except ApoInputError:
+            pass  # a dataset without data_source: the dump goes without it
+        book = driver_anchors()
+        if self.apo_active and book.last_phi is not None and len(book.last_phi) == len(batch.keys):
+            fields["apo_phi"] = np.asarray(book.last_phi, dtype=float).tolist()
+            fields["apo_anchor"] = np.asarray(book.last_anchor, dtype=float).tolist()
+        return fields
 
     @staticmethod
     def _data_sources(batch) -> np.ndarray:

@@ -14,6 +14,7 @@ import shlex
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -144,6 +145,29 @@ def test_nan_reward_stops_the_run_with_the_estimators_error_and_keeps_the_last_c
     assert any("embed_tokens" in name for name in weights)
 
 
+def test_the_rollout_dump_carries_the_audits_fields_and_the_audit_replays_the_run(apo_runs):
+    from recipe_apo.audit import stats
+    from recipe_apo.audit.analysis import audit_run
+    from recipe_apo.audit.dumps import load_run
+
+    # The checkpoint folder: its rollouts/ (rehearse.RUN_OVERRIDES), steps 1, 2 and, resumed, 3.
+    run = load_run(apo_runs["ckpt"])
+    assert [step.step for step in run.steps] == [1, 2, 3] and run.length_source == "dump"
+    logged = {row["step"]: row for row in apo_runs["metrics_first"] + apo_runs["metrics_second"]}
+    for step in run.steps:
+        assert len(step.scores) == 16 and set(step.data_sources) <= set(SOURCES)
+        assert np.all((step.lengths >= 1) & (step.lengths <= 16))
+        # advantage = Phi_i x the group-centered reward, exactly as the estimator computed it
+        codes, n = stats.group_codes(step.groups)
+        centered = step.scores - stats.group_rates(codes, n, step.scores)[codes]
+        np.testing.assert_allclose(step.logged_advantages, step.logged_phi * centered, atol=1e-6)
+        for source, anchor in zip(step.data_sources, step.logged_anchor):
+            assert anchor == logged[step.step][f"apo/anchor/{source}"]  # C_t of the response's data source
+    # A fresh anchor replayed over the three steps gives the run's own advantages: the resume was exact.
+    result = audit_run(run, {"anchor_scope": "data_source"})
+    assert result["logged"]["matches"] == ["APO"], result["logged"]
+
+
 # ---- plain verl, as README's plain-verl section gives it -----------------------------------------------------------
 def readme_plain_verl_overrides() -> list[str]:
     """README's plain-verl command, without what the rehearsal replaces (rollout engine, model, data files)."""
@@ -233,7 +257,6 @@ def baselines(tiny, tmp_path_factory):
     command = rehearse.recipe_command(["grpo", "drgrpo"], tiny, "trainer.total_training_steps=1",
                                       "trainer.save_freq=1", "truncation=zero",
                                       f"data.max_response_length={TRUNCATION_CAP}",
-                                      "trainer.rollout_data_dir=${trainer.default_local_dir}/rollouts",
                                       "trainer.validation_data_dir=${trainer.default_local_dir}/validation")
     return workdir, run(command, workdir, "baselines", workdir / "metrics")
 
@@ -271,3 +294,19 @@ def test_truncated_responses_score_zero_in_the_real_loop(baselines):
         ended = [row for row in rows if not row["truncated"] and row["score"] == 1.0]
         assert cut and all(row["score_before_truncation"] == 1.0 and row["score"] == 0.0 for row in cut)
         assert ended
+
+
+def test_the_audit_tells_each_baseline_run_by_its_own_advantages(baselines, tmp_path):
+    from recipe_apo.audit.__main__ import main as audit
+
+    workdir, result = baselines
+    assert result.returncode == 0, tail(result)
+    names = rehearse.experiment_names(result.log)
+    out = tmp_path / "audit"
+    assert audit([str(checkpoint_root(workdir, name)) for name in names] + ["--out", str(out)]) == 0
+    grpo, drgrpo = json.loads((out / "audit.json").read_text())
+    for run, method in ((grpo, "GRPO"), (drgrpo, "Dr. GRPO")):
+        # Told apart unless every group of the step was dead (then all three replays give 0 everywhere).
+        expected = [method] if run["dead"]["share"] < 1 else ["GRPO", "Dr. GRPO", "APO"]
+        assert run["logged"]["matches"] == expected, run["logged"]
+    assert grpo["length"]["truncated_share"] is not None and (out / "audit.png").exists()

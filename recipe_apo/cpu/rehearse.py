@@ -49,6 +49,8 @@ RUN_OVERRIDES = (
     "trainer.logger=[console,file]",
     f"trainer.project_name={PROJECT}",
     "trainer.test_freq=-1",                         # validate once, before the first step
+    # Every step's rollouts, with the recipe's fields, for the bias audit (python -m recipe_apo.audit).
+    "trainer.rollout_data_dir=${trainer.default_local_dir}/rollouts",
 )
 
 # The stages of a step as verl times them (timing_s/<stage>), in the order they run.
@@ -233,9 +235,20 @@ def rehearse(out: Path, steps: int, methods: Sequence[str], say: Callable[[str],
     (out / "summary.md").write_text(table + "\n")
     say("")
     say(table)
+    audit = audit_runs([Path(m.checkpoints) for m in summaries], out / "audit", methods)
     say(f"\nrehearsal: done in {time.perf_counter() - started:.0f} s; seconds per step leave out each run's first "
-        f"step. Table: {out / 'summary.md'}")
+        f"step. Table: {out / 'summary.md'}; bias audit of the runs' rollouts: {audit}")
     return 0
+
+
+def audit_runs(folders: Sequence[Path], out: Path, names: Sequence[str]) -> Path:
+    """The bias audit of the runs' rollout dumps, side by side (``python -m recipe_apo.audit``); its report."""
+    from recipe_apo.audit.analysis import audit_run
+    from recipe_apo.audit.dumps import load_run
+    from recipe_apo.audit.report import write_report
+
+    results = [audit_run(load_run(folder, name=name)) for folder, name in zip(folders, names)]
+    return write_report(results, out)["report"]
 
 
 def _methods(text: str) -> list[str]:

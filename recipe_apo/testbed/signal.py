@@ -24,48 +24,27 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from recipe_apo.anchor import reset_driver_anchor
+from recipe_apo.audit import stats
+from recipe_apo.audit.stats import closed_form
 
-METHODS = {
-    "GRPO": {"adv_estimator": "grpo", "norm_adv_by_std_in_grpo": True},
-    "Dr. GRPO": {"adv_estimator": "grpo", "norm_adv_by_std_in_grpo": False},
-    "APO": {"adv_estimator": "apo", "norm_adv_by_std_in_grpo": False},
-}
-
-
-def closed_form(p: np.ndarray, group_size: int) -> np.ndarray:
-    """E[sum of positive advantages] of centered, unnormalized binary rewards: p (1 - p) (G - 1)."""
-    return p * (1.0 - p) * (group_size - 1)
-
-
-def _algorithm(method: str, apo_node: dict, anchor: float) -> DictConfig:
-    apo = dict(apo_node)
-    # eta = eta_min = 0 hold the anchor at anchor_init, so every group is judged against the same C_t.
-    apo.update(anchor_init=anchor, eta=0.0, eta_min=0.0)
-    return OmegaConf.create({**METHODS[method], "gamma": 1.0, "lam": 1.0, "apo": apo})
+# The methods compared, by name: their estimators and settings live in recipe_apo.audit.stats (shared with the
+# bias audit, so S means the same in both reports).
+METHODS = tuple(method.name for method in stats.METHODS)
 
 
 def positive_signal(rewards: torch.Tensor, method: str, apo_node: dict, anchor: float) -> torch.Tensor:
     """S per group for rewards [groups, G], through verl's compute_advantage."""
-    from verl import DataProto
-    from verl.trainer.ppo.ray_trainer import compute_advantage
-
     groups, size = rewards.shape
-    flat = rewards.reshape(-1, 1).to(torch.float32)
-    data = DataProto.from_dict(
-        tensors={"token_level_rewards": flat, "response_mask": torch.ones_like(flat)},
-        non_tensors={"uid": np.repeat(np.arange(groups), size)},
-    )
-    algorithm = _algorithm(method, apo_node, anchor)
+    # eta = eta_min = 0 hold the anchor at anchor_init, so every group is judged against the same C_t.
+    apo = {**dict(apo_node), "anchor_init": anchor, "eta": 0.0, "eta_min": 0.0}
+    codes = np.repeat(np.arange(groups), size)
     reset_driver_anchor()
-    data = compute_advantage(
-        data,
-        adv_estimator=algorithm.adv_estimator,
-        norm_adv_by_std_in_grpo=algorithm.norm_adv_by_std_in_grpo,
-        config=algorithm,
-    )
-    reset_driver_anchor()
-    advantages = data.batch["advantages"][:, 0].reshape(groups, size).to(torch.float64)
-    return advantages.clamp(min=0.0).sum(dim=1)
+    try:
+        advantages = stats.method_advantages(rewards.reshape(-1).numpy(), codes, stats.method_named(method), apo)
+    finally:
+        reset_driver_anchor()
+    positive, _ = stats.signal_per_group(advantages, codes, groups)
+    return torch.from_numpy(positive)
 
 
 def measure(group_sizes, p_points: int, groups: int, anchor: float, apo_node: dict, seed: int) -> dict[str, Any]:

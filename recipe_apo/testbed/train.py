@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from recipe_apo import anchor as anchor_module
 from recipe_apo.anchor import reset_driver_anchor
+from recipe_apo.audit.stats import length_by_outcome
 from recipe_apo.testbed.policy import TokenPolicy, build_policy, pretrain
 from recipe_apo.testbed.rollout import compute_advantages, rollout
 from recipe_apo.testbed.task import ReverseTask
@@ -107,10 +108,6 @@ def prepare_seed(cfg: DictConfig, seed: int) -> SeedSetup:
     )
 
 
-def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
-    return float(values[mask].float().mean()) if bool(mask.any()) else float("nan")
-
-
 def run_method(
     cfg: DictConfig, label: str, setup: SeedSetup, progress: Optional[Callable[[int], None]] = None
 ) -> dict[str, Any]:
@@ -153,8 +150,9 @@ def run_method(
 
         correct = batch["reward"] > 0.5
         record("batch_success", batch["reward"].mean())
-        record("len_correct", _masked_mean(batch["length"], correct))
-        record("len_incorrect", _masked_mean(batch["length"], ~correct))
+        length_correct, length_incorrect = length_by_outcome(batch["length"].numpy(), correct.numpy())
+        record("len_correct", length_correct)
+        record("len_incorrect", length_incorrect)
         record("cut_share", batch["cut"].float().mean())
         for key, value in metrics.items():
             record(key, value)

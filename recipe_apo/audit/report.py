@@ -1,0 +1,172 @@
+"""The audit's report: markdown tables and one figure, for one run or several side by side."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from recipe_apo.audit import stats
+from recipe_apo.audit.analysis import CELLS
+
+METHOD_NAMES = tuple(m.name for m in stats.METHODS)
+
+
+def _f(value: Optional[float], fmt: str = ".3f") -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def _pct(value: Optional[float]) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
+def report_markdown(results: Sequence[dict[str, Any]], figure: Optional[str] = "audit.png") -> str:
+    first_apo = results[0]["apo_settings"]
+    lines = [
+        "# Bias audit",
+        "",
+        "Every method is applied to the same rollouts, the run's own scores and prompt groups, whatever the run "
+        "trained with: GRPO (std-normalized advantages, per-token weight 1/|o_i|), Dr. GRPO (centered, 1/L0), "
+        "APO (centered x Phi_i, the anchor C_t replayed over the steps from a fresh start; 1/L0). "
+        f"APO settings of the replay: lambda_scale {first_apo['lambda_scale']}, eta {first_apo['eta']}, "
+        f"eta_min {first_apo['eta_min']}, history {first_apo['history']}, anchor_scope {first_apo['anchor_scope']}.",
+        "",
+        "| run | steps | responses | groups per step | lengths in | truncation known |",
+        "|---|---:|---:|---:|---|---|",
+    ]
+    for r in results:
+        steps = r["steps"]
+        per_step = sorted({s["groups"] for s in steps})
+        lines.append(f"| {r['name']} | {len(steps)} | {sum(s['responses'] for s in steps)} | "
+                     f"{', '.join(map(str, per_step))} | {r['length_unit']} | "
+                     f"{'yes' if r['length']['truncated_share'] is not None else 'no'} |")
+    if any(r["length_unit"] == "characters" for r in results):
+        lines += ["", "Lengths in characters: the dump has no token lengths; pass `--tokenizer MODEL` to count "
+                      "tokens (the recipe's trainer writes them)."]
+    if figure:
+        lines += ["", f"![audit]({figure})"]
+
+    lines += ["", "## 1. Dead groups: no signal", "",
+              "Every response of the group scored the same: its advantages are 0 under all three methods, yet its "
+              "tokens were generated.", "",
+              "| run | dead groups | all wrong | all right | generated tokens spent on them |",
+              "|---|---:|---:|---:|---:|"]
+    for r in results:
+        d = r["dead"]
+        lines.append(f"| {r['name']} | {_pct(d['share'])} | {_pct(d['all_wrong_share'])} | "
+                     f"{_pct(d['all_right_share'])} | {_pct(d['token_share'])} |")
+
+    lines += ["", "## 2. Difficulty (Proposition 1)", "",
+              "Mean positive signal S+ = sum_i max(A_i, 0) and negative signal S- = sum_i max(-A_i, 0) per group, "
+              "by the group's success rate p_hat = k/G, beside p(1-p)(G-1), Dr. GRPO's E[S+] at success "
+              "probability p = p_hat. GRPO's std divides hard and easy groups' signal up; APO's Phi_i moves it "
+              "toward groups below the anchor.", ""]
+    for r in results:
+        lines += [f"**{r['name']}**", "",
+                  "| G | p_hat | groups | p(1-p)(G-1) | " + " | ".join(f"{m} S+ / S-" for m in METHOD_NAMES) + " |",
+                  "|---:|---:|---:|---:|" + "---:|" * len(METHOD_NAMES)]
+        for row in r["difficulty"]:
+            cells = " | ".join(f"{row[m]['positive']:.3f} / {row[m]['negative']:.3f}" for m in METHOD_NAMES)
+            lines.append(f"| {row['G']} | {row['k']}/{row['G']} | {row['groups']} | {row['closed_form']:.3f} | "
+                         f"{cells} |")
+        lines.append("")
+
+    lines += ["## 3. Length", "",
+              "| run | length of correct | of incorrect | first step: correct / incorrect | last step | truncated |",
+              "|---|---:|---:|---:|---:|---:|"]
+    for r in results:
+        length, first, last = r["length"], r["steps"][0], r["steps"][-1]
+        lines.append(f"| {r['name']} | {_f(length['correct_mean'], '.1f')} | {_f(length['incorrect_mean'], '.1f')} | "
+                     f"{_f(first['length_correct'], '.1f')} / {_f(first['length_incorrect'], '.1f')} | "
+                     f"{_f(last['length_correct'], '.1f')} / {_f(last['length_incorrect'], '.1f')} | "
+                     f"{_pct(length['truncated_share'])} |")
+    lines += ["", "Share of each method's update (update mass |A_i| x |o_i| x per-token weight, summed over the "
+                  "run) carried by correct and wrong responses no longer than the step's median length (short) "
+                  "or longer (long). With 1/|o_i| every response carries |A_i| whatever its length; with 1/L0 a "
+                  "response carries in proportion to its length.", "",
+              "| run | method | short correct | long correct | short wrong | long wrong |",
+              "|---|---|---:|---:|---:|---:|"]
+    for r in results:
+        for m in METHOD_NAMES:
+            mass = r["mass"][m]
+            lines.append(f"| {r['name']} | {m} | " + " | ".join(_pct(mass[c]) for c in CELLS) + " |")
+
+    lines += ["", "## 4. Scale", "",
+              "|A_i| over every response of the run: APO's soft gate is what bounds the effective update of its "
+              "larger advantages.", "",
+              "| run | method | mean abs(A) | 99th percentile | max |", "|---|---|---:|---:|---:|"]
+    for r in results:
+        for m in METHOD_NAMES:
+            s = r["scale"][m]
+            lines.append(f"| {r['name']} | {m} | {s['mean']:.3f} | {s['p99']:.3f} | {s['max']:.3f} |")
+
+    logged = [r for r in results if "logged" in r]
+    if logged:
+        lines += ["", "## The runs' own advantages", "",
+                  "The dump carries the advantages each run trained with (the recipe's trainer writes them). The "
+                  "replay that reproduces them tells the run's method and that the replay is faithful.", "",
+                  "| run | matches | " + " | ".join(f"max abs difference to {m}" for m in METHOD_NAMES) + " |",
+                  "|---|---|" + "---:|" * len(METHOD_NAMES)]
+        for r in logged:
+            gaps = r["logged"]["max_abs_difference"]
+            lines.append(f"| {r['name']} | {', '.join(r['logged']['matches']) or 'none'} | "
+                         + " | ".join(f"{gaps[m]:.2g}" for m in METHOD_NAMES) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_audit(results: Sequence[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
+    (dead_ax, signal_ax), (length_ax, mass_ax) = axes
+    styles = ("-", "--", ":", "-.")
+    for i, r in enumerate(results):
+        steps = [s["step"] for s in r["steps"]]
+        dead_ax.plot(steps, [s["dead_share"] for s in r["steps"]], marker="o", ms=3, label=r["name"])
+        right = [s["length_correct"] if s["length_correct"] is not None else float("nan") for s in r["steps"]]
+        wrong = [s["length_incorrect"] if s["length_incorrect"] is not None else float("nan") for s in r["steps"]]
+        length_ax.plot(steps, right, color=f"C{i}", marker="o", ms=3, label=f"{r['name']}: correct")
+        length_ax.plot(steps, wrong, color=f"C{i}", ls="--", marker="x", ms=3, label=f"{r['name']}: incorrect")
+        for j, m in enumerate(METHOD_NAMES):
+            rows = r["difficulty"]
+            signal_ax.plot([row["p_hat"] for row in rows], [row[m]["positive"] for row in rows], color=f"C{j}",
+                           ls=styles[i % len(styles)], marker="o", ms=3,
+                           label=f"{m}" + (f" ({r['name']})" if len(results) > 1 else ""))
+    rows = results[0]["difficulty"]
+    signal_ax.plot([row["p_hat"] for row in rows], [row["closed_form"] for row in rows], "k--", lw=1,
+                   label="p(1-p)(G-1)")
+    dead_ax.set(title="1. dead groups (every score equal)", xlabel="step", ylabel="share of groups", ylim=(0, 1))
+    signal_ax.set(title="2. positive signal S+ per group", xlabel="group success rate p_hat", ylabel="mean S+")
+    length_ax.set(title="3. response length", xlabel="step", ylabel=f"length ({results[0]['length_unit']})")
+    width = 0.8 / max(len(results), 1)
+    for i, r in enumerate(results):
+        for j, m in enumerate(METHOD_NAMES):
+            mass = r["mass"][m]
+            x = j + (i - (len(results) - 1) / 2) * width
+            mass_ax.bar(x - width / 4, mass["short_correct"], width / 2, color=f"C{i}", alpha=0.9,
+                        label=f"{r['name']}: short correct" if j == 0 else None)
+            mass_ax.bar(x + width / 4, mass["long_wrong"], width / 2, color=f"C{i}", alpha=0.45, hatch="//",
+                        label=f"{r['name']}: long wrong" if j == 0 else None)
+    mass_ax.set_xticks(range(len(METHOD_NAMES)), METHOD_NAMES)
+    mass_ax.set(title="3. share of the update: short correct, long wrong", ylabel="share of update mass",
+                ylim=(0, 1))
+    for ax in axes.flat:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_report(results: Sequence[dict[str, Any]], out_dir: Path, plots: bool = True) -> dict[str, Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {"report": out_dir / "report.md", "numbers": out_dir / "audit.json"}
+    if plots:
+        paths["figure"] = out_dir / "audit.png"
+        plot_audit(results, paths["figure"])
+    paths["report"].write_text(report_markdown(results, figure="audit.png" if plots else None), encoding="utf-8")
+    paths["numbers"].write_text(json.dumps(list(results), indent=1), encoding="utf-8")
+    return paths

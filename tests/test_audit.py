@@ -1,0 +1,171 @@
+"""The bias audit on dumps built here, with every expected number worked out by hand (see each test's comments).
+
+Step 1, G = 4, three groups (scores; lengths in tokens):
+  g0 [1, 0, 0, 0]; [2, 4, 6, 8]     p_hat 1/4
+  g1 [1, 1, 1, 1]; [3, 3, 3, 3]     dead (all right)
+  g2 [1, 1, 0, 0]; [2, 2, 10, 10]   p_hat 1/2
+Step 2, one group [0, 1, 0, 0]; [5, 5, 5, 5].
+"""
+
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from recipe_apo.audit import stats
+from recipe_apo.audit.analysis import audit_run
+from recipe_apo.audit.dumps import AuditError, load_run
+
+EPS = 1e-6  # verl's grpo: (R - mean) / (std + eps), std unbiased
+STEP1 = [([1, 0, 0, 0], [2, 4, 6, 8]), ([1, 1, 1, 1], [3, 3, 3, 3]), ([1, 1, 0, 0], [2, 2, 10, 10])]
+STEP2 = [([0, 1, 0, 0], [5, 5, 5, 5])]
+DR_GRPO_STEP1 = [0.75, -0.25, -0.25, -0.25, 0, 0, 0, 0, 0.5, 0.5, -0.5, -0.5]
+
+
+def write_dump(folder, steps, with_recipe_fields=True, advantages=None):
+    folder.mkdir(parents=True, exist_ok=True)
+    for step, groups in steps.items():
+        rows = []
+        for g, (scores, lengths) in enumerate(groups):
+            for r, (score, length) in enumerate(zip(scores, lengths)):
+                row = {"input": f"prompt {g}", "output": "w " * length, "gts": "x", "score": float(score),
+                       "step": step}
+                if with_recipe_fields:
+                    row.update(uid=f"s{step}g{g}_{r}_0", response_length=length, truncated=float(length >= 10),
+                               data_source="toy")
+                rows.append(row)
+        if advantages is not None:
+            for row, value in zip(rows, advantages[step]):
+                row["advantage"] = value
+        (folder / f"{step}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return folder
+
+
+@pytest.fixture
+def audited(tmp_path):
+    folder = write_dump(tmp_path / "exp" / "rollouts", {1: STEP1, 2: STEP2},
+                        advantages={1: DR_GRPO_STEP1, 2: [-0.25, 0.75, -0.25, -0.25]})
+    return audit_run(load_run(tmp_path / "exp"))
+
+
+def test_dead_groups_and_their_tokens(audited):
+    assert audited["name"] == "exp" and audited["length_unit"] == "tokens"
+    first, second = audited["steps"]
+    assert first["dead_share"] == pytest.approx(1 / 3)
+    assert first["dead_token_share"] == pytest.approx(12 / 56)  # g1's 12 tokens of 20 + 12 + 24
+    assert second["dead_share"] == 0.0
+    dead = audited["dead"]
+    assert dead["share"] == pytest.approx(1 / 4) and dead["all_right_share"] == pytest.approx(1 / 4)
+    assert dead["all_wrong_share"] == 0.0 and dead["token_share"] == pytest.approx(12 / 76)
+
+
+def test_signal_by_difficulty_for_each_method(audited):
+    rows = {(row["G"], row["k"]): row for row in audited["difficulty"]}
+    assert sorted(rows) == [(4, 1), (4, 2), (4, 4)]
+    quarter, half = rows[(4, 1)], rows[(4, 2)]
+    assert quarter["groups"] == 2 and half["groups"] == 1
+    assert quarter["closed_form"] == pytest.approx(0.25 * 0.75 * 3) and half["closed_form"] == pytest.approx(0.75)
+    # Dr. GRPO: centered rewards; one success in four gives +0.75 and three times -0.25.
+    assert quarter["Dr. GRPO"] == pytest.approx({"positive": 0.75, "negative": 0.75})
+    assert half["Dr. GRPO"] == pytest.approx({"positive": 1.0, "negative": 1.0})
+    # GRPO: divided by the unbiased std, 0.5 for [1,0,0,0] and sqrt(1/3) for [1,1,0,0].
+    assert quarter["GRPO"]["positive"] == pytest.approx(0.75 / (0.5 + EPS), rel=1e-6)
+    assert half["GRPO"]["positive"] == pytest.approx(1.0 / (math.sqrt(1 / 3) + EPS), rel=1e-6)
+    # APO, defaults (lambda 1.5, eta 1, eta_min 0.05). Step 1 warm-starts the anchor at y_1 = 7/12; g0's gap
+    # is 1/4 - 7/12 = -1/3, so its positive advantage is raised by e^(1/3) and its negatives lowered by e^(-1/3).
+    c1 = 7 / 12
+    g0_pos, g0_neg = 0.75 * 1.5 * math.exp(1 / 3), 0.75 * 1.5 * math.exp(-1 / 3)
+    assert half["APO"]["positive"] == pytest.approx(1.5 * math.exp(c1 - 0.5), rel=1e-6)
+    assert half["APO"]["negative"] == pytest.approx(1.5 * math.exp(0.5 - c1), rel=1e-6)
+    # Step 2: the history holds one value (std 0), so the rate is eta_min: C_2 = 0.95 C_1 + 0.05 y_2.
+    c2 = 0.95 * c1 + 0.05 * 0.25
+    step2_pos, step2_neg = 0.75 * 1.5 * math.exp(c2 - 0.25), 0.75 * 1.5 * math.exp(0.25 - c2)
+    assert quarter["APO"]["positive"] == pytest.approx((g0_pos + step2_pos) / 2, rel=1e-6)
+    assert quarter["APO"]["negative"] == pytest.approx((g0_neg + step2_neg) / 2, rel=1e-6)
+
+
+def test_lengths_truncation_and_where_the_update_goes(audited):
+    first = audited["steps"][0]
+    assert first["length_correct"] == pytest.approx(18 / 7)  # 2, 3, 3, 3, 3, 2, 2
+    assert first["length_incorrect"] == pytest.approx(38 / 5)  # 4, 6, 8, 10, 10
+    assert first["truncated_share"] == pytest.approx(2 / 12)
+    # Step 1's median length is 3: short = at most 3 tokens. Dr. GRPO's mass |A| x |o| (1/L0):
+    # short correct 0.75*2 + 2*(0.5*2) = 3.5; long wrong 0.25*(4+6+8) + 2*(0.5*10) = 14.5; of 18.
+    shares = first["methods"]["Dr. GRPO"]
+    assert shares["short_correct"] == pytest.approx(3.5 / 18) and shares["long_wrong"] == pytest.approx(14.5 / 18)
+    assert shares["long_correct"] == shares["short_wrong"] == 0.0
+    # GRPO's mass is |A| whatever the length: short correct 1.5 + 2 x 0.866, long wrong 3 x 0.5 + 2 x 0.866.
+    a, b = 0.75 / (0.5 + EPS), 0.5 / (math.sqrt(1 / 3) + EPS)
+    grpo = first["methods"]["GRPO"]
+    assert grpo["short_correct"] == pytest.approx((a + 2 * b) / (2 * a + 4 * b), rel=1e-6)
+    assert grpo["long_wrong"] == pytest.approx((a + 2 * b) / (2 * a + 4 * b), rel=1e-6)
+
+
+def test_scale_and_which_replay_the_logged_advantages_match(audited):
+    assert audited["scale"]["GRPO"]["max"] == pytest.approx(0.75 / (0.5 + EPS), rel=1e-6)
+    assert audited["scale"]["Dr. GRPO"]["max"] == pytest.approx(0.75)
+    assert audited["logged"]["matches"] == ["Dr. GRPO"]
+    assert audited["logged"]["max_abs_difference"]["Dr. GRPO"] < 1e-6
+    assert audited["logged"]["max_abs_difference"]["GRPO"] > 0.5
+
+
+def test_a_plain_verl_dump_groups_by_prompt_and_counts_characters_or_tokens(tmp_path):
+    folder = write_dump(tmp_path / "plain", {1: STEP1}, with_recipe_fields=False)
+    run = load_run(folder)
+    assert run.length_source == "characters" and run.steps[0].truncated is None
+    assert run.steps[0].lengths.tolist() == [2.0 * n for n in (2, 4, 6, 8, 3, 3, 3, 3, 2, 2, 10, 10)]  # "w " each
+    result = audit_run(run)
+    assert result["steps"][0]["dead_share"] == pytest.approx(1 / 3)  # groups from the prompt text
+
+    def words(texts, add_special_tokens=False):  # a tokenizer's interface: one token per word
+        return {"input_ids": [text.split() for text in texts]}
+
+    tokens = load_run(folder, tokenizer=words, max_response_length=10)
+    assert tokens.length_source == "tokenizer"
+    assert tokens.steps[0].lengths.tolist() == [2, 4, 6, 8, 3, 3, 3, 3, 2, 2, 10, 10]
+    assert tokens.steps[0].truncated.tolist() == [False] * 10 + [True, True]
+
+
+def test_unreadable_dumps_are_refused_naming_the_file(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(AuditError, match="no <step>.jsonl files"):
+        load_run(tmp_path / "empty")
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "1.jsonl").write_text('{"output": "a", "score": 1.0}\nnot json\n')
+    with pytest.raises(AuditError, match=r"1.jsonl:2: not JSON"):
+        load_run(bad)
+    (bad / "1.jsonl").write_text('{"output": "a", "score": NaN}\n')
+    with pytest.raises(AuditError, match=r"1.jsonl:1: score nan is not a finite number"):
+        load_run(bad)
+
+
+def test_the_command_compares_runs_side_by_side(tmp_path):
+    first = write_dump(tmp_path / "grpo-run" / "rollouts", {1: STEP1, 2: STEP2})
+    second = write_dump(tmp_path / "apo-run" / "rollouts", {1: STEP2})
+    out = tmp_path / "report"
+    result = subprocess.run([sys.executable, "-m", "recipe_apo.audit", str(first.parent), str(second.parent),
+                             "--out", str(out), "--apo", "lambda_scale=2.0"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert f"report: {out / 'report.md'}" in result.stdout
+    report = (out / "report.md").read_text()
+    assert "| grpo-run | 25.0% | 0.0% | 25.0% | 15.8% |" in report  # dead groups: 1 of 4, 12 of 76 tokens
+    assert "| apo-run | 0.0% | 0.0% | 0.0% | 0.0% |" in report
+    assert "lambda_scale 2.0" in report and (out / "audit.png").stat().st_size > 10_000
+    numbers = json.loads((out / "audit.json").read_text())
+    assert [r["name"] for r in numbers] == ["grpo-run", "apo-run"]
+    refused = subprocess.run([sys.executable, "-m", "recipe_apo.audit", str(first.parent), "--out", str(out),
+                              "--apo", "lambda_sacle=2"], capture_output=True, text=True)
+    last = refused.stderr.strip().splitlines()[-1]
+    assert refused.returncode == 2 and last.startswith("recipe-apo audit: error: ") and "lambda_sacle" in last
+
+
+def test_per_token_weights_follow_each_aggregation():
+    lengths = np.array([1.0, 2.0, 4.0])
+    assert stats.token_weights(lengths, stats.TOKEN_MEAN, l0=8).tolist() == [1.0, 0.5, 0.25]
+    assert stats.token_weights(lengths, stats.TOKEN_SUM_NORM, l0=8).tolist() == [0.125] * 3
+    assert stats.update_mass([-2.0, 1.0, 1.0], lengths, stats.TOKEN_MEAN, l0=8).tolist() == [2.0, 1.0, 1.0]
+    assert stats.update_mass([-2.0, 1.0, 1.0], lengths, stats.TOKEN_SUM_NORM, l0=8).tolist() == [0.25, 0.25, 0.5]
