@@ -199,3 +199,44 @@ def test_collect_gathers_jobs_into_one_table(tiny_run, tmp_path):
     text = collect(tmp_path)
     assert text.count("algorithm.apo.lambda_scale=1.1") == 3 and text.count("algorithm.apo.lambda_scale=2.0") == 3
     assert (tmp_path / "collected.md").exists() and len(json.loads((tmp_path / "collected.json").read_text())) == 6
+
+
+def test_t_critical_values_are_students_for_any_number_of_seeds():
+    from recipe_apo.testbed.report import t_critical, t_two_sided_p
+
+    table = {1: 12.706, 2: 4.303, 5: 2.571, 10: 2.228, 11: 2.201, 20: 2.086, 30: 2.042, 120: 1.980}
+    for df, value in table.items():
+        assert t_critical(df) == pytest.approx(value, abs=5e-4)
+    assert t_two_sided_p(2.188, 11) == pytest.approx(0.0511, abs=1e-4)  # 12 seeds: not significant
+
+
+def test_a_paired_difference_needs_the_exact_critical_value_and_every_seed():
+    from recipe_apo.testbed.report import paired
+
+    # Twelve seeds, all positive, t between the normal's 1.96 and Student's 2.201 for 11 degrees of freedom.
+    def t_of(y):
+        d = np.array([1.0] * 11 + [y])
+        return d.mean() / (d.std(ddof=1) / np.sqrt(12))
+
+    low, high = 1.0, 100.0  # t falls as the last seed grows
+    for _ in range(100):
+        mid = (low + high) / 2
+        low, high = (mid, high) if t_of(mid) > 2.1 else (low, mid)
+    result = paired([1.0] * 11 + [low], [0.0] * 12)
+    assert result["t"] == pytest.approx(2.1, abs=1e-6) and result["seeds_agree"] == 12
+    assert result["beyond_seed_noise"] is False
+    # A seed without a value is reported as missing and keeps the verdict at "within seed noise".
+    gap = paired([1.0, 2.0, 3.0, float("nan")], [0.0, 0.0, 0.0, 0.0])
+    assert (gap["seeds"], gap["seeds_missing"], gap["beyond_seed_noise"]) == (3, 1, False)
+
+
+def test_verdicts_pair_methods_by_label_not_by_name_prefix():
+    from recipe_apo.testbed.report import verdict_lines
+
+    beyond = {"mean": -0.011, "beyond_seed_noise": True, "seeds_agree": 4, "seeds": 4, "seeds_missing": 0}
+    summary = {"methods": {"apo": {"adv_estimator": "apo"}, "apo_clip": {"adv_estimator": "apo"}},
+               "paired": {"apo - apo_clip": {"success_avg": beyond, "hard_success_avg": beyond}}}
+    lines = verdict_lines(summary)
+    assert "- apo trails apo_clip on mean success over training by 0.011 (4/4 seeds agree)." in lines
+    assert "- apo_clip beats apo on mean success over training by 0.011 (4/4 seeds agree)." in lines
+    assert not any("apo_clip trails apo" in line or "apo beats apo_clip" in line for line in lines)

@@ -16,8 +16,47 @@ import numpy as np
 
 from recipe_apo.testbed.train import BUCKETS
 
-# Two-sided 5% critical values of Student's t for 1..10 degrees of freedom (no scipy dependency).
-_T_CRIT = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
+
+
+def _incomplete_beta(a: float, b: float, x: float) -> float:
+    """The regularized incomplete beta function I_x(a, b), by its continued fraction (modified Lentz)."""
+    if x <= 0.0 or x >= 1.0:
+        return 0.0 if x <= 0.0 else 1.0
+    if x > (a + 1.0) / (a + b + 2.0):  # the fraction converges fast only below the mean; use the symmetry
+        return 1.0 - _incomplete_beta(b, a, 1.0 - x)
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)) / a
+    tiny, c, d = 1e-300, 1.0, 0.0
+    f = None
+    for i in range(400):
+        m = i // 2
+        if i == 0:
+            numerator = 1.0
+        elif i % 2 == 0:
+            numerator = m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m))
+        else:
+            numerator = -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))
+        d = 1.0 + numerator * d
+        d = 1.0 / (d if abs(d) > tiny else tiny)
+        c = 1.0 + numerator / (c if abs(c) > tiny else tiny)
+        f = c * d if f is None else f * c * d
+        if abs(c * d - 1.0) < 1e-14:
+            break
+    return front * (f - 1.0)
+
+
+def t_two_sided_p(t: float, df: int) -> float:
+    """Two-sided p-value of Student's t with ``df`` degrees of freedom: I_{df/(df+t^2)}(df/2, 1/2)."""
+    return _incomplete_beta(df / 2.0, 0.5, df / (df + t * t))
+
+
+def t_critical(df: int, level: float = 0.05) -> float:
+    """The two-sided critical value of Student's t at ``level``, for any ``df`` (bisection on the p-value)."""
+    low, high = 0.0, 1e3
+    for _ in range(200):
+        mid = (low + high) / 2.0
+        low, high = (mid, high) if t_two_sided_p(mid, df) > level else (low, mid)
+    return (low + high) / 2.0
+
 
 # (key, header, format, higher is better?) of the main table, in order.
 HEADLINE = [
@@ -81,9 +120,14 @@ def run_summary(run: dict[str, Any], rounds: int, early_fraction: float) -> dict
 
 
 def paired(values_a: list[float], values_b: list[float]) -> dict[str, Any]:
-    """a - b per seed, with how many seeds agree on the sign and whether it clears seed noise."""
+    """a - b per seed, with how many seeds agree on the sign and whether it clears seed noise.
+
+    A seed where either value is missing (NaN, e.g. a length when no response was correct) is counted as
+    missing, and a difference with any seed missing is never called beyond seed noise.
+    """
     diff = np.asarray(values_a, dtype=np.float64) - np.asarray(values_b, dtype=np.float64)
     n = int(np.isfinite(diff).sum())
+    missing = int(diff.size - n)
     d = diff[np.isfinite(diff)]
     mean = float(d.mean()) if n else float("nan")
     std = float(d.std(ddof=1)) if n > 1 else float("nan")
@@ -92,9 +136,9 @@ def paired(values_a: list[float], values_b: list[float]) -> dict[str, Any]:
     # Fewer than 3 seeds cannot tell a difference from noise, whatever the numbers say.
     if n >= 3 and std > 0:
         t = mean / (std / math.sqrt(n))
-        significant = abs(t) > _T_CRIT.get(n - 1, 1.96) and agree == n
+        significant = abs(t) > t_critical(n - 1) and agree == n and missing == 0
     else:
-        t, significant = float("nan"), bool(n >= 3 and std == 0 and mean != 0)
+        t, significant = float("nan"), bool(n >= 3 and std == 0 and mean != 0 and missing == 0)
     return {
         "per_seed": [float(x) for x in diff],
         "mean": mean,
@@ -102,6 +146,7 @@ def paired(values_a: list[float], values_b: list[float]) -> dict[str, Any]:
         "t": t,
         "seeds_agree": agree,
         "seeds": n,
+        "seeds_missing": missing,
         "direction": "+" if positive > negative else ("-" if negative > positive else "0"),
         "beyond_seed_noise": bool(significant),
     }
@@ -247,18 +292,22 @@ def verdict_lines(summary: dict[str, Any]) -> list[str]:
         for b in labels:
             if b == a:
                 continue
+            # The pair is stored once, as "x - y"; which label comes first says the sign (not a name prefix:
+            # "apo" is a prefix of "apo_clip").
             key = f"{a} - {b}" if f"{a} - {b}" in summary["paired"] else f"{b} - {a}"
-            sign = 1.0 if key.startswith(a) else -1.0
+            sign = 1.0 if key == f"{a} - {b}" else -1.0
             for metric, words in [("success_avg", "mean success over training"),
                                   ("hard_success_avg", "mean success on the hardest third")]:
                 p = summary["paired"][key][metric]
                 d = sign * p["mean"]
+                missing = f", {p['seeds_missing']} seed(s) without a value" if p.get("seeds_missing") else ""
                 if p["beyond_seed_noise"]:
                     how = "beats" if d > 0 else "trails"
-                    out.append(f"- {a} {how} {b} on {words} by {abs(d):.3f} ({p['seeds_agree']}/{p['seeds']} seeds agree).")
+                    out.append(f"- {a} {how} {b} on {words} by {abs(d):.3f} "
+                               f"({p['seeds_agree']}/{p['seeds']} seeds agree).")
                 else:
                     out.append(f"- {a} vs {b}, {words}: {d:+.3f}, within seed noise "
-                               f"({p['seeds_agree']}/{p['seeds']} seeds on one side).")
+                               f"({p['seeds_agree']}/{p['seeds']} seeds on one side{missing}).")
     return out or ["- no APO method in this run."]
 
 
