@@ -59,8 +59,9 @@ def report_markdown(results: Sequence[dict[str, Any]], figure: Optional[str] = "
     lines += ["", "## 2. Difficulty (Proposition 1)", "",
               "Mean positive signal S+ = sum_i max(A_i, 0) and negative signal S- = sum_i max(-A_i, 0) per group, "
               "by the group's success rate p_hat = k/G, beside p(1-p)(G-1), Dr. GRPO's E[S+] at success "
-              "probability p = p_hat. GRPO's std divides hard and easy groups' signal up; APO's Phi_i moves it "
-              "toward groups below the anchor.", ""]
+              "probability p = p_hat. GRPO's division by the group's std flattens the curve (extreme groups have "
+              "the smallest std); APO's Phi_i raises the positive signal of groups below its anchor and the "
+              "negative signal of groups above it.", ""]
     for r in results:
         lines += [f"**{r['name']}**", "",
                   "| G | p_hat | groups | p(1-p)(G-1) | " + " | ".join(f"{m} S+ / S-" for m in METHOD_NAMES) + " |",
@@ -114,6 +115,22 @@ def report_markdown(results: Sequence[dict[str, Any]], figure: Optional[str] = "
     return "\n".join(lines) + "\n"
 
 
+def pooled_difficulty(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Mean S+ per method by (G, k), over the groups of every run (weighted by their counts)."""
+    cells: dict[tuple[int, int], dict[str, Any]] = {}
+    for r in results:
+        for row in r["difficulty"]:
+            cell = cells.setdefault((row["G"], row["k"]), {"p_hat": row["p_hat"], "closed_form": row["closed_form"],
+                                                           "groups": 0, **dict.fromkeys(METHOD_NAMES, 0.0)})
+            cell["groups"] += row["groups"]
+            for m in METHOD_NAMES:
+                cell[m] += row[m]["positive"] * row["groups"]
+    for cell in cells.values():
+        for m in METHOD_NAMES:
+            cell[m] /= cell["groups"]
+    return [cells[key] for key in sorted(cells)]
+
+
 def plot_audit(results: Sequence[dict[str, Any]], path: Path) -> None:
     import matplotlib
 
@@ -122,7 +139,6 @@ def plot_audit(results: Sequence[dict[str, Any]], path: Path) -> None:
 
     fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
     (dead_ax, signal_ax), (length_ax, mass_ax) = axes
-    styles = ("-", "--", ":", "-.")
     for i, r in enumerate(results):
         steps = [s["step"] for s in r["steps"]]
         dead_ax.plot(steps, [s["dead_share"] for s in r["steps"]], marker="o", ms=3, label=r["name"])
@@ -130,16 +146,16 @@ def plot_audit(results: Sequence[dict[str, Any]], path: Path) -> None:
         wrong = [s["length_incorrect"] if s["length_incorrect"] is not None else float("nan") for s in r["steps"]]
         length_ax.plot(steps, right, color=f"C{i}", marker="o", ms=3, label=f"{r['name']}: correct")
         length_ax.plot(steps, wrong, color=f"C{i}", ls="--", marker="x", ms=3, label=f"{r['name']}: incorrect")
-        for j, m in enumerate(METHOD_NAMES):
-            rows = r["difficulty"]
-            signal_ax.plot([row["p_hat"] for row in rows], [row[m]["positive"] for row in rows], color=f"C{j}",
-                           ls=styles[i % len(styles)], marker="o", ms=3,
-                           label=f"{m}" + (f" ({r['name']})" if len(results) > 1 else ""))
-    rows = results[0]["difficulty"]
+    rows = pooled_difficulty(results)
+    for j, m in enumerate(METHOD_NAMES):
+        signal_ax.plot([row["p_hat"] for row in rows], [row[m] for row in rows], color=f"C{j}", marker="o", ms=3,
+                       label=m)
     signal_ax.plot([row["p_hat"] for row in rows], [row["closed_form"] for row in rows], "k--", lw=1,
                    label="p(1-p)(G-1)")
     dead_ax.set(title="1. dead groups (every score equal)", xlabel="step", ylabel="share of groups", ylim=(0, 1))
-    signal_ax.set(title="2. positive signal S+ per group", xlabel="group success rate p_hat", ylabel="mean S+")
+    pooled = " (groups of all runs)" if len(results) > 1 else ""
+    signal_ax.set(title=f"2. positive signal S+ per group{pooled}", xlabel="group success rate p_hat",
+                  ylabel="mean S+")
     length_ax.set(title="3. response length", xlabel="step", ylabel=f"length ({results[0]['length_unit']})")
     width = 0.8 / max(len(results), 1)
     for i, r in enumerate(results):
