@@ -18,6 +18,8 @@ from recipe_apo.loss import NORM_MODE
 AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", NORM_MODE)
 # Estimators that compare the responses of one prompt with each other: a group of one carries no signal.
 GROUP_ESTIMATORS = ("apo", "grpo", "grpo_vectorized", "rloo", "rloo_vectorized", "grpo_passk", "opo", "gdpo")
+# Policy losses of verl 0.9.1 that aggregate their own way, whatever loss_agg_mode says.
+OWN_AGGREGATION = {"sapo": "seq-mean-token-mean"}
 # verl's driver calls these two without looking them up in the registry.
 HARD_WIRED_ESTIMATORS = ("gae", "grpo")
 
@@ -48,10 +50,11 @@ def _refuse_silent_combinations(algorithm: Any, actor: Any, estimator: str, loss
             "by the group's std): set it to false, or use adv_estimator=grpo for std-normalized advantages"
         )
     agg_mode = str(actor.loss_agg_mode)
-    if loss_mode == "sapo" and agg_mode != "seq-mean-token-mean":
+    if loss_mode in OWN_AGGREGATION and agg_mode != OWN_AGGREGATION[loss_mode]:
         raise RecipeConfigError(
-            f"actor_rollout_ref.actor.policy_loss.loss_mode=sapo ignores loss_agg_mode={agg_mode}: verl's sapo "
-            "always aggregates with seq-mean-token-mean; set that, or use loss_mode=apo (same gate, any mode)"
+            f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode} ignores loss_agg_mode={agg_mode}: verl's "
+            f"{loss_mode} always aggregates with {OWN_AGGREGATION[loss_mode]}; set that, or use loss_mode=apo "
+            "(same gate, any mode)"
         )
     if actor.get("loss_scale_factor", None) is not None and agg_mode != NORM_MODE:
         raise RecipeConfigError(

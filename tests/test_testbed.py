@@ -85,6 +85,20 @@ def test_methods_of_a_seed_share_their_start(tiny_run):
     assert summary["seed_setup"]["0"]["init_weights_sha256"] != summary["seed_setup"]["1"]["init_weights_sha256"]
 
 
+def test_initial_success_by_bucket_comes_from_fresh_samples(tiny_run):
+    # The buckets are cut on the initial policy's success over some samples; reporting the buckets' success on
+    # those same samples would show "hard" harder than it is. The report uses the round-0 evaluation instead.
+    out, summary = tiny_run
+    history = json.loads((out / "history.json").read_text())
+    for seed in (0, 1):
+        setup = summary["seed_setup"][str(seed)]
+        for run in (r for r in history if r["seed"] == seed):
+            assert setup["initial_success"] == run["evals"]["overall"][0]
+            assert setup["initial_success_by_bucket"] == {b: run["evals"][b][0] for b in ("hard", "medium", "easy")}
+        assert set(setup["bucketing_success_by_bucket"]) == {"hard", "medium", "easy"}
+    assert "measured on fresh samples" in (out / "report.md").read_text()
+
+
 def test_apo_run_records_its_anchor(tiny_run):
     out, _ = tiny_run
     history = json.loads((out / "history.json").read_text())
@@ -199,6 +213,54 @@ def test_collect_gathers_jobs_into_one_table(tiny_run, tmp_path):
     text = collect(tmp_path)
     assert text.count("algorithm.apo.lambda_scale=1.1") == 3 and text.count("algorithm.apo.lambda_scale=2.0") == 3
     assert (tmp_path / "collected.md").exists() and len(json.loads((tmp_path / "collected.json").read_text())) == 6
+
+
+def test_collect_orders_jobs_by_number_and_states_a_single_seeds_mean_alone(tiny_run, tmp_path):
+    from recipe_apo.testbed.collect import collect
+    from recipe_apo.testbed.report import mean_and_spread
+
+    out, _ = tiny_run
+    for number in (10, 2, 1):  # Hydra's job folders; as text "10" would sort before "2"
+        job = tmp_path / str(number)
+        (job / ".hydra").mkdir(parents=True)
+        (job / "summary.json").write_text((out / "summary.json").read_text())
+        (job / ".hydra" / "overrides.yaml").write_text(f"- rounds={number}\n")
+    rows = [line for line in collect(tmp_path).splitlines() if line.startswith("| rounds=")]
+    assert [row.split(" | ")[0] for row in rows[::3]] == ["| rounds=1", "| rounds=2", "| rounds=10"]
+    assert mean_and_spread("{:.3f}", 0.5, float("nan")) == "0.500 (one seed)"
+    assert mean_and_spread("{:.3f}", 0.5, 0.01) == "0.500 +- 0.010"
+
+
+def test_the_method_table_shows_what_a_loss_with_its_own_aggregation_does(tiny_run):
+    import copy
+
+    from recipe_apo.testbed.report import report_markdown
+
+    _, summary = tiny_run
+    changed = copy.deepcopy(summary)
+    changed["methods"]["drgrpo"]["loss_mode"] = "sapo"
+    assert ("| drgrpo | `grpo` | False | `sapo` | `seq-mean-token-mean (the loss's own; seq-mean-token-sum-norm "
+            "ignored)` |") in report_markdown(changed)
+
+
+def test_settings_the_testbed_cannot_honour_are_refused(hydra_ctx):
+    from hydra import compose
+
+    from recipe_apo.testbed.update import actor_config
+
+    cfg = compose(config_name="testbed", overrides=["actor_rollout_ref.actor.entropy_coeff=0.01"])
+    with pytest.raises(ValueError, match="entropy_coeff=0.01: the testbed has no entropy bonus"):
+        actor_config(cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout.n)
+
+
+def test_a_method_may_not_change_what_the_methods_of_a_seed_share(hydra_ctx):
+    from recipe_apo.testbed.configs import method_configs
+
+    with pytest.raises(ValueError, match=r"methods.long sets rounds=99: every method of a seed shares"):
+        method_configs(['+methods.long=["method=apo","rounds=99"]'])
+    with pytest.raises(ValueError, match=r"methods.wide sets task.max_len=6"):
+        method_configs(['+methods.wide=["method=apo","task.max_len=6"]'])
+    assert "apo_eta" in method_configs(['+methods.apo_eta=["method=apo","algorithm.apo.eta=0.5"]'])
 
 
 def test_t_critical_values_are_students_for_any_number_of_seeds():

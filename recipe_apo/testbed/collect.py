@@ -7,12 +7,13 @@ A Hydra callback (``CollectSweep``, declared in conf/testbed.yaml) runs the same
 from __future__ import annotations
 
 import json
-import math
 import sys
 from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
+
+from recipe_apo.testbed.report import mean_and_spread
 
 COLUMNS = [
     ("success_avg", "success, mean over training", "{:.3f}"),
@@ -31,16 +32,18 @@ def _job_overrides(job_dir: Path) -> list[str]:
 
 
 def _cell(fmt: str, stat: dict[str, float]) -> str:
-    mean, std = stat["mean"], stat["std"]
-    if not math.isfinite(mean):
-        return "nan"
-    return f"{fmt.format(mean)} +- {fmt.format(std)}"
+    return mean_and_spread(fmt, stat["mean"], stat["std"])
+
+
+def _job_order(job: Path, root: Path) -> tuple:
+    """Hydra's job folders in numeric order (0, 1, 2, ..., 10), not as text (0, 1, 10, 2)."""
+    return tuple((0, int(part), "") if part.isdigit() else (1, 0, part) for part in job.relative_to(root).parts)
 
 
 def collect(sweep_dir: Path) -> str:
     """Write ``collected.md`` and ``collected.json`` in ``sweep_dir``; return the markdown."""
     sweep_dir = Path(sweep_dir)
-    jobs = sorted(p.parent for p in sweep_dir.rglob("summary.json"))
+    jobs = sorted((p.parent for p in sweep_dir.rglob("summary.json")), key=lambda job: _job_order(job, sweep_dir))
     if not jobs:
         raise FileNotFoundError(f"no summary.json under {sweep_dir}: is it a testbed multirun folder?")
     rows: list[dict[str, Any]] = []

@@ -18,6 +18,12 @@ METHOD_KEYS = (
 )
 
 
+# What every method of a seed shares (the seed's setup is built once, from the first method's config): a
+# method's own entry may not change them.
+SHARED_KEYS = ("rounds", "seeds", "task.", "eval.", "pretrain.", "policy.", "data.train_batch_size",
+               "data.max_response_length", "actor_rollout_ref.rollout.n", "eval_every")
+
+
 def _key(override: str) -> str:
     return override.split("=", 1)[0].lstrip("+~")
 
@@ -42,6 +48,13 @@ def method_configs(overrides: list[str]) -> dict[str, DictConfig]:
         user = overrides
     out: dict[str, DictConfig] = {}
     for label, extra in entries.items():
+        shared = [o for o in extra if any(_key(o) == k or (k.endswith(".") and _key(o).startswith(k))
+                                          for k in SHARED_KEYS)]
+        if shared:
+            raise ValueError(
+                f"methods.{label} sets {', '.join(shared)}: every method of a seed shares the rounds, task, "
+                "prompts, group size, evaluation and warm-up; set it on the command line for all methods"
+            )
         cfg = compose(config_name=CONFIG_NAME, overrides=list(user) + extra)
         reference = compose(config_name=CONFIG_NAME, overrides=extra if extra else [f"method={label}"])
         if _method_signature(cfg) != _method_signature(reference):

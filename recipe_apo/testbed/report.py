@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from recipe_apo.testbed.train import BUCKETS
+from recipe_apo.validation import OWN_AGGREGATION
 
 
 
@@ -152,6 +153,18 @@ def paired(values_a: list[float], values_b: list[float]) -> dict[str, Any]:
     }
 
 
+def _initial_success(seed: int, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The initial policy's success, overall and by bucket, from the round-0 evaluation: fresh samples, not the
+    ones that sorted prompts into buckets (those make "hard" look harder than it is). Every method of a seed
+    evaluates the same start with the same samples, so any run of the seed gives it."""
+    run = next(r for r in runs if r["seed"] == seed)
+    evals = run["evals"]
+    if not evals["round"] or evals["round"][0] != 0:
+        raise ValueError(f"seed {seed}: the run has no evaluation at round 0")
+    return {"initial_success": float(evals["overall"][0]),
+            "initial_success_by_bucket": {name: float(evals[name][0]) for name in BUCKETS}}
+
+
 def build_summary(
     cfg_by_label: dict[str, Any], setups: dict, runs: list[dict[str, Any]], wall_s: float, base_cfg: dict
 ) -> dict[str, Any]:
@@ -198,8 +211,9 @@ def build_summary(
             str(s): {
                 "init_weights_sha256": setups[s].init_digest,
                 "pretrain_loss": setups[s].pretrain_loss,
-                "initial_success": float(setups[s].initial_success.mean()),
-                "initial_success_by_bucket": {
+                **_initial_success(s, runs),
+                # The samples that defined the buckets: biased toward the extremes within each bucket.
+                "bucketing_success_by_bucket": {
                     name: float(setups[s].initial_success[setups[s].bucket == b].mean())
                     for b, name in enumerate(BUCKETS)
                 },
@@ -216,6 +230,15 @@ def build_summary(
 
 def _fmt(fmt: str, value: float) -> str:
     return "nan" if value is None or not math.isfinite(value) else fmt.format(value)
+
+
+def mean_and_spread(fmt: str, mean: float, std: float) -> str:
+    """``mean +- std``; the mean alone where there is no spread to give (one seed: the std is NaN)."""
+    if mean is None or not math.isfinite(mean):
+        return "nan"
+    if std is None or not math.isfinite(std):
+        return f"{fmt.format(mean)} (one seed)"
+    return f"{fmt.format(mean)} +- {fmt.format(std)}"
 
 
 def report_markdown(summary: dict[str, Any]) -> str:
@@ -237,11 +260,13 @@ def report_markdown(summary: dict[str, Any]) -> str:
     for label, m in summary["methods"].items():
         std = m["norm_adv_by_std_in_grpo"] if m["adv_estimator"] == "grpo" else "-"
         agg = m["loss_agg_mode"] + (f" / {m['loss_scale_factor']}" if m["loss_agg_mode"].endswith("norm") else "")
+        if m["loss_mode"] in OWN_AGGREGATION:  # the loss ignores loss_agg_mode: show what it does
+            agg = f"{OWN_AGGREGATION[m['loss_mode']]} (the loss's own; {m['loss_agg_mode']} ignored)"
         lines.append(f"| {label} | `{m['adv_estimator']}` | {std} | `{m['loss_mode']}` | `{agg}` |")
     init = summary["seed_setup"]
     lines += [
         "",
-        "Initial policy (shared by all methods of a seed): success "
+        "Initial policy (shared by all methods of a seed), measured on fresh samples: success "
         + ", ".join(
             f"seed {s}: {init[str(s)]['initial_success']:.2f} "
             f"(hard {init[str(s)]['initial_success_by_bucket']['hard']:.2f}, "
@@ -257,7 +282,7 @@ def report_markdown(summary: dict[str, Any]) -> str:
     ]
     agg = summary["aggregate"]
     for key, header, fmt, _ in HEADLINE:
-        cells = [f"{_fmt(fmt, agg[l][key]['mean'])} +- {_fmt(fmt, agg[l][key]['std'])}" for l in labels]
+        cells = [mean_and_spread(fmt, agg[l][key]["mean"], agg[l][key]["std"]) for l in labels]
         lines.append(f"| {header} | " + " | ".join(cells) + " |")
     lines += [
         "",
@@ -275,7 +300,7 @@ def report_markdown(summary: dict[str, Any]) -> str:
         for key, p in metrics.items():
             fmt = formats[key]
             per_seed = " ".join(_fmt(fmt.replace("{:", "{:+"), x) for x in p["per_seed"])
-            mean = f"{_fmt(fmt.replace('{:', '{:+'), p['mean'])} +- {_fmt(fmt, p['std'])}"
+            mean = mean_and_spread(fmt.replace("{:", "{:+"), p["mean"], p["std"])
             verdict = f"**{p['direction']}**" if p["beyond_seed_noise"] else "within seed noise"
             lines.append(f"| {name} | {headers[key]} | {per_seed} | {mean} | {p['seeds_agree']}/{p['seeds']} | {verdict} |")
     lines += ["", "## Verdict", ""] + verdict_lines(summary)

@@ -30,6 +30,12 @@ def actor_config(actor: DictConfig, rollout_n: int):
     plain = OmegaConf.to_container(actor, resolve=True)
     if plain.get("use_kl_loss"):
         raise ValueError("the testbed has no reference policy: actor_rollout_ref.actor.use_kl_loss must be false")
+    if plain.get("entropy_coeff"):
+        # Accepted and ignored, it would let a sweep over it measure noise.
+        raise ValueError(
+            f"actor_rollout_ref.actor.entropy_coeff={plain['entropy_coeff']}: the testbed has no entropy bonus; "
+            "set it to 0"
+        )
     known = {f.name for f in dataclasses.fields(FSDPActorConfig)}
     kwargs = {key: value for key, value in plain.items() if key in known and key not in _NOT_FROM_YAML}
     loss_fields = {f.name for f in dataclasses.fields(PolicyLossConfig)} - {"rollout_correction"}
