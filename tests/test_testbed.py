@@ -178,6 +178,7 @@ def test_task_verifier_ignores_fillers_and_scores_cut_responses_zero():
     assert scored["reward"].tolist() == [1.0, 1.0, 0.0, 0.0]
     assert scored["length"].tolist() == [3, 5, 3, 6]
     assert scored["cut"].tolist() == [False, False, False, True]
+    assert scored["fillers"].tolist() == [0, 2, 0, 4]  # filler tokens before the end (all of a cut response's)
     demos, fits = task.demonstrations(prompts, k, torch.Generator().manual_seed(0))
     assert (task.score(prompts, k, demos)["reward"][fits] == 1.0).all()
     del c
@@ -211,7 +212,9 @@ def test_collect_gathers_jobs_into_one_table(tiny_run, tmp_path):
         (job / "summary.json").write_text((out / "summary.json").read_text())
         (job / ".hydra" / "overrides.yaml").write_text(f"- algorithm.apo.lambda_scale={value}\n")
     text = collect(tmp_path)
-    assert text.count("algorithm.apo.lambda_scale=1.1") == 3 and text.count("algorithm.apo.lambda_scale=2.0") == 3
+    rows = text.split("## Across jobs")[0].splitlines()
+    for value in ("1.1", "2.0"):
+        assert sum(row.startswith(f"| algorithm.apo.lambda_scale={value} |") for row in rows) == 3
     assert (tmp_path / "collected.md").exists() and len(json.loads((tmp_path / "collected.json").read_text())) == 6
 
 
@@ -229,6 +232,24 @@ def test_collect_orders_jobs_by_number_and_states_a_single_seeds_mean_alone(tiny
     assert [row.split(" | ")[0] for row in rows[::3]] == ["| rounds=1", "| rounds=2", "| rounds=10"]
     assert mean_and_spread("{:.3f}", 0.5, float("nan")) == "0.500 (one seed)"
     assert mean_and_spread("{:.3f}", 0.5, 0.01) == "0.500 +- 0.010"
+
+
+def test_collect_pairs_each_method_across_jobs_when_they_share_their_starts(tiny_run, tmp_path):
+    import copy
+
+    from recipe_apo.testbed.collect import across_jobs
+
+    _, summary = tiny_run
+    better = copy.deepcopy(summary)
+    for seed in ("0", "1"):
+        better["runs"]["apo"][seed]["success_avg"] += 0.01 * (int(seed) + 1)
+    other_start = copy.deepcopy(summary)
+    other_start["seed_setup"]["1"]["init_weights_sha256"] = "different"
+    lines = across_jobs([("tau_neg=1.5", summary), ("tau_neg=0.6", better), ("task.max_len=6", other_start)])
+    apo = [line for line in lines if line.startswith("| apo | tau_neg=0.6 |")]
+    assert apo == ["| apo | tau_neg=0.6 | +0.010 +0.020 | +0.015 | 2/2 | within seed noise |"]  # 2 seeds: too few
+    assert "| grpo | tau_neg=0.6 | +0.000 +0.000 | +0.000 | 0/2 | within seed noise |" in lines
+    assert "| apo | task.max_len=6 | - | - | - | not paired: the jobs start from different weights |" in lines
 
 
 def test_the_method_table_shows_what_a_loss_with_its_own_aggregation_does(tiny_run):

@@ -13,7 +13,7 @@ from typing import Any
 
 from hydra.experimental.callback import Callback
 
-from recipe_apo.testbed.report import mean_and_spread
+from recipe_apo.testbed.report import mean_and_spread, paired
 
 COLUMNS = [
     ("success_avg", "success, mean over training", "{:.3f}"),
@@ -80,10 +80,45 @@ def collect(sweep_dir: Path) -> str:
             lines.append(f"| {overrides} | {label} | " + " | ".join(cells) + " | " + "; ".join(versus) + " |")
             rows.append({"job": str(job), "overrides": overrides, "method": label,
                          **{key: stats[key] for key, _, _ in COLUMNS}})
+    lines += across_jobs([(" ".join(o for o in overrides_of[job] if o not in shared) or "(defaults)",
+                           json.loads((job / "summary.json").read_text())) for job in jobs])
     text = "\n".join(lines) + "\n"
     (sweep_dir / "collected.md").write_text(text)
     (sweep_dir / "collected.json").write_text(json.dumps(rows, indent=1))
     return text
+
+
+def across_jobs(jobs: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    """The same method in each job against the first job, paired by seed: the single run's seed-noise verdict.
+
+    Pairs are valid only where the jobs share each seed's start (same initial weights, the swept key being a
+    method setting); otherwise the row says so instead of comparing.
+    """
+    if len(jobs) < 2:
+        return []
+    (base_name, base), rest = jobs[0], jobs[1:]
+    lines = ["", f"## Across jobs: each method against itself in the first job ({base_name})", "",
+             "Paired by seed, mean success over training; **bold** when every seed agrees and a paired t-test "
+             "clears 5% (as in a single run's report), else within seed noise.", "",
+             "| method | job | per seed | mean | agree | verdict |", "|---|---|---|---|---|---|"]
+    for name, summary in rest:
+        seeds = [str(s) for s in base["seeds"]]
+        same_start = summary["seeds"] == base["seeds"] and all(
+            summary["seed_setup"][s]["init_weights_sha256"] == base["seed_setup"][s]["init_weights_sha256"]
+            for s in seeds)
+        for label in summary["runs"]:
+            if label not in base["runs"]:
+                continue
+            if not same_start:
+                lines.append(f"| {label} | {name} | - | - | - | not paired: the jobs start from different weights |")
+                continue
+            p = paired([summary["runs"][label][s]["success_avg"] for s in seeds],
+                       [base["runs"][label][s]["success_avg"] for s in seeds])
+            verdict = f"**{p['direction']}**" if p["beyond_seed_noise"] else "within seed noise"
+            per_seed = " ".join(f"{d:+.3f}" for d in p["per_seed"])
+            lines.append(f"| {label} | {name} | {per_seed} | {p['mean']:+.3f} | {p['seeds_agree']}/{p['seeds']} | "
+                         f"{verdict} |")
+    return lines
 
 
 class CollectSweep(Callback):

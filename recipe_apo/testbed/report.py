@@ -67,8 +67,10 @@ HEADLINE = [
     ("hard_success_avg", "hardest third, mean over training", "{:.3f}", True),
     ("hard_success_final", "hardest third, final", "{:.3f}", True),
     ("easy_success_avg", "easiest third, mean over training", "{:.3f}", True),
-    ("len_correct", "length of correct (last quarter)", "{:.1f}", None),
-    ("len_incorrect", "length of incorrect (last quarter)", "{:.1f}", None),
+    ("fillers_correct", "fillers in correct (last quarter)", "{:.2f}", None),
+    ("fillers_incorrect", "fillers in incorrect (last quarter)", "{:.2f}", None),
+    ("len_correct", "length of correct, raw (last quarter)", "{:.1f}", None),
+    ("len_incorrect", "length of incorrect, raw (last quarter)", "{:.1f}", None),
     ("cut_share", "share cut at L0 (last quarter)", "{:.3f}", False),
     ("grad_norm_mean", "grad norm before clip, mean", "{:.3f}", None),
     ("grad_norm_max", "grad norm before clip, max", "{:.3f}", None),
@@ -76,7 +78,7 @@ HEADLINE = [
 ]
 # The metrics compared pair by pair.
 PAIRED = ["success_avg", "success_early", "success_final", "hard_success_avg", "hard_success_final",
-          "len_correct", "len_incorrect", "cut_share"]
+          "fillers_correct", "fillers_incorrect", "len_correct", "len_incorrect", "cut_share"]
 
 
 def _nanmean(values) -> float:
@@ -107,6 +109,8 @@ def run_summary(run: dict[str, Any], rounds: int, early_fraction: float) -> dict
         out[f"{prefix}_avg"] = float(series[trained].mean())
         out[f"{prefix}_final"] = float(series[-1])
     last = slice(-max(1, rounds // 4), None)
+    out["fillers_correct"] = _nanmean(history["fillers_correct"][last])
+    out["fillers_incorrect"] = _nanmean(history["fillers_incorrect"][last])
     out["len_correct"] = _nanmean(history["len_correct"][last])
     out["len_incorrect"] = _nanmean(history["len_incorrect"][last])
     out["len_correct_first"] = _nanmean(history["len_correct"][: max(1, rounds // 10)])
@@ -232,13 +236,15 @@ def _fmt(fmt: str, value: float) -> str:
     return "nan" if value is None or not math.isfinite(value) else fmt.format(value)
 
 
-def mean_and_spread(fmt: str, mean: float, std: float) -> str:
-    """``mean +- std``; the mean alone where there is no spread to give (one seed: the std is NaN)."""
+def mean_and_spread(fmt: str, mean: float, std: float, mean_fmt: str | None = None) -> str:
+    """``mean +- std``; the mean alone where there is no spread to give (one seed: the std is NaN).
+    ``mean_fmt``: the mean's own format (e.g. signed for a difference), default ``fmt``."""
+    mean_fmt = mean_fmt or fmt
     if mean is None or not math.isfinite(mean):
         return "nan"
     if std is None or not math.isfinite(std):
-        return f"{fmt.format(mean)} (one seed)"
-    return f"{fmt.format(mean)} +- {fmt.format(std)}"
+        return f"{mean_fmt.format(mean)} (one seed)"
+    return f"{mean_fmt.format(mean)} +- {fmt.format(std)}"
 
 
 def report_markdown(summary: dict[str, Any]) -> str:
@@ -300,7 +306,7 @@ def report_markdown(summary: dict[str, Any]) -> str:
         for key, p in metrics.items():
             fmt = formats[key]
             per_seed = " ".join(_fmt(fmt.replace("{:", "{:+"), x) for x in p["per_seed"])
-            mean = mean_and_spread(fmt.replace("{:", "{:+"), p["mean"], p["std"])
+            mean = mean_and_spread(fmt, p["mean"], p["std"], mean_fmt=fmt.replace("{:", "{:+"))
             verdict = f"**{p['direction']}**" if p["beyond_seed_noise"] else "within seed noise"
             lines.append(f"| {name} | {headers[key]} | {per_seed} | {mean} | {p['seeds_agree']}/{p['seeds']} | {verdict} |")
     lines += ["", "## Verdict", ""] + verdict_lines(summary)

@@ -80,7 +80,9 @@ class ReverseTask:
         """Verify responses [n, L0] (PAD after the end token).
 
         Returns ``reward`` (1.0 iff the end token came within L0 and the non-filler tokens before it are the
-        reversed string), ``length`` (tokens including the end token; L0 when cut) and ``cut`` (no end token).
+        reversed string), ``length`` (tokens including the end token; L0 when cut), ``cut`` (no end token) and
+        ``fillers`` (filler tokens before the end: the part of a correct answer's length the policy chooses, as
+        opposed to the string's length, which the prompt fixes).
         """
         width = responses.shape[1]
         is_eos = responses == EOS
@@ -100,7 +102,8 @@ class ReverseTask:
         # exactly k symbols.
         correct = ended & (content.sum(dim=1) == k) & (packed[:, : self.max_len] == target).all(dim=1)
         length = torch.where(ended, eos_at + 1, torch.full_like(eos_at, width))
-        return {"reward": correct.to(torch.float32), "length": length, "cut": ~ended}
+        fillers = (before_end & ~content).sum(dim=1)
+        return {"reward": correct.to(torch.float32), "length": length, "cut": ~ended, "fillers": fillers}
 
     def demonstrations(
         self, prompts: torch.Tensor, k: torch.Tensor, generator: torch.Generator

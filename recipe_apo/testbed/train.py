@@ -153,6 +153,10 @@ def run_method(
         length_correct, length_incorrect = length_by_outcome(batch["length"].numpy(), correct.numpy())
         record("len_correct", length_correct)
         record("len_incorrect", length_incorrect)
+        # Fillers, not raw length, are what the policy chooses: a correct answer to a longer string is longer.
+        fillers_correct, fillers_incorrect = length_by_outcome(batch["fillers"].numpy(), correct.numpy())
+        record("fillers_correct", fillers_correct)
+        record("fillers_incorrect", fillers_incorrect)
         record("cut_share", batch["cut"].float().mean())
         for key, value in metrics.items():
             record(key, value)
