@@ -12,12 +12,15 @@ whenever two runs train differently, so no run resumes another's. What counts:
   ``data.val_files``, the rollout engine's name, the recipe's own switches (``method``, ``dry_run``,
   ``run_name.*``);
 - the training data by its file names (``data.train_files``), not its folder, so moving the data keeps the name;
-- the model by its last path component (``model=Qwen2.5-Math-1.5B``).
+- the model by its last path component (``model=Qwen2.5-Math-1.5B``) in the readable part, and in full in
+  the hash the name then ends in.
 
 A script's own settings (the first ``run_name.script_overrides`` overrides) would spell out the whole script, so
 they count through a hash at the end of the name; the user's overrides are spelled out after
-``run_name.prefix`` and the method (``qwen2.5-math-1.5b-apo-data.max_response_length=2048-1f0c2d3e``). Names
-longer than 96 characters are cut and end in a hash of everything that counts.
+``run_name.prefix`` and the method (``qwen2.5-math-1.5b-apo-data.max_response_length=2048-1f0c2d3e``). The hash
+covers everything that counts (the script's settings, the user's, the full model path), and also ends a name
+whose readable part lost something (a shortened model path, characters replaced by ``_``) or that is longer
+than 96 characters (then cut).
 """
 
 from __future__ import annotations
@@ -68,25 +71,27 @@ def _key_and_value(override: str) -> tuple[str, Optional[str]]:
     return parsed.get_key_element().lstrip("+~"), value
 
 
-def training_item(override: str) -> Optional[tuple[str, int, str]]:
-    """``(key, rank, text in the name)`` of one override, or None when it does not change what is trained."""
+def training_item(override: str) -> Optional[tuple[str, int, str, str]]:
+    """``(key, rank, text in the name, what counts in the hash)`` of one override, or None when it does not
+    change what is trained. The model counts in full in the hash (``.../global_step_100/actor/huggingface``
+    and ``.../global_step_200/actor/huggingface`` are different models); the training data by file names."""
     key, value = _key_and_value(override)
     if key.startswith(LOCATION_KEYS):
         return None
-    if value is None:
-        rank, short = _short(key)
-        return key, rank, f"{short}=deleted"
-    if key == MODEL_PATH:
-        return key, -2, f"model={value.rstrip('/').rsplit('/', 1)[-1]}"
-    if key == TRAIN_FILES:
-        return key, -1, f"train_files={_file_names(value)}"
     rank, short = _short(key)
-    return key, rank, f"{short}={value}"
+    if value is None:
+        return key, rank, f"{short}=deleted", f"{key} deleted"
+    if key == MODEL_PATH:
+        return key, -2, f"model={value.rstrip('/').rsplit('/', 1)[-1]}", f"{key}={value.rstrip('/')}"
+    if key == TRAIN_FILES:
+        text = f"train_files={_file_names(value)}"
+        return key, -1, text, text
+    return key, rank, f"{short}={value}", f"{key}={value}"
 
 
-def _effective(overrides: Iterable[str]) -> dict[str, tuple[int, str]]:
-    """key -> (rank, text), the last value of each key winning, as Hydra applies overrides."""
-    items: dict[str, tuple[int, str]] = {}
+def _effective(overrides: Iterable[str]) -> dict[str, tuple[int, str, str]]:
+    """key -> (rank, text, hashed), the last value of each key winning, as Hydra applies overrides."""
+    items: dict[str, tuple[int, str, str]] = {}
     for override in overrides:
         item = training_item(override)
         if item is not None:
@@ -116,9 +121,14 @@ def experiment_name(method: str, task_overrides: Sequence[str], prefix: Optional
     # The user's overrides that change the script's setting (all of them without a script), spelled out.
     spelled = {key: item for key, item in _effective(overrides[script_overrides:]).items() if script.get(key) != item}
     parts = [part for part in (prefix, method) if part]
-    parts += [text for _, text in sorted(spelled.values())]
-    name = re.sub(r"[^A-Za-z0-9_.=,+-]", "_", "-".join(parts))
-    fingerprint = "\n".join([str(prefix), method, *(f"{key}={text}" for key, (_, text) in sorted(everything.items()))])
-    if script_overrides or len(name) > MAX_NAME_LEN:
+    parts += [text for _, text, _ in sorted(spelled.values())]
+    raw = "-".join(parts)
+    name = re.sub(r"[^A-Za-z0-9_.=,+-]", "_", raw)
+    fingerprint = "\n".join([str(prefix), method, *(hashed for _, (_, _, hashed) in sorted(everything.items()))])
+    # The hash also goes on when the readable part lost something: a model shortened to its folder's name,
+    # characters a folder name cannot hold (a/b and a_b would otherwise meet).
+    lossy = name != raw or any(key == MODEL_PATH and f"{key}={text.removeprefix('model=')}" != hashed
+                               for key, (_, text, hashed) in spelled.items())
+    if script_overrides or lossy or len(name) > MAX_NAME_LEN:
         name = f"{name[: MAX_NAME_LEN - _HASH_LEN - 1].rstrip('-')}-{_digest(fingerprint)}"
     return name

@@ -9,8 +9,9 @@ manager (``naive``) with one rule on top:
     follows ``data.max_response_length``) and whose last token is not an end token (the tokenizer's eos or one
     of the model's ``generation_config`` eos ids, where vLLM stops) scores 0, whatever the function said.
 
-Every score carries two extras into verl's reward info (the rollout and validation dumps, and validation
-metrics): ``truncated`` (1.0 or 0.0) and ``score_before_truncation``.
+Every score carries two extras into verl's reward info: ``truncated`` (1.0 or 0.0) and
+``score_before_truncation``. They reach validation dumps and metrics; verl's V1 trainer writes no reward extras
+into its training rollout dumps (the recipe's trainer adds its own ``truncated`` there, by the same rule).
 
 Select it with ``truncation=zero`` in the recipe (``conf/truncation/zero.yaml``; the paper scripts do), or in
 plain verl with::

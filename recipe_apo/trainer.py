@@ -84,7 +84,14 @@ class ApoSyncTrainer(PPOTrainerSync):
 
     def _log_rollout_data(self, batch, timing_raw, rollout_data_dir):
         """verl's rollout dump, each row with the audit's fields added (module docstring)."""
-        fields = self._audit_fields(batch)
+        try:
+            fields = self._audit_fields(batch)
+        except Exception as exc:  # a diagnostic must not stop training: verl's own dump still goes out
+            if not getattr(self, "_audit_fields_failed", False):
+                print(f"recipe-apo: warning: rollout dump without the audit's fields ({type(exc).__name__}: {exc})",
+                      flush=True)
+                self._audit_fields_failed = True
+            return super()._log_rollout_data(batch, timing_raw, rollout_data_dir)
         position = {key: i for i, key in enumerate(batch.keys)}
         write = self._dump_generations
 

@@ -185,10 +185,13 @@ def reward_scorer(path: str = DEFAULT_REWARD_PATH, name: str = DEFAULT_REWARD_NA
 
     compute_score = load_extern_object(path, name)
 
+    def score_one(source, response, truth, extra_info) -> float:
+        result = compute_score(data_source=source, solution_str=response, ground_truth=truth, extra_info=extra_info)
+        return float(result["score"] if isinstance(result, dict) else result)  # verl takes {"score": ...} too
+
     def score_many_custom(items: list, timeout: float) -> list[float]:
         # timeout bounds the recipe's reward only: its workers enforce it; a plain function cannot be stopped.
-        return [float(compute_score(data_source=source, solution_str=response, ground_truth=truth,
-                                    extra_info=extra_info)) for source, response, truth, extra_info in items]
+        return [score_one(*item) for item in items]
 
     return score_many_custom
 

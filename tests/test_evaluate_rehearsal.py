@@ -298,3 +298,16 @@ def test_the_score_stage_takes_a_reward_function_by_file_path_as_verl_does(tmp_p
     with pytest.raises(AttributeError, match="no_such_reward"):
         evaluate.main(["--score", str(generations), "--reward-path", task_reward.__file__,
                        "--reward-name", "no_such_reward"])
+
+
+def test_a_reward_function_may_return_a_dict_as_verl_allows(tmp_path):
+    rows = [{**row, "responses": [row["reward_model"]["ground_truth"] if i % 2 else "wrong"]}
+            for i, row in enumerate(BENCHMARKS["reverse"])]
+    generations = tmp_path / "generations.parquet"
+    pd.DataFrame(rows).to_parquet(generations)
+    reward = tmp_path / "dict_reward.py"
+    reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):\n"
+                      "    return {'score': float(solution_str.strip() == ground_truth), 'acc': 0.0}\n")
+    assert load_evaluate().main(["--score", str(generations), "--reward-path", str(reward)]) == 0
+    scored = [json.loads(line) for line in (tmp_path / "scores.jsonl").read_text().splitlines()]
+    assert [r["score"] for r in scored] == [float(i % 2) for i in range(len(rows))]

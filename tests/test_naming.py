@@ -20,8 +20,9 @@ def fingerprint(prefix, method, items):
 def test_a_scripts_settings_count_through_a_hash_and_the_users_are_spelled_out():
     user = ["algorithm.apo.eta=0.5", "trainer.total_training_steps=10"]
     name = experiment_name("apo", SCRIPT + user, prefix="paper", script_overrides=len(SCRIPT))
-    items = ["algorithm.apo.eta=apo.eta=0.5", "data.max_response_length=data.max_response_length=3000",
-             "actor_rollout_ref.model.path=model=Qwen2.5-Math-1.5B", "data.train_files=train_files=math.parquet"]
+    # In the hash: full keys, the full model id, the training data by file name; sorted by key.
+    items = ["algorithm.apo.eta=0.5", "data.max_response_length=3000",
+             "actor_rollout_ref.model.path=Qwen/Qwen2.5-Math-1.5B", "train_files=math.parquet"]
     assert name == f"paper-apo-apo.eta=0.5-{fingerprint('paper', 'apo', items)}"
 
 
@@ -55,3 +56,13 @@ def test_values_are_spelled_as_hydra_hands_them_to_multirun_jobs():
         experiment_name("apo", ["actor_rollout_ref.actor.optim.lr=1e-06", "algorithm.apo.reweight=False"]) == \
         "apo-apo.reweight=False-actor.optim.lr=1e-06"
     assert experiment_name("apo", ["~data.seed"]) == "apo-data.seed=deleted"
+
+
+def test_models_with_the_same_folder_name_and_values_that_clean_up_alike_stay_apart():
+    merged = "actor_rollout_ref.model.path=/ckpt/run/global_step_{}/actor/huggingface"
+    first, second = (experiment_name("apo", [merged.format(step)]) for step in (100, 200))
+    assert first.startswith("apo-model=huggingface-") and first != second
+    assert experiment_name("apo", ["data.prompt_key=a/b"]) != experiment_name("apo", ["data.prompt_key=a_b"])
+    # a hub id keeps its readable name and gains the hash of its full id
+    assert experiment_name("apo", ["actor_rollout_ref.model.path=Qwen/Qwen2.5-Math-1.5B"]).startswith(
+        "apo-model=Qwen2.5-Math-1.5B-")

@@ -309,7 +309,9 @@ def test_a_paired_difference_needs_the_exact_critical_value_and_every_seed():
     assert result["t"] == pytest.approx(2.1, abs=1e-6) and result["seeds_agree"] == 12
     assert result["beyond_seed_noise"] is False
     # A seed without a value is reported as missing and keeps the verdict at "within seed noise".
-    gap = paired([1.0, 2.0, 3.0, float("nan")], [0.0, 0.0, 0.0, 0.0])
+    # Without the rule this would be significant: t = 17.3 on 2 degrees of freedom.
+    gap = paired([1.0, 1.1, 0.9, float("nan")], [0.0, 0.0, 0.0, 0.0])
+    assert gap["t"] > 4.303  # Student's 5% critical value for 2 degrees of freedom
     assert (gap["seeds"], gap["seeds_missing"], gap["beyond_seed_noise"]) == (3, 1, False)
 
 

@@ -58,8 +58,9 @@ def report_markdown(results: Sequence[dict[str, Any]], figure: Optional[str] = "
 
     lines += ["", "## 2. Difficulty (Proposition 1)", "",
               "Mean positive signal S+ = sum_i max(A_i, 0) and negative signal S- = sum_i max(-A_i, 0) per group, "
-              "by the group's success rate p_hat = k/G, beside p(1-p)(G-1), Dr. GRPO's E[S+] at success "
-              "probability p = p_hat. GRPO's division by the group's std flattens the curve (extreme groups have "
+              "by the group's success rate p_hat = k/G, beside p(1-p)(G-1), Dr. GRPO's E[S+] over groups of a "
+              "prompt whose success probability is p = p_hat (Proposition 1); a group observed with k successes "
+              "has exactly S+ = k(G-k)/G = G p_hat(1-p_hat) under Dr. GRPO. GRPO's division by the group's std flattens the curve (extreme groups have "
               "the smallest std); APO's Phi_i raises the positive signal of groups below its anchor and the "
               "negative signal of groups above it.", ""]
     for r in results:
@@ -156,7 +157,7 @@ def plot_audit(results: Sequence[dict[str, Any]], path: Path) -> None:
     pooled = " (groups of all runs)" if len(results) > 1 else ""
     signal_ax.set(title=f"2. positive signal S+ per group{pooled}", xlabel="group success rate p_hat",
                   ylabel="mean S+")
-    length_ax.set(title="3. response length", xlabel="step", ylabel=f"length ({results[0]['length_unit']})")
+    length_ax.set(title="3a. response length", xlabel="step", ylabel=f"length ({results[0]['length_unit']})")
     width = 0.8 / max(len(results), 1)
     for i, r in enumerate(results):
         for j, m in enumerate(METHOD_NAMES):
@@ -167,7 +168,7 @@ def plot_audit(results: Sequence[dict[str, Any]], path: Path) -> None:
             mass_ax.bar(x + width / 4, mass["long_wrong"], width / 2, color=f"C{i}", alpha=0.45, hatch="//",
                         label=f"{r['name']}: long wrong" if j == 0 else None)
     mass_ax.set_xticks(range(len(METHOD_NAMES)), METHOD_NAMES)
-    mass_ax.set(title="3. share of the update: short correct, long wrong", ylabel="share of update mass",
+    mass_ax.set(title="3b. share of the update: short correct, long wrong", ylabel="share of update mass",
                 ylim=(0, 1))
     for ax in axes.flat:
         ax.grid(alpha=0.3)

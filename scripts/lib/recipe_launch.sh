@@ -16,16 +16,19 @@ recipe_parse_method() {
     hydra_flags=()
     local arg takes_value=0
     for arg in "$@"; do
-        if ((takes_value)); then
+        # 1: the flag's value follows; 2: a value may follow (--info [what]), unless it is an override.
+        if ((takes_value == 1)) || { ((takes_value == 2)) && [[ "$arg" != *=* && "$arg" != -* ]]; }; then
             hydra_flags+=("$arg")
             takes_value=0
             continue
         fi
+        takes_value=0
         case "$arg" in
             method=*) METHOD="${arg#method=}" ;;
             # Hydra's flags (-m, --cfg job, ...) go before every override: its parser takes no flag between them.
             -c | --cfg | -p | --package | -cp | --config-path | -cn | --config-name | -cd | --config-dir | \
                 --experimental-rerun) hydra_flags+=("$arg"); takes_value=1 ;;
+            -i | --info) hydra_flags+=("$arg"); takes_value=2 ;;
             -*) hydra_flags+=("$arg") ;;
             *) passthrough+=("$arg") ;;
         esac
@@ -89,7 +92,7 @@ recipe_launch() {
     fi
     command+=(${user[@]+"${user[@]}"})
     case "${RECIPE_APO_DRY_RUN:-0}" in
-        0 | "") exec "${command[@]}" ;;
+        0 | "" | false | no) exec "${command[@]}" ;;
         args) printf '%s\n' "${command[@]}" ;;
         cfg) exec "${command[@]}" --cfg job ;;
         *) exec "${command[@]}" dry_run=true ;;
