@@ -125,10 +125,9 @@ def experiment_name(method: str, task_overrides: Sequence[str], prefix: Optional
     raw = "-".join(parts)
     name = re.sub(r"[^A-Za-z0-9_.=,+-]", "_", raw)
     fingerprint = "\n".join([str(prefix), method, *(hashed for _, (_, _, hashed) in sorted(everything.items()))])
-    # The hash also goes on when the readable part lost something: a model shortened to its folder's name,
-    # characters a folder name cannot hold (a/b and a_b would otherwise meet).
-    lossy = name != raw or any(key == MODEL_PATH and f"{key}={text.removeprefix('model=')}" != hashed
-                               for key, (_, text, hashed) in spelled.items())
+    # The hash also goes on when the readable part lost something: a model, shown by its folder's name only,
+    # or characters a folder name cannot hold (a/b and a_b would otherwise meet).
+    lossy = name != raw or MODEL_PATH in spelled
     if script_overrides or lossy or len(name) > MAX_NAME_LEN:
         name = f"{name[: MAX_NAME_LEN - _HASH_LEN - 1].rstrip('-')}-{_digest(fingerprint)}"
     return name

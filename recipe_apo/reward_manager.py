@@ -32,21 +32,24 @@ from verl.experimental.reward_loop.reward_manager.naive import NaiveRewardManage
 _SCORE_KEYS = ("acc", "score")
 
 
-def end_token_ids(tokenizer, model_path: Optional[str]) -> frozenset[int]:
+def end_token_ids(tokenizer, generation_config=None) -> frozenset[int]:
     """Where generation stops: the tokenizer's eos and the model's generation_config eos ids (as vLLM stops)."""
-    ids: set[int] = set()
-    if tokenizer.eos_token_id is not None:
-        ids.add(int(tokenizer.eos_token_id))
-    if model_path:
-        from transformers import GenerationConfig
-        from verl.utils.fs import copy_to_local
+    eos = getattr(generation_config, "eos_token_id", None)
+    ids = {tokenizer.eos_token_id, *(eos if isinstance(eos, (list, tuple)) else [eos])}
+    return frozenset(int(i) for i in ids if i is not None)
 
-        try:
-            eos = GenerationConfig.from_pretrained(copy_to_local(model_path)).eos_token_id
-        except OSError:  # a model without generation_config.json stops at the tokenizer's eos only
-            eos = None
-        ids.update(int(i) for i in (eos if isinstance(eos, (list, tuple)) else [eos]) if i is not None)
-    return frozenset(ids)
+
+def generation_config_of(model_path: Optional[str]):
+    """The model's generation_config, or None for a model without generation_config.json."""
+    if not model_path:
+        return None
+    from transformers import GenerationConfig
+    from verl.utils.fs import copy_to_local
+
+    try:
+        return GenerationConfig.from_pretrained(copy_to_local(model_path))
+    except OSError:
+        return None
 
 
 def truncated_rows(responses: torch.Tensor, lengths: torch.Tensor, cap: int, end_ids: Iterable[int]) -> torch.Tensor:
@@ -69,7 +72,7 @@ class TruncationAwareRewardManager(NaiveRewardManager):
     def __init__(self, config, tokenizer, compute_score, reward_router_address=None, reward_model_tokenizer=None):
         super().__init__(config, tokenizer, compute_score, reward_router_address, reward_model_tokenizer)
         self.response_cap = int(config.actor_rollout_ref.rollout.response_length)
-        self.end_ids = end_token_ids(tokenizer, config.actor_rollout_ref.model.get("path"))
+        self.end_ids = end_token_ids(tokenizer, generation_config_of(config.actor_rollout_ref.model.get("path")))
 
     async def run_single(self, data: DataProto) -> dict:
         result = await super().run_single(data)

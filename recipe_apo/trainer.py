@@ -19,6 +19,7 @@ APO, ``apo_phi`` and ``apo_anchor`` (``recipe_apo.audit.dumps``).
 
 from __future__ import annotations
 
+import functools
 import os
 
 import numpy as np
@@ -28,7 +29,7 @@ from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
 from recipe_apo.anchor import batch_scopes, driver_anchors, reset_driver_anchor
-from recipe_apo.reward_manager import end_token_ids, truncated_rows
+from recipe_apo.reward_manager import end_token_ids, generation_config_of, truncated_rows
 from recipe_apo.checkpoint import restore_for_run, save_anchor_state, uses_apo
 from recipe_apo.estimator import ApoInputError
 from recipe_apo.settings import ApoSettings
@@ -107,6 +108,10 @@ class ApoSyncTrainer(PPOTrainerSync):
         finally:
             del self._dump_generations
 
+    @functools.cached_property
+    def _end_ids(self) -> frozenset[int]:
+        return end_token_ids(self.tokenizer, generation_config_of(self.config.actor_rollout_ref.model.get("path")))
+
     def _audit_fields(self, batch) -> dict[str, list]:
         """Per response, in ``batch.keys`` order: length, advantage, truncation, data source, APO's Phi and C_t."""
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
@@ -116,8 +121,6 @@ class ApoSyncTrainer(PPOTrainerSync):
         # Outcome advantages are one value on every token of a response: its first token's.
         advantages = data["advantages"].to_padded_tensor(padding=0.0)[:, 0]
         cap = int(self.config.actor_rollout_ref.rollout.response_length)
-        if not hasattr(self, "_end_ids"):
-            self._end_ids = end_token_ids(self.tokenizer, self.config.actor_rollout_ref.model.get("path"))
         fields = {
             "response_length": lengths.tolist(),
             "advantage": advantages.float().tolist(),

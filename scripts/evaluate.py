@@ -68,19 +68,9 @@ PAPER_ROWS: tuple[tuple[str, tuple[float, ...], float], ...] = (
 
 def read_scores(path: str) -> list[dict]:
     """Rows of a scores.jsonl: {"benchmark": str, "score": float in [0, 1], ...}, one per problem."""
-    rows = []
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except ValueError as exc:
-                raise ValueError(f"{path}:{number}: not JSON ({exc})") from None
-            if "benchmark" not in row or "score" not in row:
-                raise ValueError(f"{path}:{number}: needs 'benchmark' and 'score'")
-            rows.append(row)
-    return rows
+    from recipe_apo.jsonl import read_rows
+
+    return [row for _, row in read_rows(path, ("benchmark", "score"), "not a scores.jsonl of scripts/evaluate.py")]
 
 
 def summarize(rows: Iterable[dict]) -> dict[str, tuple[float, int]]:

@@ -11,7 +11,7 @@ import torch
 from omegaconf import OmegaConf
 from verl import DataProto
 
-from recipe_apo.reward_manager import TruncationAwareRewardManager, end_token_ids, is_truncated
+from recipe_apo.reward_manager import TruncationAwareRewardManager, end_token_ids, generation_config_of, is_truncated
 
 CAP = 4
 EOS = 9
@@ -73,8 +73,8 @@ def test_the_models_generation_config_eos_ids_end_a_response_too(tmp_path):
     from transformers import GenerationConfig
 
     GenerationConfig(eos_token_id=[7, EOS]).save_pretrained(tmp_path)
-    assert end_token_ids(IdTokenizer(), str(tmp_path)) == {7, EOS}
-    assert end_token_ids(IdTokenizer(), None) == {EOS}
+    assert end_token_ids(IdTokenizer(), generation_config_of(str(tmp_path))) == {7, EOS}
+    assert end_token_ids(IdTokenizer(), generation_config_of(None)) == {EOS}
     (with_config,) = scores(manager(str(tmp_path)), [[1, 2, 3, 7]])
     (without,) = scores(manager(), [[1, 2, 3, 7]])
     assert with_config["reward_score"] == 1.0 and without["reward_score"] == 0.0

@@ -48,9 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        from recipe_apo.audit.analysis import audit_run
-        from recipe_apo.audit.dumps import load_run
-        from recipe_apo.audit.report import write_report
+        from recipe_apo.audit.report import audit_folders
         from recipe_apo.settings import ApoConfigError
         from recipe_apo.success import ApoInputError
 
@@ -60,14 +58,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             from transformers import AutoTokenizer
 
             tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
-        results = []
-        for index, path in enumerate(args.runs):
-            name = args.name[index] if index < len(args.name) else None
-            run = load_run(Path(path), tokenizer, args.max_response_length, name=name)
-            print(f"[{index + 1}/{len(args.runs)}] {run.name}: {len(run.steps)} steps ({run.folder})",
-                  file=sys.stderr, flush=True)
-            results.append(audit_run(run, apo))
-        paths = write_report(results, Path(args.out), plots=not args.no_plot)
+        paths = audit_folders(args.runs, Path(args.out), args.name, tokenizer, args.max_response_length, apo,
+                              plots=not args.no_plot, say=lambda line: print(line, file=sys.stderr, flush=True))
     except (AuditError, ApoConfigError, ApoInputError) as exc:
         print(f"recipe-apo audit: error: {exc}", file=sys.stderr)
         return 2

@@ -13,12 +13,13 @@ tokenizer (``tokenizer``); else characters, and the report says so.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
+
+from recipe_apo.jsonl import read_rows
 
 
 class AuditError(ValueError):
@@ -96,21 +97,11 @@ def _group_label(row: dict, step: int) -> str:
 
 def read_step(path: Path, step: int) -> Step:
     rows = []
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except ValueError as exc:
-                raise AuditError(f"{path}:{number}: not JSON ({exc})") from None
-            missing = [key for key in ("output", "score") if key not in row]
-            if missing:
-                raise AuditError(f"{path}:{number}: no {' or '.join(missing)} field (not a verl rollout dump?)")
-            if not isinstance(row["score"], (int, float)) or isinstance(row["score"], bool) \
-                    or not np.isfinite(row["score"]):
-                raise AuditError(f"{path}:{number}: score {row['score']!r} is not a finite number")
-            rows.append(row)
+    for number, row in read_rows(path, ("output", "score"), "not a verl rollout dump?", AuditError):
+        if not isinstance(row["score"], (int, float)) or isinstance(row["score"], bool) \
+                or not np.isfinite(row["score"]):
+            raise AuditError(f"{path}:{number}: score {row['score']!r} is not a finite number")
+        rows.append(row)
     if not rows:
         raise AuditError(f"{path}: no responses")
     return Step(

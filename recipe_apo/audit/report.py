@@ -187,3 +187,19 @@ def write_report(results: Sequence[dict[str, Any]], out_dir: Path, plots: bool =
     paths["report"].write_text(report_markdown(results, figure="audit.png" if plots else None), encoding="utf-8")
     paths["numbers"].write_text(json.dumps(list(results), indent=1), encoding="utf-8")
     return paths
+
+
+def audit_folders(folders: Sequence[Path], out_dir: Path, names: Sequence[Optional[str]] = (), tokenizer: Any = None,
+                  max_response_length: Optional[int] = None, apo: Optional[dict] = None, plots: bool = True,
+                  say=None) -> dict[str, Path]:
+    """Load, audit and report several runs' dumps side by side (``python -m recipe_apo.audit``'s work)."""
+    from recipe_apo.audit.analysis import audit_run
+    from recipe_apo.audit.dumps import load_run
+
+    results = []
+    for index, folder in enumerate(folders):
+        run = load_run(Path(folder), tokenizer, max_response_length, name=names[index] if index < len(names) else None)
+        if say is not None:
+            say(f"[{index + 1}/{len(folders)}] {run.name}: {len(run.steps)} steps ({run.folder})")
+        results.append(audit_run(run, apo))
+    return write_report(results, Path(out_dir), plots=plots)

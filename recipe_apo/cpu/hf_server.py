@@ -149,6 +149,8 @@ class HFGenerationServer:
     def __init__(self, config, model_config, replica_rank: int = 0) -> None:
         from transformers import AutoModelForCausalLM
         from verl.utils.config import omega_conf_to_dataclass
+
+        from recipe_apo.reward_manager import end_token_ids
         from verl.workers.config import HFModelConfig
 
         self.config = config
@@ -165,9 +167,7 @@ class HFGenerationServer:
             )
         self.model.eval()
         tokenizer = self.model_config.tokenizer
-        eos = self.model_config.generation_config.eos_token_id if self.model_config.generation_config else None
-        eos_ids = set(eos if isinstance(eos, (list, tuple)) else [eos]) | {tokenizer.eos_token_id}
-        self.eos_ids = sorted(int(i) for i in eos_ids if i is not None)
+        self.eos_ids = sorted(end_token_ids(tokenizer, self.model_config.generation_config))
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
         self.global_steps: Optional[int] = None
         self._pending: list[_Request] = []

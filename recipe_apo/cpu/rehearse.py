@@ -243,12 +243,9 @@ def rehearse(out: Path, steps: int, methods: Sequence[str], say: Callable[[str],
 
 def audit_runs(folders: Sequence[Path], out: Path, names: Sequence[str]) -> Path:
     """The bias audit of the runs' rollout dumps, side by side (``python -m recipe_apo.audit``); its report."""
-    from recipe_apo.audit.analysis import audit_run
-    from recipe_apo.audit.dumps import load_run
-    from recipe_apo.audit.report import write_report
+    from recipe_apo.audit.report import audit_folders
 
-    results = [audit_run(load_run(folder, name=name)) for folder, name in zip(folders, names)]
-    return write_report(results, out)["report"]
+    return audit_folders(folders, out, names)["report"]
 
 
 def _methods(text: str) -> list[str]:
