@@ -1,4 +1,5 @@
-"""Registers APO with verl: the ``apo`` advantage estimator and the ``apo`` policy loss.
+"""Registers the recipe's methods with verl: the ``apo`` and ``codapo`` advantage estimators and the ``apo``
+policy loss.
 
 This module is the target of the ``verl.plugins`` entry point, so ``import verl`` imports it in the driver and
 in every Ray worker. verl swallows a failing plugin import with a DEBUG log; this module therefore reports
@@ -15,6 +16,7 @@ logger = logging.getLogger("recipe_apo")
 
 PINNED_VERL_VERSION = "0.9.1"
 NAME = "apo"
+CODAPO = "codapo"
 
 
 def verl_version_warning(installed: Optional[str]) -> Optional[str]:
@@ -38,14 +40,17 @@ def _register(registry: dict, register, name: str, fn, kind: str) -> None:
 
 
 def register() -> None:
-    """Register the estimator and the loss in this process; a second call is a no-op."""
+    """Register the estimators and the loss in this process; a second call is a no-op."""
     import verl
     from verl.trainer.ppo import core_algos
 
+    from recipe_apo.codapo import codapo_outcome_advantage
     from recipe_apo.estimator import apo_outcome_advantage
     from recipe_apo.loss import compute_policy_loss_apo
 
     _register(core_algos.ADV_ESTIMATOR_REGISTRY, core_algos.register_adv_est, NAME, apo_outcome_advantage,
+              "advantage estimator")
+    _register(core_algos.ADV_ESTIMATOR_REGISTRY, core_algos.register_adv_est, CODAPO, codapo_outcome_advantage,
               "advantage estimator")
     _register(core_algos.POLICY_LOSS_REGISTRY, core_algos.register_policy_loss, NAME, compute_policy_loss_apo,
               "policy loss")
@@ -58,8 +63,9 @@ try:
     register()
 except Exception as exc:
     logger.error(
-        "recipe-apo: registering the 'apo' advantage estimator and policy loss with verl failed (%s: %s); "
-        "algorithm.adv_estimator=apo and policy_loss.loss_mode=apo will not be available in this process",
+        "recipe-apo: registering the 'apo' and 'codapo' advantage estimators and the 'apo' policy loss with verl "
+        "failed (%s: %s); algorithm.adv_estimator=apo|codapo and policy_loss.loss_mode=apo will not be available "
+        "in this process",
         type(exc).__name__,
         exc,
         exc_info=True,

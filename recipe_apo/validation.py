@@ -11,13 +11,14 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from recipe_apo.settings import ApoConfigError, ApoSettings
-
+from recipe_apo.codapo import CodapoConfigError, CodapoSettings
 from recipe_apo.loss import NORM_MODE
+from recipe_apo.settings import ApoConfigError, ApoSettings
+from recipe_apo.zero_variance import check_mode as check_zero_variance
 
 AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", NORM_MODE)
 # Estimators that compare the responses of one prompt with each other: a group of one carries no signal.
-GROUP_ESTIMATORS = ("apo", "grpo", "grpo_vectorized", "rloo", "rloo_vectorized", "grpo_passk", "opo", "gdpo")
+GROUP_ESTIMATORS = ("apo", "codapo", "grpo", "grpo_vectorized", "rloo", "rloo_vectorized", "grpo_passk", "opo", "gdpo")
 # Policy losses of verl 0.9.1 that aggregate their own way, whatever loss_agg_mode says.
 OWN_AGGREGATION = {"sapo": "seq-mean-token-mean"}
 # verl's driver calls these two without looking them up in the registry.
@@ -78,8 +79,38 @@ def validate_recipe_config(config: Any, rehearsal: bool = False) -> None:
 
     try:
         settings = ApoSettings.from_algorithm_config(algorithm)
-    except ApoConfigError as exc:
+        codapo = CodapoSettings.from_algorithm_config(algorithm)
+    except (ApoConfigError, CodapoConfigError) as exc:
         raise RecipeConfigError(str(exc)) from None
+    mode = config.trainer.get("v1", {}).get("trainer_mode", "sync")
+    zero_variance = algorithm.get("zero_variance", "keep")
+    if zero_variance == "exact":
+        raise RecipeConfigError(
+            "algorithm.zero_variance=exact is the testbed's reference (a per-mini-batch denominator that verl's "
+            "actor does not expose): use algorithm.zero_variance=exclude"
+        )
+    try:
+        check_zero_variance(zero_variance, str(actor.loss_agg_mode))
+    except ValueError as exc:
+        raise RecipeConfigError(str(exc)) from None
+    if zero_variance == "exclude" and mode != "apo_sync":
+        raise RecipeConfigError(
+            f"algorithm.zero_variance=exclude needs trainer.v1.trainer_mode=apo_sync (got {mode}): only the "
+            "recipe's trainer rescales the advantages"
+        )
+    if estimator == "codapo":
+        if mode != "apo_sync":
+            raise RecipeConfigError(
+                f"algorithm.adv_estimator=codapo needs trainer.v1.trainer_mode=apo_sync (got {mode}): only the "
+                "recipe's trainer hands the old policy's log-probs to the estimator"
+                + (" and resamples prompts" if codapo.resample else "")
+            )
+        gen_batch = config.data.get("gen_batch_size", None)
+        if codapo.resample and gen_batch not in (None, config.data.train_batch_size):
+            raise RecipeConfigError(
+                f"data.gen_batch_size={gen_batch} with algorithm.codapo.resample=true: the resampled step builds "
+                f"one batch of data.train_batch_size prompts; unset gen_batch_size or set resample=false"
+            )
 
     if not config.trainer.get("use_v1", True):
         raise RecipeConfigError("trainer.use_v1=false: the recipe runs verl's V1 trainer; set trainer.use_v1=true")
@@ -91,7 +122,6 @@ def validate_recipe_config(config: Any, rehearsal: bool = False) -> None:
                 "rewards leave the success range; use algorithm.apo.success=threshold or the KL loss "
                 "(actor_rollout_ref.actor.use_kl_loss=true)"
             )
-        mode = config.trainer.get("v1", {}).get("trainer_mode", "sync")
         if settings.anchor_scope == "data_source" and mode != "apo_sync":
             raise RecipeConfigError(
                 f"algorithm.apo.anchor_scope=data_source needs trainer.v1.trainer_mode=apo_sync (got {mode}): "

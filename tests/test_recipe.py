@@ -53,10 +53,16 @@ EXPECTED = {
         "loss_mode": "apo", "loss_agg_mode": "seq-mean-token-sum-norm", "loss_scale_factor": L0,
         "clip_ratio": (0.2, 0.2, 0.2), "taus": (1.0, 1.5), "use_kl_loss": False,
     },
+    # CoDaPO's code: std-normalized advantages, verl's vanilla clip and default token-mean.
+    "codapo": {
+        "adv_estimator": "codapo", "norm_adv_by_std_in_grpo": True, "use_kl_in_reward": False,
+        "loss_mode": "vanilla", "loss_agg_mode": "token-mean", "loss_scale_factor": None,
+        "clip_ratio": (0.2, 0.2, 0.2), "taus": (1.0, 1.05), "use_kl_loss": False,
+    },
 }
 
 
-@pytest.mark.parametrize("method", ["grpo", "drgrpo", "apo"])
+@pytest.mark.parametrize("method", ["grpo", "drgrpo", "apo", "codapo"])
 def test_each_preset_composes_to_its_exact_settings(method):
     config = composed(f"method={method}", f"data.max_response_length={L0}")
     assert method_settings(config) == EXPECTED[method]
@@ -74,9 +80,12 @@ def test_apo_is_the_default_method_and_presets_win_over_the_base():
 def test_the_recipe_yaml_declares_the_estimators_defaults_exactly():
     from dataclasses import asdict
 
+    from recipe_apo.codapo import CodapoSettings
     from recipe_apo.settings import ApoSettings
 
     assert OmegaConf.to_container(composed().algorithm.apo) == asdict(ApoSettings())
+    assert OmegaConf.to_container(composed().algorithm.codapo) == asdict(CodapoSettings())
+    assert composed().algorithm.zero_variance == "keep"
 
 
 def valid(*overrides):
@@ -84,9 +93,10 @@ def valid(*overrides):
                     f"data.max_response_length={L0}", *overrides)
 
 
-@pytest.mark.parametrize("method", ["grpo", "drgrpo", "apo"])
+@pytest.mark.parametrize("method", ["grpo", "drgrpo", "apo", "codapo"])
 def test_valid_presets_pass_validation(method):
     validate_recipe_config(valid(f"method={method}"))
+    validate_recipe_config(valid(f"method={method}", "algorithm.zero_variance=exclude"))
 
 
 def test_kl_in_reward_is_fine_with_a_threshold_success_and_data_sources_with_the_recipe_trainer():
@@ -111,6 +121,17 @@ def test_kl_in_reward_is_fine_with_a_threshold_success_and_data_sources_with_the
         (["algorithm.use_kl_in_reward=true"], "algorithm.use_kl_in_reward"),
         (["algorithm.apo.anchor_scope=data_source", "trainer.v1.trainer_mode=sync"], "algorithm.apo.anchor_scope"),
         (["trainer.use_v1=false"], "trainer.use_v1"),
+        (["method=codapo", "trainer.v1.trainer_mode=sync"], "algorithm.adv_estimator=codapo needs"),
+        (["method=codapo", "algorithm.codapo.percentile=1.0"], "algorithm.codapo.percentile"),
+        (["method=codapo", "algorithm.codapo.repeat_count=0"], "algorithm.codapo.repeat_count"),
+        (["method=codapo", "+algorithm.codapo.offset=0.2"], "algorithm.codapo.offset"),
+        (["method=codapo", "data.gen_batch_size=8"], "data.gen_batch_size"),
+        (["method=codapo", "actor_rollout_ref.rollout.n=1"], "actor_rollout_ref.rollout.n"),
+        (["algorithm.zero_variance=drop"], "algorithm.zero_variance"),
+        (["algorithm.zero_variance=exact"], "algorithm.zero_variance=exact is the testbed's"),
+        (["algorithm.zero_variance=exclude", "actor_rollout_ref.actor.loss_agg_mode=token-sum",
+          "actor_rollout_ref.actor.loss_scale_factor=null"], "loss_agg_mode=token-sum"),
+        (["algorithm.zero_variance=exclude", "trainer.v1.trainer_mode=sync"], "algorithm.zero_variance=exclude needs"),
         (["actor_rollout_ref.rollout.name=???"], "actor_rollout_ref.rollout.name"),
         # Accepted by verl, but meaning something else than they say:
         (["method=drgrpo", "algorithm.adv_estimator=grpo_vectorized"], "adv_estimator=grpo"),

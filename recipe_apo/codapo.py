@@ -1,0 +1,259 @@
+"""CoDaPO's confidence-difficulty weighting and its prompt resampling (tmlr-group/CoDaPO at 210c205:
+``compute_codapo_advantage`` in ``alphaapollo/core/generation/verl/trainer/ppo/core_algos.py`` and the
+two-phase reselection in ``codapo/ray_trainer.py``). The code is followed where its README differs (below).
+
+Symbols, per prompt group g and response i:
+
+- A_i: ``centered``, R_i - mean_g(R), divided by (std_g(R) + epsilon) when ``norm_adv_by_std_in_grpo`` is true
+  (sample std, n - 1, as ``torch.std``; epsilon 1e-6), as CoDaPO's code does.
+- acc_g: ``accuracy``, the share of the group's rewards exactly equal to 1.0 (CoDaPO compares with ``== 1.0``).
+- d_w = 4 acc_g (1 - acc_g): ``difficulty_weight``; CoDaPO writes it 1 - 4 (d - 0.5)^2 with d = 1 - acc_g, the
+  same curve: 0 for groups all right or all wrong, 1 at half right. CoDaPO's README and its code comment call
+  it "U-shaped"; it is an inverted U, peaking in the middle.
+- c_g = exp(mean over the group's responses of each response's mean token log-prob under the old policy):
+  ``confidence``.
+- w_g = c_g d_w + weight_offset (0.1): ``weight``, in [offset, 1 + offset]. The README's v_q = V_c V_d has no
+  offset; the code adds 0.1, so a dead group gets 0.1 (its centered advantage is 0 anyway).
+- A_i^eff = A_i w_g on every valid token.
+
+Resampling: each loader batch serves two steps. After the first, the prompts whose w_g reaches the
+``percentile`` quantile of the step's per-prompt weights (``torch.quantile``, linear interpolation, kept when
+``w_g >= threshold``: ties can keep more than a quarter) are kept; the second step's batch repeats each kept
+prompt ``repeat_count`` times in place ([a, a, a, a, b, b, b, b, ...]), starts over from the first when the
+batch is not full, and is cut to the batch size. Each copy is a fresh group of its own.
+
+verl does not pass old log-probs to estimators: the recipe's trainer hands them over (``handed_log_probs``).
+Needs torch, numpy and pandas only; no Ray, no Hydra.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+from dataclasses import dataclass, fields
+from typing import Any, Iterator, Optional
+
+import numpy as np
+import pandas as pd
+import torch
+
+from recipe_apo.estimator import group_ids
+from recipe_apo.success import ApoInputError
+
+EPSILON = 1e-6
+
+
+class CodapoConfigError(ValueError):
+    """A setting under ``algorithm.codapo`` is invalid; the message names the key."""
+
+
+@dataclass(frozen=True)
+class CodapoSettings:
+    """The ``algorithm.codapo`` settings (CoDaPO's defaults)."""
+
+    # Floor of w_g = c_g d_w + weight_offset (CoDaPO's `weight_offset`, 0.1).
+    weight_offset: float = 0.1
+    # The second step of a pair keeps the prompts with w_g >= this quantile of the first step's weights.
+    percentile: float = 0.75
+    # Copies of each kept prompt in the second step's batch (CoDaPO: 4 = 1 / (1 - percentile)).
+    repeat_count: int = 4
+    # true: every loader batch serves two steps (the second one resampled); false: the weighting alone.
+    resample: bool = True
+
+    def __post_init__(self) -> None:
+        offset = self.weight_offset
+        if isinstance(offset, bool) or not isinstance(offset, (int, float)) or not math.isfinite(offset) or offset < 0:
+            raise CodapoConfigError(f"algorithm.codapo.weight_offset must be a finite number >= 0, got {offset!r}")
+        p = self.percentile
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 < p < 1.0:
+            raise CodapoConfigError(f"algorithm.codapo.percentile must be a number in (0, 1), got {p!r}")
+        r = self.repeat_count
+        if isinstance(r, bool) or not isinstance(r, int) or r < 1:
+            raise CodapoConfigError(f"algorithm.codapo.repeat_count must be an integer >= 1, got {r!r}")
+        if not isinstance(self.resample, bool):
+            raise CodapoConfigError(f"algorithm.codapo.resample must be true or false, got {self.resample!r}")
+
+    @classmethod
+    def from_algorithm_config(cls, algorithm_config: Any) -> "CodapoSettings":
+        """Read ``algorithm_config.codapo`` (an OmegaConf node, a dict, or absent); unknown keys are refused."""
+        node = None
+        if algorithm_config is not None:
+            getter = getattr(algorithm_config, "get", None)
+            node = getter("codapo", None) if callable(getter) else getattr(algorithm_config, "codapo", None)
+        if node is None:
+            return cls()
+        if not isinstance(node, dict):
+            from omegaconf import DictConfig, OmegaConf
+
+            if not isinstance(node, DictConfig):
+                raise CodapoConfigError(f"algorithm.codapo must be a mapping of settings, got {type(node).__name__}")
+            node = OmegaConf.to_container(node, resolve=True)
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(node) - known)
+        if unknown:
+            raise CodapoConfigError(
+                f"unknown setting algorithm.codapo.{unknown[0]}; known settings: {', '.join(sorted(known))}"
+            )
+        return cls(**node)
+
+
+def compute_codapo_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    old_log_probs: torch.Tensor,
+    index: Any,
+    norm_adv_by_std: bool = True,
+    weight_offset: float = 0.1,
+    epsilon: float = EPSILON,
+) -> tuple[torch.Tensor, np.ndarray, dict[str, float]]:
+    """CoDaPO advantages A_i^eff (batch, response_len), the per-response weight w_g (float64), and metrics.
+
+    Rows without a valid token are verl's padding: they take no part in any group statistic and get
+    advantage 0 (CoDaPO's code has no padding rows). A group of one valid response has mean 0 and std 1, as
+    in CoDaPO (A_i = R_i).
+    """
+    shape = tuple(token_level_rewards.shape)
+    if token_level_rewards.dim() != 2 or tuple(response_mask.shape) != shape or tuple(old_log_probs.shape) != shape:
+        raise ApoInputError(
+            f"token_level_rewards {shape}, response_mask {tuple(response_mask.shape)} and old_log_probs "
+            f"{tuple(old_log_probs.shape)} must all be (batch, response_len)"
+        )
+    batch_size = shape[0]
+    out_dtype = token_level_rewards.dtype if token_level_rewards.is_floating_point() else torch.float32
+    codes, n_groups = group_ids(index, batch_size)
+    mask = response_mask.detach().to(torch.float64)
+    tokens = mask.sum(dim=-1).cpu().numpy()
+    valid = tokens > 0
+    scores = token_level_rewards.detach().to(torch.float64).sum(dim=-1).cpu().numpy()
+    log_prob_sum = (old_log_probs.detach().to(torch.float64) * mask).sum(dim=-1).cpu().numpy()
+    bad = valid & ~(np.isfinite(scores) & np.isfinite(log_prob_sum))
+    if bad.any():
+        rows = np.flatnonzero(bad)
+        raise ApoInputError(
+            f"codapo: {rows.size} of {batch_size} responses have NaN/inf rewards or old log-probs, "
+            f"first rows {rows[:5].tolist()}"
+        )
+    mean_log_prob = np.divide(log_prob_sum, tokens, out=np.zeros(batch_size), where=valid)
+
+    w = valid.astype(np.float64)
+    counts = np.bincount(codes, weights=w, minlength=n_groups)
+
+    def group_mean(values: np.ndarray) -> np.ndarray:
+        sums = np.bincount(codes, weights=values * w, minlength=n_groups)
+        return np.divide(sums, counts, out=np.zeros(n_groups), where=counts > 0)
+
+    mean = np.where(counts > 1, group_mean(scores), 0.0)
+    if norm_adv_by_std:
+        squares = np.bincount(codes, weights=(scores - mean[codes]) ** 2 * w, minlength=n_groups)
+        std = np.sqrt(np.divide(squares, counts - 1, out=np.ones(n_groups), where=counts > 1))
+        std = np.where(counts > 1, std, 1.0)
+        centered = (scores - mean[codes]) / (std[codes] + epsilon)
+    else:
+        centered = scores - mean[codes]
+    accuracy = group_mean((scores == 1.0).astype(np.float64))
+    difficulty_weight = 4.0 * accuracy * (1.0 - accuracy)
+    confidence = np.exp(group_mean(mean_log_prob))
+    group_weight = confidence * difficulty_weight + weight_offset
+    weight = np.where(valid, group_weight[codes], 0.0)
+    scalar = np.where(valid, centered * weight, 0.0)
+    advantages = response_mask.to(out_dtype, copy=True).mul_(
+        torch.from_numpy(scalar).to(device=token_level_rewards.device, dtype=out_dtype).unsqueeze(-1)
+    )
+    observed = counts > 0
+    metrics: dict[str, float] = {}
+    if observed.any():
+        metrics = {
+            "codapo/weight_mean": float(group_weight[observed].mean()),
+            "codapo/confidence_mean": float(confidence[observed].mean()),
+            "codapo/difficulty_weight_mean": float(difficulty_weight[observed].mean()),
+            "codapo/accuracy_mean": float(accuracy[observed].mean()),
+        }
+    return advantages, weight, metrics
+
+
+def select_prompts(prompt_uids: Any, response_uids: Any, response_weights: np.ndarray, percentile: float) -> np.ndarray:
+    """Positions (in ``prompt_uids`` order) of the prompts kept for the second step of a pair.
+
+    A prompt is kept when its w_g reaches ``torch.quantile(weights of all prompts, percentile)`` (linear
+    interpolation). A prompt without any response (none came back) is not kept.
+    """
+    prompts = np.asarray(prompt_uids, dtype=object)
+    responses = np.asarray(response_uids, dtype=object)
+    weights = np.asarray(response_weights, dtype=np.float64)
+    if responses.shape != weights.shape:
+        raise ApoInputError(f"codapo: {responses.size} response uids but {weights.size} weights")
+    # One weight per group, its first response's (all responses of a group carry the same w_g).
+    by_uid = pd.Series(weights, index=pd.Index(responses))
+    prompt_weight = by_uid[~by_uid.index.duplicated()].reindex(pd.Index(prompts)).to_numpy(dtype=np.float64)
+    have = ~np.isnan(prompt_weight)
+    if not have.any():
+        raise ApoInputError("codapo: none of the step's prompts has a weighted response to resample from")
+    threshold = float(torch.quantile(torch.tensor(prompt_weight[have]), percentile))
+    return np.flatnonzero(have & (prompt_weight >= threshold))
+
+
+def resample_order(kept: np.ndarray, batch_size: int, repeat_count: int) -> np.ndarray:
+    """The second step's prompts, as positions: each kept prompt ``repeat_count`` times in place, starting over
+    from the first kept prompt until ``batch_size`` are filled (CoDaPO's loop, vectorized)."""
+    kept = np.asarray(kept, dtype=np.int64)
+    if kept.size == 0:
+        raise ApoInputError("codapo: no prompt kept to resample from")
+    one_pass = np.repeat(kept, repeat_count)
+    passes = -(-batch_size // one_pass.size)
+    return np.tile(one_pass, passes)[:batch_size]
+
+
+class CodapoBook:
+    """Driver state of the ``codapo`` estimator: the old log-probs handed for the next call, and what the last
+    call computed (per-response uids and weights, metrics) for the trainer to resample from and log."""
+
+    def __init__(self) -> None:
+        self.handed_log_probs: Optional[torch.Tensor] = None
+        self.last_uids: Optional[np.ndarray] = None
+        self.last_weights: Optional[np.ndarray] = None
+        self.last_metrics: dict[str, float] = {}
+
+
+_book = CodapoBook()
+
+
+def codapo_book() -> CodapoBook:
+    return _book
+
+
+@contextmanager
+def handed_log_probs(old_log_probs: torch.Tensor) -> Iterator[None]:
+    """Hand the next ``codapo`` estimator call the old policy's log-probs (batch, response_len), which verl's
+    ``compute_advantage`` does not pass to estimators."""
+    _book.handed_log_probs = old_log_probs
+    try:
+        yield
+    finally:
+        _book.handed_log_probs = None
+
+
+def codapo_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    config: Optional[Any] = None,
+    index: Optional[np.ndarray] = None,
+    **_: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """verl's estimator signature for ``algorithm.adv_estimator=codapo``; returns (advantages, returns)."""
+    settings = CodapoSettings.from_algorithm_config(config)
+    if index is None:
+        raise ApoInputError("the codapo estimator needs the uid of each response (non_tensor_batch['uid'])")
+    log_probs = _book.handed_log_probs
+    if log_probs is None:
+        raise ApoInputError(
+            "algorithm.adv_estimator=codapo needs the old policy's log-probs, which verl 0.9.1 does not pass to "
+            "estimators: train with `python -m recipe_apo.main` (trainer.v1.trainer_mode=apo_sync)"
+        )
+    norm = bool(config.get("norm_adv_by_std_in_grpo", True)) if config is not None else True
+    advantages, weights, metrics = compute_codapo_advantage(
+        token_level_rewards, response_mask, log_probs, index, norm, settings.weight_offset
+    )
+    _book.last_uids = np.asarray(index, dtype=object)
+    _book.last_weights = weights
+    _book.last_metrics = metrics
+    return advantages, advantages

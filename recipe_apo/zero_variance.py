@@ -1,0 +1,122 @@
+"""AGPO's zero-variance denominator (arXiv 2503.15952; TRL issue #6367 / PR #6365), as one setting for any
+group estimator: ``algorithm.zero_variance=exclude``.
+
+A prompt group whose responses all got the same reward carries no signal (every centered advantage is 0), yet
+its responses count in the loss's denominator and dilute the update of the groups that do. ``exclude`` takes
+them out of the denominator.
+
+verl 0.9.1 fixes the denominators per mini-batch inside the actor: ``global_batch_size`` (responses of the
+mini-batch, for the ``seq-mean-*`` modes) and ``batch_num_tokens`` (its valid tokens, for ``token-mean``). The
+driver cannot change them, and does not know which responses land in which mini-batch (the actor cuts and
+shuffles them). So ``exclude`` scales the live responses' advantages by the step's
+
+    scale = B / B_live      (seq-mean-token-sum-norm, seq-mean-token-mean, seq-mean-token-sum)
+    scale = T / T_live      (token-mean: T counts valid tokens)
+
+where B counts the step's valid responses and B_live those of groups with a signal. Every policy loss of verl
+is linear in the advantage up to its clip, and the clip acts on the ratio, so for the unclipped terms this is
+the loss with the dead responses out of the denominator: exactly so when a step is one mini-batch, and when
+every mini-batch has the step's live share; otherwise mini-batch j's loss is off by the factor
+(live share of mini-batch j) / (live share of the step) (``denominator_ratio``; the testbed measures it).
+``token-sum`` has no denominator, so it has nothing to exclude (refused by the recipe's checks).
+
+Symbols: B, B_live, T, T_live above; "live" groups have at least two distinct rewards among their valid
+responses. Needs torch, numpy and pandas only (group ids come from the APO estimator's ``group_ids``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from recipe_apo.estimator import group_ids
+from recipe_apo.success import ApoInputError
+
+MODES = ("keep", "exclude")
+SEQUENCE_MODES = ("seq-mean-token-sum-norm", "seq-mean-token-mean", "seq-mean-token-sum")
+TOKEN_MODES = ("token-mean",)
+
+
+def check_mode(mode: Any, loss_agg_mode: str) -> str:
+    """The validated ``algorithm.zero_variance`` value; a ``ValueError`` names the setting at fault."""
+    if mode not in MODES:
+        raise ValueError(f"algorithm.zero_variance must be one of {', '.join(MODES)}, got {mode!r}")
+    if mode == "exclude" and loss_agg_mode not in SEQUENCE_MODES + TOKEN_MODES:
+        raise ValueError(
+            f"algorithm.zero_variance=exclude with actor_rollout_ref.actor.loss_agg_mode={loss_agg_mode}: that "
+            f"mode has no denominator to exclude from; use one of {', '.join(SEQUENCE_MODES + TOKEN_MODES)}"
+        )
+    return mode
+
+
+def live_rows(scores: np.ndarray, valid: np.ndarray, index: Any) -> np.ndarray:
+    """Per response: does its group have at least two distinct rewards among its valid responses?
+
+    Compared by min and max, not by the centered reward: the mean of equal floats can differ from them in
+    the last bit. Padding rows (``valid`` false) are never live.
+    """
+    codes, n_groups = group_ids(index, scores.shape[0])
+    low = np.full(n_groups, np.inf)
+    high = np.full(n_groups, -np.inf)
+    np.minimum.at(low, codes[valid], scores[valid])
+    np.maximum.at(high, codes[valid], scores[valid])
+    return valid & (high > low)[codes]
+
+
+def zero_variance_scale(
+    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Any, loss_agg_mode: str
+) -> tuple[float, np.ndarray, dict[str, float]]:
+    """(scale, live per response, metrics) of one step; scale is 1 when no group is live (nothing to learn)."""
+    check_mode("exclude", loss_agg_mode)
+    if token_level_rewards.shape != response_mask.shape or token_level_rewards.dim() != 2:
+        raise ApoInputError(
+            f"token_level_rewards {tuple(token_level_rewards.shape)} and response_mask "
+            f"{tuple(response_mask.shape)} must both be (batch, response_len)"
+        )
+    tokens = response_mask.detach().to(torch.float64).sum(dim=-1).cpu().numpy()
+    valid = tokens > 0
+    scores = token_level_rewards.detach().to(torch.float64).sum(dim=-1).cpu().numpy()
+    if not np.isfinite(scores[valid]).all():
+        raise ApoInputError("token_level_rewards: NaN/inf rewards; algorithm.zero_variance=exclude cannot group them")
+    live = live_rows(scores, valid, index)
+    weight = tokens if loss_agg_mode in TOKEN_MODES else valid.astype(np.float64)
+    total, kept = float(weight.sum()), float(weight[live].sum())
+    scale = total / kept if kept > 0 else 1.0
+    metrics = {
+        "zero_variance/live_share": kept / total if total > 0 else 0.0,
+        "zero_variance/scale": scale,
+    }
+    return scale, live, metrics
+
+
+def exclude_zero_variance(
+    advantages: torch.Tensor,
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: Any,
+    loss_agg_mode: str,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The step's advantages with the dead groups out of the loss's denominator (module docstring).
+
+    Dead responses keep their advantage (0 for centered estimators); live ones are multiplied by the scale.
+    """
+    if advantages.shape != response_mask.shape:
+        raise ApoInputError(
+            f"advantages {tuple(advantages.shape)} and response_mask {tuple(response_mask.shape)} differ in shape"
+        )
+    scale, live, metrics = zero_variance_scale(token_level_rewards, response_mask, index, loss_agg_mode)
+    factor = torch.from_numpy(np.where(live, scale, 1.0)).to(device=advantages.device, dtype=advantages.dtype)
+    return advantages * factor.unsqueeze(-1), metrics
+
+
+def denominator_ratio(live: np.ndarray, rows: np.ndarray, tokens: np.ndarray, loss_agg_mode: str) -> float:
+    """How far ``exclude``'s step-level scale is off for one mini-batch (``rows``): its loss with the scale over
+    its loss with its own dead responses out of its denominator (1: exact)."""
+    weight = tokens if loss_agg_mode in TOKEN_MODES else (tokens > 0).astype(np.float64)
+    step_share = weight[live].sum() / weight.sum()
+    mini_share = weight[rows][live[rows]].sum() / weight[rows].sum()
+    if step_share == 0 or mini_share == 0:
+        return 1.0  # no live response: a zero loss either way
+    return float(mini_share / step_share)
