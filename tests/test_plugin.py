@@ -67,6 +67,7 @@ def test_registered_in_a_ray_worker_without_environment_variables():
             return {
                 "pid": os.getpid(),
                 "estimator": "apo" in core_algos.ADV_ESTIMATOR_REGISTRY,
+                "codapo": "codapo" in core_algos.ADV_ESTIMATOR_REGISTRY,
                 "loss": "apo" in core_algos.POLICY_LOSS_REGISTRY,
                 "plugin_env": os.environ.get("VERL_USE_EXTERNAL_MODULES"),
             }
@@ -83,7 +84,7 @@ def test_registered_in_a_ray_worker_without_environment_variables():
     assert result.returncode == 0, result.stderr[-3000:]
     seen = last_json_line(result.stdout)
     assert seen["pid"] != seen["driver_pid"]
-    assert seen["estimator"] and seen["loss"]
+    assert seen["estimator"] and seen["codapo"] and seen["loss"]
     assert seen["plugin_env"] is None
 
 
@@ -101,7 +102,8 @@ def test_a_broken_plugin_import_is_reported_as_an_error():
     assert result.returncode == 0, result.stderr
     assert "apo registered: False" in result.stdout
     assert "ERROR" in result.stderr
-    assert "recipe-apo: registering the 'apo' advantage estimator and policy loss with verl failed" in result.stderr
+    assert ("recipe-apo: registering the 'apo' and 'codapo' advantage estimators and the 'apo' policy loss with "
+            "verl failed") in result.stderr
     assert "recipe_apo.loss" in result.stderr
 
 

@@ -1,0 +1,116 @@
+"""AGPO's zero-variance denominator: the step scale worked by hand, exactness against verl's own ``agg_loss``
+with the dead responses masked out, and the error of the step scale when mini-batches differ."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from verl.trainer.ppo.core_algos import agg_loss
+
+from recipe_apo.zero_variance import (
+    check_mode,
+    denominator_ratio,
+    exclude_zero_variance,
+    live_rows,
+    zero_variance_scale,
+)
+
+
+def hand_batch():
+    """Group a: rewards 1, 0 (lengths 2, 2): live. Group b: 1, 1 (lengths 1, 5): dead. One padding row."""
+    lengths = [2, 2, 1, 5, 0]
+    mask = (torch.arange(5).unsqueeze(0) < torch.tensor(lengths).unsqueeze(1)).float()
+    rewards = torch.zeros(5, 5)
+    for row, reward in enumerate([1.0, 0.0, 1.0, 1.0]):
+        rewards[row, lengths[row] - 1] = reward
+    advantages = torch.tensor([0.5, -0.5, 0.0, 0.0, 0.0]).unsqueeze(-1) * mask
+    return advantages, rewards, mask, np.array(["a", "a", "b", "b", "pad"], dtype=object)
+
+
+@pytest.mark.parametrize(
+    "mode, scale, share",
+    [
+        ("seq-mean-token-sum-norm", 4 / 2, 2 / 4),  # B = 4 valid responses, 2 live
+        ("seq-mean-token-mean", 4 / 2, 2 / 4),
+        ("token-mean", 10 / 4, 4 / 10),  # T = 10 valid tokens, 4 live
+    ],
+)
+def test_the_step_scale_worked_by_hand(mode, scale, share):
+    advantages, rewards, mask, uid = hand_batch()
+    scaled, metrics = exclude_zero_variance(advantages, rewards, mask, uid, mode)
+    assert metrics == {"zero_variance/live_share": share, "zero_variance/scale": scale}
+    torch.testing.assert_close(scaled, advantages * scale)
+
+
+def test_liveness_compares_rewards_not_centered_values():
+    scores = np.array([0.1 + 0.2, 0.3, 0.7, 0.7, 0.7, 5.0])
+    valid = np.array([True, True, True, True, True, False])
+    # 0.1 + 0.2 != 0.3 in floats: that group is live; the 0.7 group is dead whatever its mean rounds to; the
+    # padding row is never live.
+    assert live_rows(scores, valid, np.array([0, 0, 1, 1, 1, 2])).tolist() == [True, True, False, False, False, False]
+
+
+def test_a_step_without_signal_keeps_scale_one():
+    advantages, rewards, mask, uid = hand_batch()
+    scale, live, metrics = zero_variance_scale(rewards[2:4], mask[2:4], uid[2:4], "token-mean")
+    assert scale == 1.0 and not live.any() and metrics["zero_variance/live_share"] == 0.0
+
+
+def test_modes_without_a_denominator_and_unknown_modes_are_refused():
+    with pytest.raises(ValueError, match="loss_agg_mode=token-sum: that mode has no denominator"):
+        check_mode("exclude", "token-sum")
+    with pytest.raises(ValueError, match="algorithm.zero_variance must be one of keep, exclude"):
+        check_mode("exact", "token-mean")
+    assert check_mode("keep", "token-sum") == "keep"
+
+
+MODES = ("seq-mean-token-sum-norm", "seq-mean-token-mean", "seq-mean-token-sum", "token-mean")
+
+
+@settings(max_examples=80, deadline=None)
+@given(groups=st.lists(st.tuples(st.integers(1, 4), st.booleans()), min_size=1, max_size=6), data=st.data(),
+       mode=st.sampled_from(MODES))
+def test_one_mini_batch_equals_verls_loss_with_the_dead_responses_masked_out(groups, data, mode):
+    """With one mini-batch per step, exclude is exact: verl's agg_loss of the scaled advantages over all
+    responses equals agg_loss of the advantages over the live responses alone, live counts as denominators."""
+    sizes = [size for size, _ in groups]
+    n, width = sum(sizes), 6
+    index = np.repeat(np.arange(len(sizes)), sizes).astype(object)
+    lengths = torch.tensor(data.draw(st.lists(st.integers(1, width), min_size=n, max_size=n)))
+    mask = (torch.arange(width).unsqueeze(0) < lengths.unsqueeze(1)).float()
+    rewards_per_row = []
+    for size, alive in groups:
+        rewards_per_row += ([1.0] + [0.0] * (size - 1)) if alive and size > 1 else [float(alive)] * size
+    rewards = torch.zeros(n, width, dtype=torch.float64)
+    rewards[torch.arange(n), lengths - 1] = torch.tensor(rewards_per_row, dtype=torch.float64)
+    # Any advantages on live rows; the dead rows' are 0, as every centered estimator gives them.
+    raw = torch.tensor(data.draw(st.lists(st.floats(-3, 3), min_size=n, max_size=n)), dtype=torch.float64)
+    live = torch.from_numpy(live_rows(rewards.sum(-1).numpy(), np.ones(n, bool), index))
+    advantages = (raw * live).unsqueeze(-1) * mask.double()
+    scaled, _ = exclude_zero_variance(advantages, rewards, mask, index, mode)
+    L0 = 7.0
+    ours = agg_loss(-scaled, mask, mode, global_batch_size=n, batch_num_tokens=mask.sum(), loss_scale_factor=L0)
+    live_mask = mask * live.unsqueeze(-1)
+    if not live.any():
+        assert ours == 0.0
+        return
+    exact = agg_loss(-advantages, live_mask, mode, global_batch_size=int(live.sum()),
+                     batch_num_tokens=live_mask.sum(), loss_scale_factor=L0)
+    torch.testing.assert_close(ours, exact, rtol=1e-9, atol=1e-12)
+
+
+def test_with_two_mini_batches_of_different_live_shares_each_is_off_by_its_share_over_the_steps():
+    # 8 responses of equal length; mini-batch 0 = rows 0-3 with 2 live, mini-batch 1 = rows 4-7 all live.
+    live = np.array([True, True, False, False, True, True, True, True])
+    tokens = np.full(8, 3.0)
+    # Step live share 6/8: mini-batch 0 (share 1/2) gets (1/2) / (3/4) = 2/3 of its exact loss, mini-batch 1 4/3.
+    assert denominator_ratio(live, np.arange(4), tokens, "seq-mean-token-sum-norm") == pytest.approx(2 / 3)
+    assert denominator_ratio(live, np.arange(4, 8), tokens, "seq-mean-token-sum-norm") == pytest.approx(4 / 3)
+    # Token-mean weighs by tokens: lengths 1, 1, 6, 6 | 2, 2, 2, 2 -> step 10/22, mini-batch 0 2/14.
+    tokens = np.array([1, 1, 6, 6, 2, 2, 2, 2], dtype=float)
+    assert denominator_ratio(live, np.arange(4), tokens, "token-mean") == pytest.approx((2 / 14) / (10 / 22))
+    # The whole step as one mini-batch: exact.
+    assert denominator_ratio(live, np.arange(8), tokens, "token-mean") == pytest.approx(1.0)
