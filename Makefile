@@ -1,7 +1,7 @@
 # Two commands for a fresh machine; each creates .venv and installs what it needs on first use.
 #   make demo   the main job on a CPU machine: the CPU testbed (see README)
 #   make test   the test suite (what CI runs)
-#   make rehearse  optional: GRPO, Dr. GRPO and APO through verl's whole training loop on the CPU (see README)
+#   make rehearse  optional: GRPO, Dr. GRPO, APO and CoDaPO through verl's whole training loop on the CPU (see README)
 # TORCH selects the torch build installed beside verl, in the same pip call: pinning it there is what keeps
 # pip from resolving a multi-GB CUDA build on a CPU-only machine. GPU users: see README, "GPU training".
 

@@ -23,7 +23,7 @@ SCRIPTS = {
     "7b": "scripts/train_qwen2.5_math_7b.sh",
     "0.5b": "scripts/train_qwen2.5_0.5b_gsm8k.sh",
 }
-METHODS = ("grpo", "drgrpo", "apo")
+METHODS = ("grpo", "drgrpo", "apo", "codapo")
 
 
 def script_command(script, *args, env=None, dry_run="args"):
@@ -84,6 +84,7 @@ METHOD_SETTINGS = {
     "grpo": dict(adv_estimator="grpo", norm=True, loss_mode="vanilla", agg="seq-mean-token-mean"),
     "drgrpo": dict(adv_estimator="grpo", norm=False, loss_mode="vanilla", agg="seq-mean-token-sum-norm"),
     "apo": dict(adv_estimator="apo", norm=False, loss_mode="apo", agg="seq-mean-token-sum-norm"),
+    "codapo": dict(adv_estimator="codapo", norm=True, loss_mode="vanilla", agg="token-mean"),
 }
 
 
@@ -94,7 +95,7 @@ def check_method(config, method, l0):
     assert config.algorithm.norm_adv_by_std_in_grpo is expected["norm"]
     assert actor.policy_loss.loss_mode == expected["loss_mode"]
     assert actor.loss_agg_mode == expected["agg"]
-    assert actor.loss_scale_factor == (None if method == "grpo" else l0)
+    assert actor.loss_scale_factor == (None if method in ("grpo", "codapo") else l0)
     assert actor.use_kl_loss is False and config.algorithm.use_kl_in_reward is False
     if method != "apo":
         assert actor.clip_ratio_low == actor.clip_ratio_high == 0.2
@@ -166,7 +167,7 @@ def test_method_from_environment_and_default(compose):
 
 def test_bad_method_is_refused():
     result = script_command(SCRIPTS["7b"], "method=ppo")
-    assert result.returncode == 2 and "method must be grpo, drgrpo or apo" in result.stderr
+    assert result.returncode == 2 and "method must be grpo, drgrpo, apo or codapo" in result.stderr
 
 
 def test_further_overrides_pass_through_and_win(compose):

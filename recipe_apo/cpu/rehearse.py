@@ -1,6 +1,6 @@
-"""``make rehearse``: GRPO, Dr. GRPO and APO through verl's whole training loop on a CPU, with a resume.
+"""``make rehearse``: GRPO, Dr. GRPO, APO and CoDaPO through verl's whole training loop on a CPU, with a resume.
 
-``python -m recipe_apo.cpu.rehearse [--out DIR] [--steps N] [--methods grpo,drgrpo,apo]`` makes the tiny model
+``python -m recipe_apo.cpu.rehearse [--out DIR] [--steps N] [--methods grpo,drgrpo,apo,codapo]`` makes the tiny model
 and dataset (``recipe_apo.cpu.make_tiny``), then runs the recipe's own command line twice per method, as a user
 would (``python -m recipe_apo.main method=<m> rehearsal=cpu ...``, as one Hydra multirun per phase):
 
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Optional, Sequence
 
-METHODS = ("grpo", "drgrpo", "apo")
+METHODS = ("grpo", "drgrpo", "apo", "codapo")
 PROJECT = "rehearsal"
 
 # What the rehearsal trains, beside the CPU settings of conf/rehearsal/cpu.yaml. Every value is small on purpose.
@@ -272,7 +272,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                         help="folder for the tiny model, checkpoints, logs and metrics (default ./rehearsal)")
     parser.add_argument("--steps", type=_positive, default=2, help="training steps before the resume (default 2)")
     parser.add_argument("--methods", type=_methods, default=list(METHODS),
-                        help="comma-separated presets to rehearse (default grpo,drgrpo,apo)")
+                        help=f"comma-separated presets to rehearse (default {','.join(METHODS)})")
     args = parser.parse_args(argv)
     return rehearse(args.out, args.steps, args.methods)
 

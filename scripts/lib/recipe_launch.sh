@@ -34,8 +34,8 @@ recipe_parse_method() {
         esac
     done
     case "$METHOD" in
-        grpo | drgrpo | apo) ;;
-        *) echo "error: method must be grpo, drgrpo or apo, got '$METHOD'" >&2; exit 2 ;;
+        grpo | drgrpo | apo | codapo) ;;
+        *) echo "error: method must be grpo, drgrpo, apo or codapo, got '$METHOD'" >&2; exit 2 ;;
     esac
 }
 
