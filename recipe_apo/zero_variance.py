@@ -13,11 +13,12 @@ shuffles them). So ``exclude`` scales the live responses' advantages by the step
     scale = B / B_live      (seq-mean-token-sum-norm, seq-mean-token-mean, seq-mean-token-sum)
     scale = T / T_live      (token-mean: T counts valid tokens)
 
-where B counts the step's valid responses and B_live those of groups with a signal. Every policy loss of verl
-is linear in the advantage up to its clip, and the clip acts on the ratio, so for the unclipped terms this is
-the loss with the dead responses out of the denominator: exactly so when a step is one mini-batch, and when
-every mini-batch has the step's live share; otherwise mini-batch j's loss is off by the factor
-(live share of mini-batch j) / (live share of the step) (``denominator_ratio``; the testbed measures it).
+where B counts the step's valid responses and B_live those of groups with a signal. verl's ``vanilla`` loss
+(dual clip included) and the ``apo`` gate are positively homogeneous in the advantage (the clip and the gate
+act on the ratio; the branch depends on the sign of A only), so this is the loss with the dead responses out of
+the denominator: exactly so when a step is one mini-batch, and when every mini-batch has the step's live share;
+otherwise mini-batch j's loss is off by the factor (live share of mini-batch j) / (live share of the step)
+(``denominator_ratio``; the testbed measures it).
 ``token-sum`` has no denominator, so it has nothing to exclude (refused by the recipe's checks).
 
 Symbols: B, B_live, T, T_live above; "live" groups have at least two distinct rewards among their valid

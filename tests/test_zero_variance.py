@@ -114,3 +114,41 @@ def test_with_two_mini_batches_of_different_live_shares_each_is_off_by_its_share
     assert denominator_ratio(live, np.arange(4), tokens, "token-mean") == pytest.approx((2 / 14) / (10 / 22))
     # The whole step as one mini-batch: exact.
     assert denominator_ratio(live, np.arange(8), tokens, "token-mean") == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("loss_mode, mode", [("vanilla", "seq-mean-token-sum-norm"), ("apo", "seq-mean-token-sum-norm"),
+                                             ("vanilla", "token-mean"), ("vanilla", "seq-mean-token-mean")])
+def test_off_policy_the_registered_losses_see_the_scale_as_the_exact_denominator(loss_mode, mode):
+    """Ratios far from 1, clipped and gated: verl's vanilla loss (dual clip) and the apo gate are positively
+    homogeneous in A, so the scaled advantages over all responses give the loss, and the gradient, of the
+    unscaled ones over the live responses with live denominators."""
+    from verl.trainer.ppo.core_algos import get_policy_loss_fn
+    from verl.workers.config import FSDPActorConfig, PolicyLossConfig
+
+    import recipe_apo  # noqa: F401  (registers apo)
+
+    advantages, rewards, mask, uid = hand_batch()
+    advantages = advantages * 3.0
+    live = torch.tensor([True, True, False, False, False])
+    generator = torch.Generator().manual_seed(0)
+    old_log_prob = -torch.rand(mask.shape, generator=generator)
+
+    def loss(adv, loss_mask, responses, tokens):
+        config = FSDPActorConfig(strategy="fsdp2", rollout_n=2, ppo_micro_batch_size_per_gpu=1, loss_agg_mode=mode,
+                                 loss_scale_factor=5 if mode == "seq-mean-token-sum-norm" else None,
+                                 policy_loss=PolicyLossConfig(loss_mode=loss_mode))
+        config.global_batch_info.update(dp_size=1, global_batch_size=responses, batch_num_tokens=tokens,
+                                        loss_scale_factor=config.loss_scale_factor)
+        log_prob = (old_log_prob + torch.linspace(-0.9, 0.9, mask.numel()).view(mask.shape)).requires_grad_(True)
+        value, _ = get_policy_loss_fn(loss_mode)(old_log_prob=old_log_prob, log_prob=log_prob, advantages=adv,
+                                                 response_mask=loss_mask, loss_agg_mode=mode, config=config,
+                                                 rollout_is_weights=None)
+        value.backward()
+        return value.detach(), log_prob.grad
+
+    scaled, _ = exclude_zero_variance(advantages, rewards, mask, uid, mode)
+    ours = loss(scaled, mask, 4, int(mask.sum()))
+    live_mask = mask * live.unsqueeze(-1)
+    exact = loss(advantages, live_mask, 2, int(live_mask.sum()))
+    torch.testing.assert_close(ours[0], exact[0])
+    torch.testing.assert_close(ours[1], exact[1])
