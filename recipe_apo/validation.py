@@ -105,6 +105,12 @@ def validate_recipe_config(config: Any, rehearsal: bool = False) -> None:
                 "recipe's trainer hands the old policy's log-probs to the estimator"
                 + (" and resamples prompts" if codapo.resample else "")
             )
+        filter_groups = algorithm.get("filter_groups", None) or {}
+        if codapo.resample and filter_groups.get("enable", False):
+            raise RecipeConfigError(
+                "algorithm.filter_groups.enable=true with algorithm.codapo.resample=true: verl's group filter "
+                "refills a step with new loader prompts, which breaks CoDaPO's pairs; set one of them to false"
+            )
         gen_batch = config.data.get("gen_batch_size", None)
         if codapo.resample and gen_batch not in (None, config.data.train_batch_size):
             raise RecipeConfigError(

@@ -126,6 +126,7 @@ def test_kl_in_reward_is_fine_with_a_threshold_success_and_data_sources_with_the
         (["method=codapo", "algorithm.codapo.repeat_count=0"], "algorithm.codapo.repeat_count"),
         (["method=codapo", "+algorithm.codapo.offset=0.2"], "algorithm.codapo.offset"),
         (["method=codapo", "data.gen_batch_size=8"], "data.gen_batch_size"),
+        (["method=codapo", "algorithm.filter_groups.enable=true"], "algorithm.filter_groups.enable=true"),
         (["method=codapo", "actor_rollout_ref.rollout.n=1"], "actor_rollout_ref.rollout.n"),
         (["algorithm.zero_variance=drop"], "algorithm.zero_variance"),
         (["algorithm.zero_variance=exact"], "algorithm.zero_variance=exact is the testbed's"),
