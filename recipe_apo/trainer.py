@@ -55,6 +55,10 @@ class ApoSyncTrainer(PPOTrainerSync):
         with open_dict(config):
             config.trainer.v1.trainer_mode = "sync"
         super().__init__(config)
+        self._init_recipe_state(config)
+
+    def _init_recipe_state(self, config: DictConfig) -> None:
+        """What the recipe adds to verl's trainer state, read from the config (a fresh anchor each run)."""
         self.apo_active = uses_apo(config)
         self.apo_settings = ApoSettings.from_algorithm_config(config.algorithm)
         self.codapo_active = str(config.algorithm.adv_estimator) == "codapo"

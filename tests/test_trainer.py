@@ -5,6 +5,7 @@ needs GPUs), and only the methods the recipe overrides are exercised, each calli
 """
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -35,10 +36,10 @@ UIDS = ["e1", "e1", "e2", "e2", "h1", "h1", "h2", "h2"]
 SOURCES = ["easy"] * 4 + ["hard"] * 4
 
 
-def recipe_config(tmp_path, *overrides):
+def recipe_config(tmp_path, *overrides, method="apo"):
     with initialize_config_module(config_module="recipe_apo.conf", version_base=None):
         config = compose("apo_trainer", overrides=[
-            "method=apo", "actor_rollout_ref.rollout.n=2", "data.max_response_length=5",
+            f"method={method}", "actor_rollout_ref.rollout.n=2", "data.max_response_length=5",
             "trainer.experiment_name=test", f"trainer.default_local_dir={tmp_path}/ckpt", *overrides,
         ])
     OmegaConf.resolve(config)
@@ -49,8 +50,7 @@ def bare_trainer(config):
     """The trainer without verl's worker groups: enough for the overridden advantage/checkpoint methods."""
     trainer = object.__new__(ApoSyncTrainer)
     trainer.config = config
-    trainer.apo_active = True
-    trainer.apo_settings = ApoSettings.from_algorithm_config(config.algorithm)
+    trainer._init_recipe_state(config)
     trainer.global_steps = 0
     return trainer
 
@@ -68,7 +68,10 @@ def transfer_queue():
     ray.shutdown()
 
 
-def put_batch(keys):
+def put_batch(keys, log_probs=None):
+    """Step rows in TransferQueue; ``log_probs``: each row's old token log-prob (one value per row), else 0."""
+    log_probs = log_probs or [0.0] * len(LENGTHS)
+
     def nested(rows):
         return torch.nested.nested_tensor(rows, layout=torch.jagged)
 
@@ -82,7 +85,7 @@ def put_batch(keys):
         "data_source": NonTensorStack(*SOURCES),
         "response_mask": nested([torch.ones(n) for n in LENGTHS]),
         "rm_scores": nested(scores),
-        "old_log_probs": nested([torch.zeros(n) for n in LENGTHS]),
+        "old_log_probs": nested([torch.full((n,), lp) for n, lp in zip(LENGTHS, log_probs)]),
     }, batch_size=len(keys))
     return tq.kv_batch_put(keys=keys, partition_id="train", fields=fields)
 
@@ -134,6 +137,40 @@ def test_global_scope_step_adds_the_global_anchor_metrics(transfer_queue, tmp_pa
     assert metrics["apo/batch_success"] == 0.5 and metrics["apo/anchor"] == 0.5
     assert get_driver_anchor().steps == 1
     reset_driver_anchor()
+
+
+def test_codapo_step_gets_the_old_log_probs_and_the_zero_variance_scale_then_resamples(transfer_queue, tmp_path,
+                                                                                        monkeypatch):
+    """Groups e1 [1, 1] and h2 [0, 0] are dead; e2 and h1 are half right with old mean log-probs -0.3/-0.4 and
+    -0.5/-0.6. Worked by hand: w = exp(group mean) * 1 + 0.1, A = +-0.5 / (sqrt(0.5) + 1e-6), and token-mean's
+    zero-variance scale T / T_live = 22 / 12."""
+    from verl.utils import tensordict_utils as tu
+
+    config = recipe_config(tmp_path, "algorithm.zero_variance=exclude", "data.train_batch_size=4", method="codapo")
+    trainer = bare_trainer(config)
+    prompts = tu.get_tensordict({"uid": np.array(["e1", "e2", "h1", "h2"], dtype=object),
+                                 "data_source": np.array(["easy", "easy", "hard", "hard"], dtype=object)})
+    monkeypatch.setattr(PPOTrainerSync, "_next_train_batch", lambda self, num_prompts=None: prompts)
+    trainer.global_steps = 1
+    assert trainer._next_train_batch() is prompts  # an odd step reads the loader
+    keys = [f"codapo-{i}" for i in range(len(UIDS))]
+    metrics = {}
+    trainer._compute_advantage(put_batch(keys, [-0.1 * (i + 1) for i in range(len(UIDS))]), metrics)
+    got = tq.kv_batch_get(keys=keys, partition_id="train", select_fields=["advantages"])["advantages"]
+    w_e2, w_h1 = math.exp(-0.35) + 0.1, math.exp(-0.55) + 0.1
+    a = 0.5 / (math.sqrt(0.5) + 1e-6) * 22 / 12
+    expected = [0.0, 0.0, a * w_e2, -a * w_e2, a * w_h1, -a * w_h1, 0.0, 0.0]
+    padded = got.to_padded_tensor(0.0)
+    for row, (value, length) in enumerate(zip(expected, LENGTHS)):
+        torch.testing.assert_close(padded[row, :length], torch.full((length,), value), rtol=1e-5, atol=1e-6)
+    assert metrics["zero_variance/scale"] == pytest.approx(22 / 12)
+    assert metrics["codapo/weight_mean"] == pytest.approx((0.1 + w_e2 + w_h1 + 0.1) / 4)
+    # Step 2: the 0.75 quantile of [0.1, 0.805, 0.677, 0.1] is 0.709: e2 alone, 4 times, fresh uids.
+    trainer.global_steps = 2
+    second = trainer._next_train_batch()
+    assert list(second["data_source"]) == ["easy"] * 4
+    assert len(set(second["uid"])) == 4 and "e2" not in set(second["uid"])
+    assert tu.get_non_tensor_data(second, "global_steps", None) == 2
 
 
 def test_init_keeps_verls_sync_mode_and_starts_a_fresh_anchor(tmp_path, monkeypatch):
