@@ -11,6 +11,7 @@ import torch
 from hydra import initialize_config_module
 from omegaconf import OmegaConf
 
+from recipe_apo.codapo import CodapoSettings
 from recipe_apo.settings import ApoSettings
 
 # A run of seconds: few rounds, a small batch, a short warm-up, one process.
@@ -60,9 +61,9 @@ def test_smoke_every_method_writes_its_files_with_finite_numbers(tiny_run):
     out, summary = tiny_run
     for name in ("summary.json", "report.md", "success.png", "length.png", "anchor.png", "grad_norm.png"):
         assert (out / name).stat().st_size > 0, name
-    assert list(summary["methods"]) == ["grpo", "drgrpo", "apo"]
+    assert list(summary["methods"]) == ["grpo", "drgrpo", "apo", "codapo"]
     on_disk = json.loads((out / "summary.json").read_text())
-    for label in ("grpo", "drgrpo", "apo"):
+    for label in ("grpo", "drgrpo", "apo", "codapo"):
         for seed in ("0", "1"):
             run = on_disk["runs"][label][seed]
             # len_correct may be NaN in a round without a correct response; everything headline is finite.
@@ -72,6 +73,9 @@ def test_smoke_every_method_writes_its_files_with_finite_numbers(tiny_run):
     assert on_disk["methods"]["grpo"]["loss_agg_mode"] == "seq-mean-token-mean"
     assert on_disk["methods"]["drgrpo"]["loss_scale_factor"] == on_disk["config"]["data"]["max_response_length"]
     assert on_disk["methods"]["apo"]["loss_mode"] == "apo"
+    assert (on_disk["methods"]["codapo"]["adv_estimator"], on_disk["methods"]["codapo"]["loss_agg_mode"]) == (
+        "codapo", "token-mean")
+    assert on_disk["methods"]["codapo"]["codapo"] == dataclasses.asdict(CodapoSettings())
     report = (out / "report.md").read_text()
     assert "Paired differences" in report and "seed noise" in report
 
@@ -136,7 +140,7 @@ def test_presets_come_from_the_method_group(hydra_ctx):
     from recipe_apo.testbed.configs import method_configs
 
     cfgs = method_configs(["seeds=[0]"])
-    assert list(cfgs) == ["grpo", "drgrpo", "apo"]
+    assert list(cfgs) == ["grpo", "drgrpo", "apo", "codapo"]
     for label, cfg in cfgs.items():
         preset = OmegaConf.load(f"conf/method/{label}.yaml")
         assert cfg.algorithm.adv_estimator == preset.algorithm.adv_estimator
@@ -146,6 +150,10 @@ def test_presets_come_from_the_method_group(hydra_ctx):
     # The testbed's algorithm.apo node mirrors the estimator's defaults in code.
     node = OmegaConf.to_container(compose(config_name="testbed").algorithm.apo)
     assert node == dataclasses.asdict(ApoSettings())
+    # And its algorithm.codapo node CoDaPO's, from the recipe's conf/codapo/default.yaml.
+    codapo = OmegaConf.to_container(compose(config_name="testbed").algorithm.codapo)
+    assert codapo == dataclasses.asdict(CodapoSettings())
+    assert compose(config_name="testbed").algorithm.zero_variance == "keep"
 
 
 def test_actor_config_is_verls_and_carries_the_preset(hydra_ctx):
@@ -214,8 +222,8 @@ def test_collect_gathers_jobs_into_one_table(tiny_run, tmp_path):
     text = collect(tmp_path)
     rows = text.split("## Across jobs")[0].splitlines()
     for value in ("1.1", "2.0"):
-        assert sum(row.startswith(f"| algorithm.apo.lambda_scale={value} |") for row in rows) == 3
-    assert (tmp_path / "collected.md").exists() and len(json.loads((tmp_path / "collected.json").read_text())) == 6
+        assert sum(row.startswith(f"| algorithm.apo.lambda_scale={value} |") for row in rows) == 4
+    assert (tmp_path / "collected.md").exists() and len(json.loads((tmp_path / "collected.json").read_text())) == 8
 
 
 def test_collect_orders_jobs_by_number_and_states_a_single_seeds_mean_alone(tiny_run, tmp_path):
@@ -229,7 +237,7 @@ def test_collect_orders_jobs_by_number_and_states_a_single_seeds_mean_alone(tiny
         (job / "summary.json").write_text((out / "summary.json").read_text())
         (job / ".hydra" / "overrides.yaml").write_text(f"- rounds={number}\n")
     rows = [line for line in collect(tmp_path).splitlines() if line.startswith("| rounds=")]
-    assert [row.split(" | ")[0] for row in rows[::3]] == ["| rounds=1", "| rounds=2", "| rounds=10"]
+    assert [row.split(" | ")[0] for row in rows[::4]] == ["| rounds=1", "| rounds=2", "| rounds=10"]
     assert mean_and_spread("{:.3f}", 0.5, float("nan")) == "0.500 (one seed)"
     assert mean_and_spread("{:.3f}", 0.5, 0.01) == "0.500 +- 0.010"
 
@@ -261,7 +269,7 @@ def test_the_method_table_shows_what_a_loss_with_its_own_aggregation_does(tiny_r
     changed = copy.deepcopy(summary)
     changed["methods"]["drgrpo"]["loss_mode"] = "sapo"
     assert ("| drgrpo | `grpo` | False | `sapo` | `seq-mean-token-mean (the loss's own; seq-mean-token-sum-norm "
-            "ignored)` |") in report_markdown(changed)
+            "ignored)` | kept |") in report_markdown(changed)
 
 
 def test_settings_the_testbed_cannot_honour_are_refused(hydra_ctx):
@@ -325,3 +333,214 @@ def test_verdicts_pair_methods_by_label_not_by_name_prefix():
     assert "- apo trails apo_clip on mean success over training by 0.011 (4/4 seeds agree)." in lines
     assert "- apo_clip beats apo on mean success over training by 0.011 (4/4 seeds agree)." in lines
     assert not any("apo_clip trails apo" in line or "apo beats apo_clip" in line for line in lines)
+
+
+# --- CoDaPO in the testbed ---------------------------------------------------------------------------------
+
+def _codapo_rounds(overrides):
+    """Every round's data of one codapo run (seed 0), through run_method's hook."""
+    from hydra import compose
+
+    from recipe_apo.testbed.train import prepare_seed, run_method
+
+    cfg = compose(config_name="testbed", overrides=TINY + ["method=codapo"] + overrides)
+    setup = prepare_seed(cfg, 0)
+    rounds = []
+
+    def hook(r, batch, old_log_prob, advantages):
+        rounds.append({"batch": batch, "old_log_prob": old_log_prob, "advantages": advantages})
+
+    run = run_method(cfg, "codapo", setup, on_round=hook)
+    return cfg, setup, rounds, run
+
+
+def test_codapo_selection_by_hand():
+    from recipe_apo.codapo import resample_order, select_prompts
+
+    # 8 prompts with weights 0.1 0.9 0.5 0.9 0.3 0.1 0.7 0.2; the 0.75 quantile of the sorted weights
+    # (0.1 0.1 0.2 0.3 0.5 0.7 0.9 0.9) is 0.7 + 0.25 * (0.9 - 0.7) = 0.75: prompts 1 and 3 are kept, and the
+    # second step repeats each 4 times in place.
+    weights = np.repeat([0.1, 0.9, 0.5, 0.9, 0.3, 0.1, 0.7, 0.2], 2)
+    uids = np.repeat(np.array([f"p{i}" for i in range(8)], dtype=object), 2)
+    kept = select_prompts(uids[::2], uids, weights, 0.75)
+    assert kept.tolist() == [1, 3]
+    assert resample_order(kept, 8, 4).tolist() == [1, 1, 1, 1, 3, 3, 3, 3]
+    assert resample_order(kept, 10, 4).tolist() == [1, 1, 1, 1, 3, 3, 3, 3, 1, 1]
+
+
+def test_codapo_run_resamples_the_kept_prompts_of_each_pairs_first_round(hydra_ctx):
+    from recipe_apo.codapo import compute_codapo_advantage
+
+    cfg, setup, rounds, run = _codapo_rounds([])
+    P, G = cfg.data.train_batch_size, cfg.actor_rollout_ref.rollout.n
+    assert len(rounds) == 4 and run["history"]["resampled"] == [0.0, 1.0, 0.0, 1.0]
+    for r, data in enumerate(rounds):
+        batch = data["batch"]
+        # The estimator got the old log-probs: its advantages are CoDaPO's on this round's data, recomputed.
+        advantages, weights, _ = compute_codapo_advantage(
+            batch["token_level_rewards"], batch["response_mask"], data["old_log_prob"], batch["uid"], True, 0.1)
+        torch.testing.assert_close(data["advantages"], advantages, rtol=0, atol=0)
+        prompts = batch["prompts"][::G]
+        assert len(set(batch["uid"].tolist())) == P  # every copy is a group of its own
+        if r % 2 == 0:
+            # First round of a pair: the seed's prompt batch of this round (CoDaPO reads batches 0, 2, ...).
+            assert torch.equal(prompts, setup.train_prompts[r]) and torch.equal(batch["k"][::G], setup.train_k[r])
+            # The kept prompts, by hand: per-group weight >= its 0.75 quantile (linear interpolation).
+            group_weight = weights[::G]
+            kept = np.flatnonzero(group_weight >= np.quantile(group_weight, 0.75))
+            assert run["history"]["kept_prompts"][r] == len(kept)
+            expected = np.tile(np.repeat(kept, 4), P)[:P]
+            nxt = rounds[r + 1]["batch"]
+            assert torch.equal(nxt["prompts"][::G], prompts[torch.from_numpy(expected)])
+            assert torch.equal(nxt["k"][::G], batch["k"][::G][torch.from_numpy(expected)])
+            # Four copies in place: [a, a, a, a, b, b, b, b].
+            assert torch.equal(nxt["prompts"][::G][0:4], prompts[int(kept[0])].expand(4, -1))
+        else:
+            assert math.isnan(run["history"]["kept_prompts"][r])
+
+
+def test_codapo_without_resampling_reads_the_prompt_stream_like_the_others(hydra_ctx):
+    cfg, setup, rounds, run = _codapo_rounds(["algorithm.codapo.resample=false"])
+    G = cfg.actor_rollout_ref.rollout.n
+    for r, data in enumerate(rounds):
+        assert torch.equal(data["batch"]["prompts"][::G], setup.train_prompts[r])
+    assert run["history"]["resampled"] == [0.0] * 4
+
+
+# --- algorithm.zero_variance: exclude (what verl gets) against exact (the definition) -------------------------
+
+class _TablePolicy(torch.nn.Module):
+    """log pi = theta[row] - 1 per position, the prompt's first token naming the row: a loss whose gradient is
+    the per-token loss weight."""
+
+    def __init__(self, rows: int, width: int) -> None:
+        super().__init__()
+        self.theta = torch.nn.Parameter(torch.zeros(rows, width))
+
+    def log_probs(self, prompts, responses):
+        return self.theta[prompts[:, 0]] - 1.0
+
+
+def _hand_batch(lengths, rewards, advantages, width=4):
+    n = len(lengths)
+    mask = torch.zeros(n, width)
+    for i, length in enumerate(lengths):
+        mask[i, :length] = 1.0
+    tlr = torch.zeros(n, width)
+    tlr[torch.arange(n), torch.tensor(lengths) - 1] = torch.tensor(rewards, dtype=torch.float32)
+    uid = np.repeat(np.array([f"g{i}" for i in range(n // 2)], dtype=object), 2)
+    batch = {"prompts": torch.arange(n).unsqueeze(1), "responses": torch.zeros(n, width, dtype=torch.int64),
+             "response_mask": mask, "token_level_rewards": tlr, "uid": uid}
+    return batch, torch.tensor(advantages, dtype=torch.float32).unsqueeze(1) * mask
+
+
+def _update(hydra_ctx_overrides, batch, advantages, zero_variance):
+    """One ppo_update on the hand batch at ratio 1 (old = current log-probs), learning rate 0; returns the
+    metrics, the per-mini-batch trace and the last mini-batch's gradient."""
+    from hydra import compose
+
+    from recipe_apo.testbed.update import actor_config, effective_agg_mode, ppo_update
+    from recipe_apo.zero_variance import exclude_zero_variance, live_rows
+
+    cfg = compose(config_name="testbed", overrides=["method=grpo", "actor_rollout_ref.rollout.n=2",
+                                                    "actor_rollout_ref.actor.grad_clip=1e9"] + hydra_ctx_overrides)
+    actor = actor_config(cfg.actor_rollout_ref.actor, 2)
+    policy = _TablePolicy(*batch["response_mask"].shape)
+    old = policy.log_probs(batch["prompts"], batch["responses"]).detach()
+    scores = batch["token_level_rewards"].sum(-1).double().numpy()
+    live = live_rows(scores, batch["response_mask"].sum(-1).numpy() > 0, batch["uid"])
+    if zero_variance == "exclude":
+        advantages, _ = exclude_zero_variance(advantages, batch["token_level_rewards"], batch["response_mask"],
+                                              batch["uid"], effective_agg_mode(actor))
+    trace = []
+    metrics = ppo_update(policy, torch.optim.SGD(policy.parameters(), lr=0.0), actor, batch, advantages, old,
+                         torch.Generator().manual_seed(0), zero_variance=zero_variance, live=live, trace=trace)
+    return metrics, trace, policy.theta.grad.clone()
+
+
+# Group g0 live (rewards 1, 0; advantages 1, -0.5), g1 dead (1, 1); 2, 3, 1, 2 valid tokens; ratio 1, so each
+# token's loss is -A. Exact: the live responses (tokens) only in the denominator.
+#   seq-mean-token-mean:      -(1 - 0.5) / 2 = -0.25                    (keep: / 4 = -0.125)
+#   token-mean:               -(1 * 2 - 0.5 * 3) / 5 = -0.1             (keep: / 8)
+#   seq-mean-token-sum-norm:  -(1 * 2 - 0.5 * 3) / 2 / L0 (4) = -0.0625 (keep: / 4 / 4)
+@pytest.mark.parametrize("agg, exact, keep", [
+    ("seq-mean-token-mean", -0.25, -0.125),
+    ("token-mean", -0.1, -0.5 / 8),
+    ("seq-mean-token-sum-norm", -0.0625, -0.5 / 16),
+])
+def test_zero_variance_exclude_is_exact_with_one_mini_batch(hydra_ctx, agg, exact, keep):
+    batch, advantages = _hand_batch([2, 3, 1, 2], [1.0, 0.0, 1.0, 1.0], [1.0, -0.5, 0.0, 0.0])
+    overrides = ["actor_rollout_ref.actor.ppo_mini_batch_size=2", f"actor_rollout_ref.actor.loss_agg_mode={agg}",
+                 f"actor_rollout_ref.actor.loss_scale_factor={4 if agg.endswith('norm') else 'null'}"]
+    results = {mode: _update(overrides, batch, advantages, mode) for mode in ("keep", "exclude", "exact")}
+    assert len(results["exact"][1]) == 1  # one mini-batch
+    assert results["exact"][0]["pg_loss"] == pytest.approx(exact, abs=1e-6)
+    assert results["exclude"][0]["pg_loss"] == pytest.approx(exact, abs=1e-6)
+    assert results["keep"][0]["pg_loss"] == pytest.approx(keep, abs=1e-6)
+    torch.testing.assert_close(results["exclude"][2], results["exact"][2], rtol=0, atol=1e-6)
+    assert results["exclude"][1][0]["denominator_ratio"] == pytest.approx(1.0)
+    assert results["exclude"][0]["zv_ratio_dev_mean"] == pytest.approx(0.0, abs=1e-12)
+
+
+# Live share per mini-batch (of 2 groups of 2) against the round's: the loss of exclude over that of exact.
+#   1/2 and 1, round 3/4:             2/3, 4/3        (|r - 1|: mean 1/3, max 1/3)
+#   1/2, 1, 1, round 5/6:             3/5, 6/5, 6/5   (|r - 1|: mean 4/15, max 2/5)
+#   token-mean, token shares 5/8 and 6/6, round 11/14: 35/44, 14/11
+@pytest.mark.parametrize("agg, lengths, rewards, ratios", [
+    ("seq-mean-token-mean", [2, 3, 1, 2, 1, 1, 2, 2], [1, 0, 1, 1, 1, 0, 0, 1], [2 / 3, 4 / 3]),
+    ("seq-mean-token-mean", [2, 3, 1, 2, 1, 1, 2, 2, 3, 3, 4, 1], [1, 0, 1, 1, 1, 0, 0, 1, 1, 0, 0, 1],
+     [3 / 5, 6 / 5, 6 / 5]),
+    ("token-mean", [2, 3, 1, 2, 1, 1, 2, 2], [1, 0, 1, 1, 1, 0, 0, 1], [35 / 44, 14 / 11]),
+])
+def test_zero_variance_exclude_is_off_by_the_live_share_ratio_per_mini_batch(hydra_ctx, agg, lengths, rewards, ratios):
+    n = len(lengths)
+    # Live groups: advantages +a, -a/2 with a growing by group; the dead group g1: 0, 0.
+    adv = [0.0] * n
+    for g in range(n // 2):
+        if rewards[2 * g] != rewards[2 * g + 1]:
+            adv[2 * g], adv[2 * g + 1] = 1.0 + g, -(1.0 + g) / 2
+    batch, advantages = _hand_batch(lengths, rewards, adv)
+    overrides = ["actor_rollout_ref.actor.ppo_mini_batch_size=2", f"actor_rollout_ref.actor.loss_agg_mode={agg}"]
+    exclude, exclude_trace, _ = _update(overrides, batch, advantages, "exclude")
+    _, exact_trace, _ = _update(overrides, batch, advantages, "exact")
+    assert [t["rows"] for t in exclude_trace] == [list(range(s, s + 4)) for s in range(0, n, 4)]
+    assert [t["denominator_ratio"] for t in exclude_trace] == pytest.approx(ratios, abs=1e-12)
+    # The recorded ratio is what the loss is off by: exclude's mini-batch loss over exact's.
+    assert [a["loss"] / b["loss"] for a, b in zip(exclude_trace, exact_trace)] == pytest.approx(ratios, abs=1e-6)
+    deviations = [abs(r - 1) for r in ratios]
+    assert exclude["zv_ratio_dev_mean"] == pytest.approx(sum(deviations) / len(deviations), abs=1e-12)
+    assert exclude["zv_ratio_dev_max"] == pytest.approx(max(deviations), abs=1e-12)
+
+
+def test_zero_variance_in_a_testbed_run(hydra_ctx, tmp_path):
+    # One mini-batch per round: exclude and exact make the same first update (later rounds may part by float
+    # rounding); the recorded ratio is 1 and the round's scale B / B_live.
+    dropped = ("seeds=", "rounds=", "pretrain.steps=", "actor_rollout_ref.actor.ppo_mini")
+    one = [o for o in TINY if not o.startswith(dropped)]
+    one += ["seeds=[0]", "rounds=1", "pretrain.steps=200", "method=grpo",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=8"]
+    from recipe_apo.testbed.__main__ import run_testbed
+
+    entries = {mode: ["method=grpo", f"algorithm.zero_variance={mode}"] for mode in ("exclude", "exact", "keep")}
+    run_testbed([o for o in one if o != "method=grpo"], tmp_path, show_progress=False, entries=entries)
+    runs = {run["label"]: run["history"] for run in json.loads((tmp_path / "history.json").read_text())}
+    assert runs["exclude"]["pg_loss"][0] == pytest.approx(runs["exact"]["pg_loss"][0], abs=1e-6)
+    assert runs["exclude"]["grad_norm"][0] == pytest.approx(runs["exact"]["grad_norm"][0], rel=1e-5)
+    assert runs["exclude"]["zv_ratio_dev_max"] == [pytest.approx(0.0, abs=1e-12)]
+    assert 0 < runs["exclude"]["live_share"][0] < 1  # a round with live and dead groups
+    assert runs["exclude"]["zv_scale"][0] == pytest.approx(1.0 / runs["exclude"]["live_share"][0])
+    # keep divides by every response: its loss is the live share of exclude's.
+    assert runs["keep"]["pg_loss"][0] == pytest.approx(runs["exclude"]["pg_loss"][0] * runs["keep"]["live_share"][0],
+                                                       abs=1e-6)
+    assert "zv_ratio_dev_mean" not in runs["keep"] and "zv_ratio_dev_mean" not in runs["exact"]
+
+
+def test_zero_variance_settings_are_checked_before_training(hydra_ctx, tmp_path):
+    with pytest.raises(ValueError, match="algorithm.zero_variance must be one of keep, exclude, exact"):
+        _run(TINY + ["method=grpo", "algorithm.zero_variance=drop"], tmp_path)
+    with pytest.raises(ValueError, match="token-sum: that mode has no denominator"):
+        _run(TINY + ["method=grpo", "algorithm.zero_variance=exact", "actor_rollout_ref.actor.loss_agg_mode=token-sum"],
+             tmp_path)
+    from recipe_apo.testbed.configs import method_configs
+
+    assert list(method_configs(["method=grpo", "algorithm.zero_variance=exclude"])) == ["grpo[exclude]"]

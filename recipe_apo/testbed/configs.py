@@ -15,6 +15,7 @@ METHOD_KEYS = (
     "algorithm.norm_adv_by_std_in_grpo",
     "actor_rollout_ref.actor.policy_loss.loss_mode",
     "actor_rollout_ref.actor.loss_agg_mode",
+    "algorithm.zero_variance",
 )
 
 
@@ -32,15 +33,19 @@ def _method_signature(cfg: DictConfig) -> tuple:
     return tuple(OmegaConf.select(cfg, key) for key in METHOD_KEYS)
 
 
-def method_configs(overrides: list[str]) -> dict[str, DictConfig]:
+def method_configs(overrides: list[str], entries: Optional[dict[str, list[str]]] = None) -> dict[str, DictConfig]:
     """label -> composed config. Needs an initialized Hydra (inside the app, or ``initialize_config_module``).
 
-    ``method=<preset>`` among ``overrides`` runs that preset alone; otherwise every ``methods`` entry runs. A
-    label gains ``[estimator+loss ...]`` when the command line changed what its preset defines.
+    ``entries`` (label -> overrides, e.g. ``league_entries``) runs those; else ``method=<preset>`` among
+    ``overrides`` runs that preset alone; otherwise every ``methods`` entry runs. A label gains
+    ``[estimator+loss ...]`` when the command line changed what its preset defines.
     """
     base = compose(config_name=CONFIG_NAME, overrides=overrides)
     chosen = [o for o in overrides if _key(o) == "method"]
-    if chosen:
+    if entries is not None:
+        entries = {label: list(extra) for label, extra in entries.items()}
+        user = overrides
+    elif chosen:
         entries = {chosen[-1].split("=", 1)[1]: []}
         user = overrides
     else:
@@ -61,6 +66,22 @@ def method_configs(overrides: list[str]) -> dict[str, DictConfig]:
             changed = [str(v) for v, r in zip(_method_signature(cfg), _method_signature(reference)) if v != r]
             label = f"{label}[{'+'.join(changed)}]"
         out[label] = cfg
+    return out
+
+
+def league_entries(cfg: DictConfig) -> dict[str, list[str]]:
+    """The league's methods, label -> overrides: each of ``league.methods`` (a label of ``methods``) as it is,
+    then with each of ``league.variants`` (label ``<method>_<suffix>``), in that order."""
+    out: dict[str, list[str]] = {}
+    for name in cfg.league.methods:
+        if name not in cfg.methods:
+            raise ValueError(
+                f"league.methods names {name!r}, which is not a label of methods ({', '.join(cfg.methods)})")
+        out[name] = list(cfg.methods[name])
+        for suffix, extra in cfg.league.variants.items():
+            out[f"{name}_{suffix}"] = list(cfg.methods[name]) + list(extra)
+    if not out:
+        raise ValueError("league.methods is empty: name at least one label of methods")
     return out
 
 

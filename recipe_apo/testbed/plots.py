@@ -132,3 +132,48 @@ def _plot_runs(summary: dict[str, Any], runs: list[dict[str, Any]], out_dir: Pat
     fig.tight_layout()
     fig.savefig(out_dir / "grad_norm.png", dpi=110)
     plt.close(fig)
+
+
+def plot_league(league: dict[str, Any], path: Path) -> None:
+    """Per scenario, each method's paired difference to the first method on the league's metric: mean over
+    seeds with its standard error, the seeds as small dots; filled when beyond seed noise."""
+    plt = _pyplot()
+    labels = league["labels"]
+    reference = labels[0]
+    scenarios = league["scenarios"]
+    metric = league["metric"]
+    fig, axes = plt.subplots(1, len(scenarios), figsize=(4.2 * len(scenarios), 0.45 * len(labels) + 1.8),
+                             sharey=True, squeeze=False)
+    y = np.arange(len(labels))[::-1]
+    # One colour per league method, its variants in the same colour with a square marker.
+    families = league.get("families") or {label: label for label in labels}
+    family_color = {f: f"C{i}" for i, f in enumerate(dict.fromkeys(families[label] for label in labels))}
+    for ax, (name, s) in zip(axes[0], scenarios.items()):
+        ref = next(r for r in s["rows"] if r["method"] == reference)[metric]["mean"]
+        ax.axvline(0.0, color="grey", lw=1)
+        for yi, label in zip(y, labels):
+            color = family_color[families[label]]
+            marker = "o" if families[label] == label else "s"
+            if label == reference:
+                ax.plot([0.0], [yi], "D", color=color, ms=6)
+                continue
+            p = s["matrix"][label][reference]
+            per_seed = np.asarray(p["per_seed"], dtype=np.float64)
+            ax.plot(per_seed, np.full(per_seed.shape, yi + 0.18), ".", color="grey", ms=3, alpha=0.7)
+            se = p["std"] / np.sqrt(p["seeds"]) if p["seeds"] > 1 and np.isfinite(p["std"]) else 0.0
+            ax.errorbar([p["mean"]], [yi], xerr=[se], fmt=marker, color=color, capsize=3,
+                        mfc=color if p["beyond_seed_noise"] else "white", ms=7)
+        rank = {r["method"]: r["rank"] for r in s["rows"]}
+        for yi, label in zip(y, labels):  # the rank, at the panel's right edge
+            ax.text(1.0, yi, f" #{rank[label]}", transform=ax.get_yaxis_transform(), va="center", fontsize=8)
+        ax.set_title(f"{name} ({reference}: {ref:.3f})", fontsize=10)
+        ax.set_xlabel(f"{metric} minus {reference}'s, same seed")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_yticks(y)
+    axes[0][0].set_yticklabels(labels)
+    fig.suptitle(f"paired difference to {reference}: mean +- SE over {len(next(iter(scenarios.values()))['seeds'])} "
+                 "seeds (grey: each seed); filled = beyond seed noise, hollow = within; square: a variant; "
+                 "#rank in the scenario", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -72,6 +72,7 @@ HEADLINE = [
     ("len_correct", "length of correct, raw (last quarter)", "{:.1f}", None),
     ("len_incorrect", "length of incorrect, raw (last quarter)", "{:.1f}", None),
     ("cut_share", "share cut at L0 (last quarter)", "{:.3f}", False),
+    ("live_share_avg", "share of responses in groups with a signal", "{:.2f}", None),
     ("grad_norm_mean", "grad norm before clip, mean", "{:.3f}", None),
     ("grad_norm_max", "grad norm before clip, max", "{:.3f}", None),
     ("wall_s", "wall time per run (s)", "{:.1f}", None),
@@ -120,6 +121,15 @@ def run_summary(run: dict[str, Any], rounds: int, early_fraction: float) -> dict
     out["grad_norm_mean"] = _nanmean(history["grad_norm"])
     out["grad_norm_max"] = float(np.nanmax(history["grad_norm_max"]))
     out["batch_success_avg"] = _nanmean(history["batch_success"])
+    if "live_share" in history:
+        out["live_share_avg"] = _nanmean(history["live_share"])
+    # algorithm.zero_variance=exclude: |denominator_ratio - 1| over the mini-batches (0: exact).
+    if "zv_ratio_dev_mean" in history:
+        out["zv_ratio_dev_mean"] = _nanmean(history["zv_ratio_dev_mean"])
+        out["zv_ratio_dev_max"] = float(np.nanmax(history["zv_ratio_dev_max"]))
+    if "resampled" in history:
+        out["resampled_share"] = _nanmean(history["resampled"])
+        out["kept_prompts_avg"] = _nanmean(history["kept_prompts"])
     out["wall_s"] = float(run["wall_s"])
     return out
 
@@ -157,6 +167,23 @@ def paired(values_a: list[float], values_b: list[float]) -> dict[str, Any]:
     }
 
 
+def paired_between(summary: dict[str, Any], a: str, b: str, metric: str) -> dict[str, Any]:
+    """``paired`` of ``a - b`` on ``metric`` from a summary, whichever order the pair is stored in ("x - y"
+    once per pair; which label comes first says the sign, not a name prefix: "apo" is a prefix of "apo_clip")."""
+    key = f"{a} - {b}"
+    if key in summary["paired"]:
+        return summary["paired"][key][metric]
+    p = dict(summary["paired"][f"{b} - {a}"][metric])
+    for name in ("mean", "t"):
+        if name in p:
+            p[name] = -p[name]
+    if "per_seed" in p:
+        p["per_seed"] = [-x for x in p["per_seed"]]
+    if "direction" in p:
+        p["direction"] = {"+": "-", "-": "+"}.get(p["direction"], p["direction"])
+    return p
+
+
 def _initial_success(seed: int, runs: list[dict[str, Any]]) -> dict[str, Any]:
     """The initial policy's success, overall and by bucket, from the round-0 evaluation: fresh samples, not the
     ones that sorted prompts into buckets (those make "hard" look harder than it is). Every method of a seed
@@ -169,15 +196,12 @@ def _initial_success(seed: int, runs: list[dict[str, Any]]) -> dict[str, Any]:
             "initial_success_by_bucket": {name: float(evals[name][0]) for name in BUCKETS}}
 
 
-def build_summary(
-    cfg_by_label: dict[str, Any], setups: dict, runs: list[dict[str, Any]], wall_s: float, base_cfg: dict
-) -> dict[str, Any]:
-    labels = list(cfg_by_label)
-    seeds = sorted(setups)
-    per_run: dict[str, dict[str, dict[str, float]]] = {label: {} for label in labels}
-    for run in runs:
-        cfg = cfg_by_label[run["label"]]
-        per_run[run["label"]][str(run["seed"])] = run_summary(run, cfg["rounds"], cfg["early_fraction"])
+def compare_runs(
+    per_run: dict[str, dict[str, dict[str, float]]], labels: list[str], seeds: list[int], metrics: list[str] = PAIRED
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(aggregate, comparisons) of summary.json from per-run numbers (label -> seed -> key -> value): mean and
+    std over seeds of every key, and ``paired`` of every pair of labels on ``metrics``, stored once per pair as
+    "a - b" with the later label first (``paired_between`` reads either order)."""
     aggregate = {}
     for label in labels:
         keys = next(iter(per_run[label].values())).keys()
@@ -194,8 +218,21 @@ def build_summary(
             # Later methods first: with the default order this reads "apo - grpo", "drgrpo - grpo", ...
             comparisons[f"{a} - {b}"] = {
                 key: paired([per_run[a][str(s)][key] for s in seeds], [per_run[b][str(s)][key] for s in seeds])
-                for key in PAIRED
+                for key in metrics
             }
+    return aggregate, comparisons
+
+
+def build_summary(
+    cfg_by_label: dict[str, Any], setups: dict, runs: list[dict[str, Any]], wall_s: float, base_cfg: dict
+) -> dict[str, Any]:
+    labels = list(cfg_by_label)
+    seeds = sorted(setups)
+    per_run: dict[str, dict[str, dict[str, float]]] = {label: {} for label in labels}
+    for run in runs:
+        cfg = cfg_by_label[run["label"]]
+        per_run[run["label"]][str(run["seed"])] = run_summary(run, cfg["rounds"], cfg["early_fraction"])
+    aggregate, comparisons = compare_runs(per_run, labels, seeds)
     methods = {
         label: {
             "adv_estimator": cfg["algorithm"]["adv_estimator"],
@@ -204,6 +241,8 @@ def build_summary(
             "loss_agg_mode": cfg["actor_rollout_ref"]["actor"]["loss_agg_mode"],
             "loss_scale_factor": cfg["actor_rollout_ref"]["actor"].get("loss_scale_factor"),
             "apo": cfg["algorithm"].get("apo") if cfg["algorithm"]["adv_estimator"] == "apo" else None,
+            "codapo": cfg["algorithm"].get("codapo") if cfg["algorithm"]["adv_estimator"] == "codapo" else None,
+            "zero_variance": cfg["algorithm"].get("zero_variance", "keep"),
         }
         for label, cfg in cfg_by_label.items()
     }
@@ -260,15 +299,18 @@ def report_markdown(summary: dict[str, Any]) -> str:
         f"responses (temperature 1) that are correct on a fixed evaluation set; buckets are thirds of that set by "
         f"the initial policy's own success rate. Wall time of the whole run: {summary['wall_s']:.0f} s.",
         "",
-        "| method | estimator | std norm | loss | aggregation |",
-        "|---|---|---|---|---|",
+        "| method | estimator | std norm | loss | aggregation | zero-variance groups in the denominator |",
+        "|---|---|---|---|---|---|",
     ]
+    zero_variance = {"keep": "kept", "exclude": "excluded (round-level scale)", "exact": "excluded (per mini-batch)"}
     for label, m in summary["methods"].items():
-        std = m["norm_adv_by_std_in_grpo"] if m["adv_estimator"] == "grpo" else "-"
+        # The two estimators that read norm_adv_by_std_in_grpo.
+        std = m["norm_adv_by_std_in_grpo"] if m["adv_estimator"] in ("grpo", "codapo") else "-"
         agg = m["loss_agg_mode"] + (f" / {m['loss_scale_factor']}" if m["loss_agg_mode"].endswith("norm") else "")
         if m["loss_mode"] in OWN_AGGREGATION:  # the loss ignores loss_agg_mode: show what it does
             agg = f"{OWN_AGGREGATION[m['loss_mode']]} (the loss's own; {m['loss_agg_mode']} ignored)"
-        lines.append(f"| {label} | `{m['adv_estimator']}` | {std} | `{m['loss_mode']}` | `{agg}` |")
+        zv = zero_variance.get(m.get("zero_variance", "keep"), m.get("zero_variance"))
+        lines.append(f"| {label} | `{m['adv_estimator']}` | {std} | `{m['loss_mode']}` | `{agg}` | {zv} |")
     init = summary["seed_setup"]
     lines += [
         "",
@@ -288,6 +330,8 @@ def report_markdown(summary: dict[str, Any]) -> str:
     ]
     agg = summary["aggregate"]
     for key, header, fmt, _ in HEADLINE:
+        if not all(key in agg[l] for l in labels):  # a summary.json from before the key existed
+            continue
         cells = [mean_and_spread(fmt, agg[l][key]["mean"], agg[l][key]["std"]) for l in labels]
         lines.append(f"| {header} | " + " | ".join(cells) + " |")
     lines += [
@@ -323,14 +367,10 @@ def verdict_lines(summary: dict[str, Any]) -> list[str]:
         for b in labels:
             if b == a:
                 continue
-            # The pair is stored once, as "x - y"; which label comes first says the sign (not a name prefix:
-            # "apo" is a prefix of "apo_clip").
-            key = f"{a} - {b}" if f"{a} - {b}" in summary["paired"] else f"{b} - {a}"
-            sign = 1.0 if key == f"{a} - {b}" else -1.0
             for metric, words in [("success_avg", "mean success over training"),
                                   ("hard_success_avg", "mean success on the hardest third")]:
-                p = summary["paired"][key][metric]
-                d = sign * p["mean"]
+                p = paired_between(summary, a, b, metric)
+                d = p["mean"]
                 missing = f", {p['seeds_missing']} seed(s) without a value" if p.get("seeds_missing") else ""
                 if p["beyond_seed_noise"]:
                     how = "beats" if d > 0 else "trails"

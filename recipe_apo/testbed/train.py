@@ -1,5 +1,11 @@
 """Paired training runs: per seed one pretrained "base model", prompt stream and evaluation set, shared by every
-method; per (seed, method) one RL run in verl's loop (rollout, advantages, ``ppo_epochs`` of mini-batch updates).
+method; per (seed, method) one RL run in verl's loop (rollout, old log-probs, advantages, ``ppo_epochs`` of
+mini-batch updates).
+
+CoDaPO (``adv_estimator=codapo``) gets the old log-probs handed to its estimator, and with
+``algorithm.codapo.resample`` its rounds go in pairs as in the recipe's trainer: round r (even) takes the seed's
+prompt batch r, round r + 1 repeats the prompts of round r whose weight reaches the percentile
+(``repeat_count`` copies in place, each its own group). It thus reads half the prompt stream in as many rounds.
 
 Runs go to a process pool (one torch thread each: a GRU this small gains nothing from intra-op threads, and
 with one thread the numbers are the same whichever worker runs a job). Each job depends only on its seed and
@@ -22,10 +28,12 @@ from omegaconf import DictConfig, OmegaConf
 from recipe_apo import anchor as anchor_module
 from recipe_apo.anchor import reset_driver_anchor
 from recipe_apo.audit.stats import length_by_outcome
+from recipe_apo.codapo import CodapoSettings, codapo_book, handed_log_probs, resample_order, select_prompts
 from recipe_apo.testbed.policy import TokenPolicy, build_policy, pretrain
 from recipe_apo.testbed.rollout import compute_advantages, rollout
 from recipe_apo.testbed.task import ReverseTask
-from recipe_apo.testbed.update import actor_config, ppo_update
+from recipe_apo.testbed.update import actor_config, effective_agg_mode, ppo_update
+from recipe_apo.zero_variance import exclude_zero_variance, live_rows
 
 BUCKETS = ("hard", "medium", "easy")
 
@@ -109,9 +117,16 @@ def prepare_seed(cfg: DictConfig, seed: int) -> SeedSetup:
 
 
 def run_method(
-    cfg: DictConfig, label: str, setup: SeedSetup, progress: Optional[Callable[[int], None]] = None
+    cfg: DictConfig,
+    label: str,
+    setup: SeedSetup,
+    progress: Optional[Callable[[int], None]] = None,
+    on_round: Optional[Callable[..., None]] = None,
 ) -> dict[str, Any]:
-    """One RL run of one method from the seed's shared start. Returns its per-round history and evals."""
+    """One RL run of one method from the seed's shared start. Returns its per-round history and evals.
+
+    ``on_round(r, batch, old_log_prob, advantages)``, when given, sees every round's data (tests use it).
+    """
     started = time.perf_counter()
     seed = setup.seed
     task = make_task(cfg)
@@ -122,6 +137,10 @@ def run_method(
     optimizer = torch.optim.AdamW(policy.parameters(), lr=optim.lr, betas=tuple(optim.betas),
                                   weight_decay=optim.weight_decay)
     uses_anchor = cfg.algorithm.adv_estimator == "apo"
+    codapo = cfg.algorithm.adv_estimator == "codapo"
+    codapo_settings = CodapoSettings.from_algorithm_config(cfg.algorithm) if codapo else None
+    resample = codapo and codapo_settings.resample
+    zero_variance = cfg.algorithm.get("zero_variance", "keep")
     reset_driver_anchor()
     sampling, shuffling = generator(seed, _SAMPLING), generator(seed, _SHUFFLE)
     group = cfg.actor_rollout_ref.rollout.n
@@ -141,12 +160,51 @@ def run_method(
             evals[name].append(float(success[setup.bucket == b].mean()))
 
     run_eval(0)
+    kept = previous = None
     for r in range(cfg.rounds):
-        batch = rollout(policy, task, setup.train_prompts[r], setup.train_k[r], group, sampling)
-        advantages = compute_advantages(batch, cfg.algorithm)
+        second = resample and r % 2 == 1
+        if second:
+            # The second round of a pair: the first round's kept prompts, repeat_count copies in place.
+            order = torch.from_numpy(resample_order(kept, cfg.data.train_batch_size, codapo_settings.repeat_count))
+            prompts, k = previous[0][order], previous[1][order]
+        else:
+            prompts, k = setup.train_prompts[r], setup.train_k[r]
+        batch = rollout(policy, task, prompts, k, group, sampling)
+        # Before the advantages, as verl's trainer does: CoDaPO's weight reads them. No gradient, same weights:
+        # the order changes no number of the other methods.
         with torch.no_grad():
             old_log_prob = policy.log_probs(batch["prompts"], batch["responses"])
-        metrics = ppo_update(policy, optimizer, actor, batch, advantages, old_log_prob, shuffling)
+        if codapo:
+            with handed_log_probs(old_log_prob):
+                advantages = compute_advantages(batch, cfg.algorithm)
+        else:
+            advantages = compute_advantages(batch, cfg.algorithm)
+        scores = batch["token_level_rewards"].sum(dim=-1).double().numpy()
+        live = live_rows(scores, batch["response_mask"].sum(dim=-1).numpy() > 0, batch["uid"])
+        if zero_variance == "exclude":
+            advantages, zv_metrics = exclude_zero_variance(
+                advantages, batch["token_level_rewards"], batch["response_mask"], batch["uid"],
+                effective_agg_mode(actor),
+            )
+            record("zv_scale", zv_metrics["zero_variance/scale"])
+        if on_round is not None:
+            on_round(r, batch, old_log_prob, advantages)
+        metrics = ppo_update(policy, optimizer, actor, batch, advantages, old_log_prob, shuffling,
+                             zero_variance=zero_variance, live=live)
+        # Share of the round's responses in groups with a signal (two distinct rewards or more).
+        record("live_share", live.mean())
+        if codapo:
+            book = codapo_book()
+            for key in ("weight_mean", "confidence_mean", "difficulty_weight_mean"):
+                record(f"codapo_{key}", book.last_metrics.get(f"codapo/{key}", float("nan")))
+            record("resampled", float(second))
+            if resample and not second:
+                prompt_uids = batch["uid"][::group]
+                kept = select_prompts(prompt_uids, book.last_uids, book.last_weights, codapo_settings.percentile)
+                previous = (prompts, k)
+                record("kept_prompts", len(kept))
+            else:
+                record("kept_prompts", float("nan"))
 
         correct = batch["reward"] > 0.5
         record("batch_success", batch["reward"].mean())
@@ -212,7 +270,12 @@ def _run_job(args):
 
 
 def run_all(
-    method_cfgs: dict[str, DictConfig], seeds: list[int], workers: int, threads: int, show_progress: bool = True
+    method_cfgs: dict[str, DictConfig],
+    seeds: list[int],
+    workers: int,
+    threads: int,
+    show_progress: bool = True,
+    desc: str = "testbed",
 ) -> tuple[dict[int, SeedSetup], list[dict[str, Any]]]:
     """Prepare each seed once, then run every (seed, method) pair; returns (setups, runs)."""
     from tqdm import tqdm
@@ -221,7 +284,7 @@ def run_all(
     plain = {label: OmegaConf.to_container(cfg, resolve=True) for label, cfg in method_cfgs.items()}
     base_plain = OmegaConf.to_container(first, resolve=True)
     total = len(seeds) + sum(cfg.rounds for cfg in method_cfgs.values()) * len(seeds)
-    bar = tqdm(total=total, desc="testbed", unit="round", disable=not show_progress, file=sys.stderr)
+    bar = tqdm(total=total, desc=desc, unit="round", disable=not show_progress, file=sys.stderr)
 
     if workers <= 1:
         previous = torch.get_num_threads()

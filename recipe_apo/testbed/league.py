@@ -1,0 +1,270 @@
+"""``python -m recipe_apo.testbed mode=league``: every method of ``league`` on every scenario of it, paired over
+the seeds, ranked against every other method per scenario.
+
+The methods are ``league.methods`` (labels of ``methods``), each as it is and with each ``league.variants``
+entry (by default ``<method>_zv``: ``algorithm.zero_variance=exclude``). Each scenario is one ordinary testbed
+run (its own folder with report.md, summary.json and plots); the league reads their paired statistics
+(``report.paired``, the testbed's verdict rule: beyond seed noise when every seed agrees on the sign and a
+paired t-test clears 5%) and writes ``league.md``, ``league.json`` and ``league.png`` beside them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from hydra import compose
+
+from recipe_apo.testbed.configs import CONFIG_NAME, _key, league_entries
+from recipe_apo.testbed.report import PAIRED, paired_between
+
+# Columns of a scenario's table beside the ranking metric: (summary key, header, format).
+COLUMNS = [
+    ("success_avg", "success, mean over training", "{:.3f}"),
+    ("hard_success_avg", "hardest third, mean over training", "{:.3f}"),
+    ("live_share_avg", "live share", "{:.2f}"),
+]
+HEADERS = {
+    "success_final": "final success",
+    "success_avg": "success, mean over training",
+    "success_early": "success, early",
+    "hard_success_avg": "hardest third, mean over training",
+    "hard_success_final": "hardest third, final",
+}
+
+
+def run_league(overrides: list[str], out_dir: Path, show_progress: bool = True) -> dict[str, Any]:
+    """Run every league method on every league scenario; write league.md / league.json / league.png."""
+    from recipe_apo.testbed.__main__ import checked_configs, run_testbed
+
+    started = time.perf_counter()
+    for override in overrides:
+        if _key(override) in ("method", "scenario"):
+            raise ValueError(
+                f"mode=league runs league.methods on league.scenarios; drop {override} from the command line "
+                "(e.g. league.methods=[grpo,codapo] or 'league.scenarios=[[],[\"task.max_len=6\"]]')"
+            )
+    base = compose(config_name=CONFIG_NAME, overrides=overrides)
+    metric = str(base.league.metric)
+    if metric not in PAIRED:
+        raise ValueError(f"league.metric must be one of the paired metrics ({', '.join(PAIRED)}), got {metric!r}")
+    entries = league_entries(base)
+    scenarios = league_scenarios(base.league.scenarios)
+    # Every scenario composed and checked before any training: a bad one fails in seconds, not after the others.
+    cfgs = {name: checked_configs(list(overrides) + extra, entries) for name, extra in scenarios.items()}
+    summaries = {}
+    for i, name in enumerate(scenarios):
+        summaries[name] = run_testbed(list(overrides) + scenarios[name], out_dir / name, show_progress,
+                                      desc=f"league {name} ({i + 1}/{len(scenarios)})", cfgs=cfgs[name])
+    families = {name: name for name in base.league.methods}
+    families.update({f"{name}_{suffix}": name for name in base.league.methods for suffix in base.league.variants})
+    league = build_league(summaries, scenarios, metric, families)
+    league["variants"] = {str(k): [str(o) for o in v] for k, v in base.league.variants.items()}
+    league["wall_s"] = time.perf_counter() - started
+    league["overrides"] = list(overrides)
+    write_league(league, out_dir)
+    return league
+
+
+def scenario_name(overrides: list[str]) -> str:
+    """A scenario's name from its overrides: "default" for none, ``scenario=X`` as X, the rest as written."""
+    if not overrides:
+        return "default"
+    return ",".join(o.split("=", 1)[1] if _key(o) == "scenario" else o for o in overrides)
+
+
+def league_scenarios(node: Any) -> dict[str, list[str]]:
+    """name -> overrides of ``league.scenarios`` (a list of override lists)."""
+    out: dict[str, list[str]] = {}
+    for extra in node:
+        if isinstance(extra, str):
+            raise ValueError(f"league.scenarios must be a list of override lists, e.g. [[],[task.max_len=6]]; "
+                             f"got {extra!r} as an entry")
+        extra = [str(o) for o in extra]
+        name = scenario_name(extra)
+        if name in out:
+            raise ValueError(f"league.scenarios lists {name} twice")
+        out[name] = extra
+    if not out:
+        raise ValueError("league.scenarios is empty: list at least one, e.g. league.scenarios=[[]]")
+    return out
+
+
+def _rank(labels: list[str], means: dict[str, float]) -> dict[str, int]:
+    """Competition ranking by mean, highest first (equal means share a rank; NaN last)."""
+    key = {label: means[label] if math.isfinite(means[label]) else -math.inf for label in labels}
+    return {label: 1 + sum(key[other] > key[label] for other in labels) for label in labels}
+
+
+def scenario_table(summary: dict[str, Any], metric: str) -> dict[str, Any]:
+    """One scenario's rows (ranked) and its pairwise matrix of paired differences ``a - b`` on ``metric``."""
+    labels = list(summary["methods"])
+    n = len(summary["seeds"])
+    agg = summary["aggregate"]
+
+    def stat(label: str, key: str) -> dict[str, float] | None:
+        if key not in agg[label]:
+            return None
+        mean, std = agg[label][key]["mean"], agg[label][key]["std"]
+        return {"mean": mean, "std": std, "se": std / math.sqrt(n) if math.isfinite(std) else float("nan")}
+
+    matrix = {a: {b: paired_between(summary, a, b, metric) for b in labels if b != a} for a in labels}
+    ranks = _rank(labels, {label: agg[label][metric]["mean"] for label in labels})
+    rows = []
+    for label in sorted(labels, key=lambda l: (ranks[l], labels.index(l))):
+        cells = matrix[label]
+        row = {
+            "method": label,
+            "rank": ranks[label],
+            metric: stat(label, metric),
+            "wins": [b for b in labels if b != label and cells[b]["beyond_seed_noise"] and cells[b]["mean"] > 0],
+            "losses": [b for b in labels if b != label and cells[b]["beyond_seed_noise"] and cells[b]["mean"] < 0],
+        }
+        for key in [c[0] for c in COLUMNS] + ["zv_ratio_dev_mean", "kept_prompts_avg", "resampled_share"]:
+            if key != metric and stat(label, key) is not None:
+                row[key] = stat(label, key)
+        if "zv_ratio_dev_max" in agg[label]:  # the worst mini-batch of all the seeds' runs
+            row["zv_ratio_dev_max"] = max(run["zv_ratio_dev_max"] for run in summary["runs"][label].values())
+        rows.append(row)
+    return {"rows": rows, "matrix": matrix}
+
+
+def build_league(
+    summaries: dict[str, dict[str, Any]],
+    scenarios: dict[str, list[str]],
+    metric: str,
+    families: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """league.json: per scenario its rows and matrix (``scenario_table``); ``families``: label -> the league
+    method it is a variant of (the plot colours by it)."""
+    out: dict[str, Any] = {"metric": metric, "scenarios": {}}
+    for name, summary in summaries.items():
+        cfg = summary["config"]
+        out["scenarios"][name] = {
+            "overrides": scenarios[name],
+            "scenario_name": summary["scenario"],
+            "seeds": summary["seeds"],
+            "rounds": cfg["rounds"],
+            "ppo_epochs": cfg["actor_rollout_ref"]["actor"]["ppo_epochs"],
+            "max_len": cfg["task"]["max_len"],
+            "methods": summary["methods"],
+            "wall_s": summary["wall_s"],
+            "report": f"{name}/report.md",
+            **scenario_table(summary, metric),
+        }
+    out["labels"] = list(next(iter(summaries.values()))["methods"])
+    out["families"] = families or {label: label for label in out["labels"]}
+    return out
+
+
+def _cell(stat: dict[str, float] | None, fmt: str) -> str:
+    if stat is None or not math.isfinite(stat["mean"]):
+        return "-"
+    if not math.isfinite(stat["se"]):
+        return f"{fmt.format(stat['mean'])} (one seed)"
+    return f"{fmt.format(stat['mean'])} +- {fmt.format(stat['se'])}"
+
+
+def _difference(p: dict[str, Any]) -> str:
+    if not math.isfinite(p["mean"]):
+        return "nan"
+    text = f"{p['mean']:+.3f}"
+    agree = f"{p['seeds_agree']}/{p['seeds']}"
+    return f"**{text}** {agree}" if p["beyond_seed_noise"] else f"{text} {agree}"
+
+
+def league_markdown(league: dict[str, Any]) -> str:
+    metric = league["metric"]
+    header = HEADERS.get(metric, metric)
+    labels = league["labels"]
+    scenarios = league["scenarios"]
+    seeds = next(iter(scenarios.values()))["seeds"]
+    lines = [
+        f"# CPU testbed league: {len(labels)} methods x {len(scenarios)} scenario{'s' if len(scenarios) > 1 else ''}, "
+        f"{len(seeds)} seeds",
+        "",
+        f"Ranked by {header} (mean over seeds; +- is the standard error over seeds, std / sqrt({len(seeds)})). "
+        "Every pair of methods is compared on the same seeds (same start, same prompts, same evaluation set): "
+        "*beats* / *trails* list the methods a method is ahead of / behind **beyond seed noise**, i.e. every seed "
+        "agrees on the sign and a paired t-test clears 5% (the testbed's rule; with fewer than 3 seeds nothing "
+        "is). Ranks by the mean alone do not say more than that. "
+        + "".join(f"`<method>_{suffix}`: the method with {' '.join(f'`{o}`' for o in extra)}. "
+                  for suffix, extra in league.get("variants", {}).items())
+        + f"Wall time: {league.get('wall_s', float('nan')):.0f} s.",
+        "",
+        "## Overview: rank (wins-losses beyond seed noise) per scenario",
+        "",
+        "| method | " + " | ".join(scenarios) + " |",
+        "|---|" + "---|" * len(scenarios),
+    ]
+    for label in labels:
+        cells = []
+        for s in scenarios.values():
+            row = next(r for r in s["rows"] if r["method"] == label)
+            cells.append(f"{row['rank']} ({len(row['wins'])}-{len(row['losses'])}), {_cell(row[metric], '{:.3f}')}")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    for name, s in scenarios.items():
+        overrides = " ".join(f"`{o}`" for o in s["overrides"]) or "(defaults)"
+        lines += [
+            "",
+            f"## {name}: {overrides}",
+            "",
+            f"{s['rounds']} rounds, ppo_epochs={s['ppo_epochs']}, strings of up to {s['max_len']} symbols, "
+            f"{len(s['seeds'])} seeds; the scenario's own report: `{s['report']}`.",
+            "",
+            f"| rank | method | {header} | " + " | ".join(h for _, h, _ in COLUMNS) + " | beats | trails |",
+            "|---|---|---|" + "---|" * len(COLUMNS) + "---|---|",
+        ]
+        for row in s["rows"]:
+            cells = [_cell(row.get(key), fmt) for key, _, fmt in COLUMNS]
+            lines.append(
+                f"| {row['rank']} | {row['method']} | {_cell(row[metric], '{:.3f}')} | " + " | ".join(cells)
+                + f" | {', '.join(row['wins']) or '-'} | {', '.join(row['losses']) or '-'} |"
+            )
+        zv = [row for row in s["rows"] if "zv_ratio_dev_mean" in row]
+        if zv:
+            lines += [
+                "",
+                "`algorithm.zero_variance=exclude` scales a round's live advantages by B / B_live (T / T_live for "
+                "token-mean); verl's actor divides each mini-batch by its own size, so mini-batch j's loss is off "
+                "by its live share over the round's (`denominator_ratio`, 1 = exact). |ratio - 1| over the "
+                "mini-batches (mean over rounds; +- SE over seeds) and its worst mini-batch over all seeds:",
+                "",
+                "| method | live share | mean abs(ratio - 1) | max abs(ratio - 1) |",
+                "|---|---|---|---|",
+            ]
+            for row in zv:
+                lines.append(f"| {row['method']} | {_cell(row.get('live_share_avg'), '{:.2f}')} | "
+                             f"{_cell(row['zv_ratio_dev_mean'], '{:.3f}')} | {row['zv_ratio_dev_max']:.3f} |")
+        codapo = [row for row in s["rows"] if "kept_prompts_avg" in row]
+        for row in codapo:
+            lines.append("")
+            lines.append(f"{row['method']}: {row['resampled_share']['mean']:.2f} of the rounds resampled, "
+                         f"{row['kept_prompts_avg']['mean']:.1f} prompts kept per selection on average.")
+        order = [row["method"] for row in s["rows"]]
+        lines += [
+            "",
+            f"Paired difference in {header}, row minus column (ordered by rank), and the seeds on the majority "
+            "side; **bold**: beyond seed noise.",
+            "",
+            "| row - column | " + " | ".join(order) + " |",
+            "|---|" + "---|" * len(order),
+        ]
+        for a in order:
+            lines.append(f"| {a} | " + " | ".join("." if a == b else _difference(s["matrix"][a][b]) for b in order)
+                         + " |")
+    lines += ["", "Plot: `league.png` (paired difference to the first method, per scenario).", ""]
+    return "\n".join(lines)
+
+
+def write_league(league: dict[str, Any], out_dir: Path, plot: bool = True) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "league.json").write_text(json.dumps(league, indent=1, allow_nan=True))
+    (out_dir / "league.md").write_text(league_markdown(league))
+    if plot:
+        from recipe_apo.testbed.plots import plot_league
+
+        plot_league(league, out_dir / "league.png")
