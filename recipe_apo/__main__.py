@@ -13,7 +13,7 @@ import torch
 from omegaconf import OmegaConf
 
 import recipe_apo
-from recipe_apo.anchor import get_driver_anchor, reset_driver_anchor
+from recipe_apo.methods.anchor import get_driver_anchor, reset_driver_anchor
 
 TRAIN_COMMAND = r"""python -m recipe_apo.main method=apo \
     data.train_files=$HOME/data/math/train.parquet data.val_files=$HOME/data/math/test.parquet \

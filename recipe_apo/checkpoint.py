@@ -22,8 +22,8 @@ from typing import Any, Optional
 
 from verl.trainer.ppo.checkpoint_callback import CheckpointCallback
 
-from recipe_apo.anchor import GLOBAL_SCOPE, AnchorBook, driver_anchors, install_driver_anchors, reset_driver_anchor
-from recipe_apo.settings import ApoSettings
+from recipe_apo.methods.anchor import GLOBAL_SCOPE, AnchorBook, driver_anchors, install_driver_anchors, reset_driver_anchor
+from recipe_apo.methods.apo_settings import ApoSettings
 
 logger = logging.getLogger("recipe_apo")
 

@@ -88,8 +88,8 @@ def recipe_error(exc: BaseException) -> BaseException | None:
     it crossed (agent loop -> task runner -> here).
     """
     from recipe_apo.checkpoint import AnchorStateError
-    from recipe_apo.settings import ApoConfigError
-    from recipe_apo.success import ApoInputError
+    from recipe_apo.methods.apo_settings import ApoConfigError
+    from recipe_apo.methods.success import ApoInputError
 
     seen, todo = set(), [exc]
     while todo:

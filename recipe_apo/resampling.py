@@ -1,5 +1,5 @@
 """CoDaPO's prompt resampling in verl's V1 trainer: the state the recipe's trainer keeps between the two steps
-of a pair, and its checkpoint file (``recipe_apo.codapo`` holds the rule itself).
+of a pair, and its checkpoint file (``recipe_apo.methods.codapo`` holds the rule itself).
 
 Steps pair by ``global_steps``: an odd step takes its prompts from verl's dataloader and leaves the kept
 prompts; the even step after it trains on them, repeated, without touching the dataloader. verl's batch size
@@ -18,7 +18,7 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from recipe_apo.codapo import CodapoSettings, resample_order, select_prompts
+from recipe_apo.methods.codapo import CodapoSettings, resample_order, select_prompts
 
 STATE_FILE = "codapo_state.pt"
 STATE_VERSION = 1

@@ -11,14 +11,14 @@ What it adds, only when ``algorithm.adv_estimator=apo``:
 - the anchor's ``apo/...`` metrics in every step's metrics, so they reach whatever ``trainer.logger`` names;
 - the per-response ``data_source`` handed to the estimator when ``algorithm.apo.anchor_scope=data_source``.
 
-Only when ``algorithm.adv_estimator=codapo`` (``recipe_apo.codapo``):
+Only when ``algorithm.adv_estimator=codapo`` (``recipe_apo.methods.codapo``):
 - the old policy's log-probs handed to the estimator, which verl does not pass them (``handed_log_probs``);
 - with ``algorithm.codapo.resample=true``, every even step's prompts built from the previous step's kept prompts
   instead of the dataloader (``_next_train_batch``), and ``global_step_N/codapo_state.pt`` in the checkpoint of
   every odd step, restored on resume (``recipe_apo.resampling``).
 
 With ``algorithm.zero_variance=exclude``, for any estimator: the advantages verl computed, rescaled so that
-groups whose rewards are all equal leave the loss's denominator (``recipe_apo.zero_variance``).
+groups whose rewards are all equal leave the loss's denominator (``recipe_apo.methods.zero_variance``).
 
 For every method, when ``trainer.rollout_data_dir`` is set, each rollout dump row also carries what the bias
 audit (``python -m recipe_apo.audit``) needs and verl's dump lacks, beside verl's fields, unchanged:
@@ -37,14 +37,14 @@ from omegaconf import DictConfig, open_dict
 from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
-from recipe_apo.anchor import batch_scopes, driver_anchors, reset_driver_anchor
+from recipe_apo.methods.anchor import batch_scopes, driver_anchors, reset_driver_anchor
 from recipe_apo.reward_manager import end_token_ids, generation_config_of, truncated_rows
 from recipe_apo.checkpoint import restore_for_run, save_anchor_state, uses_apo
-from recipe_apo.codapo import CodapoSettings, codapo_book, handed_log_probs
-from recipe_apo.estimator import ApoInputError
+from recipe_apo.methods.codapo import CodapoSettings, codapo_book, handed_log_probs
+from recipe_apo.methods.apo import ApoInputError
 from recipe_apo.resampling import PromptResampler, first_of_pair
-from recipe_apo.settings import ApoSettings
-from recipe_apo.zero_variance import exclude_zero_variance
+from recipe_apo.methods.apo_settings import ApoSettings
+from recipe_apo.methods.zero_variance import exclude_zero_variance
 
 TRAINER_NAME = "apo_sync"
 

@@ -11,10 +11,10 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from recipe_apo.codapo import CodapoConfigError, CodapoSettings
-from recipe_apo.loss import NORM_MODE
-from recipe_apo.settings import ApoConfigError, ApoSettings
-from recipe_apo.zero_variance import check_mode as check_zero_variance
+from recipe_apo.methods.codapo import CodapoConfigError, CodapoSettings
+from recipe_apo.methods.apo_loss import NORM_MODE
+from recipe_apo.methods.apo_settings import ApoConfigError, ApoSettings
+from recipe_apo.methods.zero_variance import check_mode as check_zero_variance
 
 AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", NORM_MODE)
 # Estimators that compare the responses of one prompt with each other: a group of one carries no signal.

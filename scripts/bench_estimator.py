@@ -74,7 +74,7 @@ def make_methods(batch: dict) -> dict[str, Callable[[], object]]:
     from omegaconf import OmegaConf
     from verl.trainer.ppo import core_algos
 
-    from recipe_apo.anchor import reset_driver_anchor
+    from recipe_apo.methods.anchor import reset_driver_anchor
 
     config = OmegaConf.create({"apo": {}})
     apo_fn = core_algos.get_adv_estimator_fn("apo")

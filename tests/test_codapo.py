@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from recipe_apo.codapo import (
+from recipe_apo.methods.codapo import (
     CodapoConfigError,
     CodapoSettings,
     codapo_book,
@@ -23,7 +23,7 @@ from recipe_apo.codapo import (
     select_prompts,
 )
 from recipe_apo.resampling import STATE_FILE, PromptResampler, ResamplingStateError
-from recipe_apo.success import ApoInputError
+from recipe_apo.methods.success import ApoInputError
 
 LN2 = math.log(2.0)
 

@@ -12,9 +12,9 @@ from verl import DataProto
 from verl.trainer.ppo import core_algos
 from verl.trainer.ppo.ray_trainer import compute_advantage
 
-from recipe_apo.anchor import AnchorBook, CapabilityAnchor, driver_anchors, get_driver_anchor, reset_driver_anchor
-from recipe_apo.estimator import ApoInputError, compute_apo_advantage
-from recipe_apo.settings import ApoConfigError, ApoSettings
+from recipe_apo.methods.anchor import AnchorBook, CapabilityAnchor, driver_anchors, get_driver_anchor, reset_driver_anchor
+from recipe_apo.methods.apo import ApoInputError, compute_apo_advantage
+from recipe_apo.methods.apo_settings import ApoConfigError, ApoSettings
 
 E_QUARTER = 1.2840254166877414  # exp(0.25)
 E_MINUS_QUARTER = 0.7788007830714049  # exp(-0.25)

@@ -8,9 +8,9 @@ import torch
 from hypothesis import given, settings as hsettings, strategies as st
 from omegaconf import OmegaConf
 
-from recipe_apo.anchor import AnchorBook, CapabilityAnchor
-from recipe_apo.estimator import ApoInputError, compute_apo_advantage
-from recipe_apo.settings import MAX_HISTORY, MAX_LAMBDA_SCALE, ApoConfigError, ApoSettings
+from recipe_apo.methods.anchor import AnchorBook, CapabilityAnchor
+from recipe_apo.methods.apo import ApoInputError, compute_apo_advantage
+from recipe_apo.methods.apo_settings import MAX_HISTORY, MAX_LAMBDA_SCALE, ApoConfigError, ApoSettings
 
 DTYPES = [torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool,
           torch.float16, torch.bfloat16, torch.float32, torch.float64]

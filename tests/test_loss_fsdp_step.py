@@ -219,7 +219,7 @@ def _child_main(workdir: Path) -> None:
     from verl.workers.engine_workers import TrainingWorker
     from verl.workers.utils.losses import ppo_loss
 
-    from recipe_apo.loss import compute_policy_loss_apo
+    from recipe_apo.methods.apo_loss import compute_policy_loss_apo
 
     model_dir = workdir / "tiny-qwen2"
     _build_tiny_model(model_dir)

@@ -18,11 +18,11 @@ import numpy as np
 import pytest
 import torch
 
-from recipe_apo.anchor import AnchorBook
+from recipe_apo.methods.anchor import AnchorBook
 from recipe_apo.checkpoint import STATE_FILE, load_anchor_state
 from recipe_apo.cpu import rehearse
 from recipe_apo.cpu.make_tiny import make_tiny
-from recipe_apo.settings import ApoSettings
+from recipe_apo.methods.apo_settings import ApoSettings
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 SOURCES = ("tiny_add", "tiny_reverse")
@@ -360,7 +360,7 @@ def groups_of(rows: list[dict]) -> dict[str, list[dict]]:
 def test_codapo_resumes_in_the_middle_of_a_pair_and_trains_the_even_step_on_the_kept_prompts(codapo_runs):
     from collections import Counter
 
-    from recipe_apo.codapo import resample_order, select_prompts
+    from recipe_apo.methods.codapo import resample_order, select_prompts
     from recipe_apo.resampling import STATE_FILE as CODAPO_STATE
 
     ckpt, dumps = codapo_runs["ckpt"], codapo_runs["dumps"]

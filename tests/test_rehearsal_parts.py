@@ -17,7 +17,7 @@ from recipe_apo.cpu import rehearse
 from recipe_apo.cpu.checks import check_rehearsal_config
 from recipe_apo.cpu.hf_server import RehearsalUnsupported, Sampling, generate_batch
 from recipe_apo.main import recipe_error
-from recipe_apo.success import ApoInputError
+from recipe_apo.methods.success import ApoInputError
 from recipe_apo.validation import RecipeConfigError, validate_recipe_config
 
 VOCAB, PAD = 40, 0

@@ -23,11 +23,11 @@ from tensordict.tensorclass import NonTensorStack
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils.tracking import Tracking
 
-from recipe_apo.anchor import AnchorBook, get_driver_anchor, reset_driver_anchor
+from recipe_apo.methods.anchor import AnchorBook, get_driver_anchor, reset_driver_anchor
 from recipe_apo.checkpoint import STATE_FILE
 from recipe_apo.cluster import check_apo_on_every_node
-from recipe_apo.estimator import compute_apo_advantage
-from recipe_apo.settings import ApoSettings
+from recipe_apo.methods.apo import compute_apo_advantage
+from recipe_apo.methods.apo_settings import ApoSettings
 from recipe_apo.trainer import ApoSyncTrainer
 
 REWARDS = [1.0, 1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.0]

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from verl.trainer.ppo.core_algos import agg_loss
 
-from recipe_apo.zero_variance import (
+from recipe_apo.methods.zero_variance import (
     check_mode,
     denominator_ratio,
     exclude_zero_variance,

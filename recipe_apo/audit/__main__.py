@@ -49,8 +49,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         from recipe_apo.audit.report import audit_folders
-        from recipe_apo.settings import ApoConfigError
-        from recipe_apo.success import ApoInputError
+        from recipe_apo.methods.apo_settings import ApoConfigError
+        from recipe_apo.methods.success import ApoInputError
 
         apo = _apo_settings(args.apo)
         tokenizer = None

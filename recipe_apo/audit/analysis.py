@@ -25,11 +25,11 @@ from typing import Any, Optional
 
 import numpy as np
 
-from recipe_apo.anchor import reset_driver_anchor
+from recipe_apo.methods.anchor import reset_driver_anchor
 from recipe_apo.audit import stats
 from recipe_apo.audit.dumps import Run
-from recipe_apo.settings import ApoSettings
-from recipe_apo.success import success_of
+from recipe_apo.methods.apo_settings import ApoSettings
+from recipe_apo.methods.success import success_of
 
 CELLS = ("short_correct", "long_correct", "short_wrong", "long_wrong")
 # A replay matches the run's logged advantages when no response differs by more than this (float32 rounding).

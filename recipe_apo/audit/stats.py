@@ -3,7 +3,7 @@
 One module for both, so a number means the same in a report of a real run (``python -m recipe_apo.audit``) and
 in the testbed's (``recipe_apo.testbed``). Symbols of the APO paper, for response i of prompt group g:
 
-- G: responses per group; R_i: the response's score; s_i: its success in [0, 1] (``recipe_apo.success``);
+- G: responses per group; R_i: the response's score; s_i: its success in [0, 1] (``recipe_apo.methods.success``);
 - p_hat_g: the group's success rate; a group is *dead* when every response scored the same: its centered
   rewards, and so its advantages under GRPO, Dr. GRPO and APO, are all 0;
 - A_i: the advantage a method's estimator returns (verl's ``compute_advantage``, on every token alike);
@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from recipe_apo.estimator import group_ids
+from recipe_apo.methods.apo import group_ids
 
 TOKEN_MEAN = "seq-mean-token-mean"
 TOKEN_SUM_NORM = "seq-mean-token-sum-norm"
@@ -59,14 +59,14 @@ def method_advantages(scores: Any, groups: Any, method: Method, apo: Optional[di
     """A_i of one step's responses, as verl's ``compute_advantage`` returns them for ``method``.
 
     ``scores``: R_i per response; ``groups``: its prompt group (verl's uid); ``apo``: the ``algorithm.apo``
-    settings. APO's anchor is the driver's (``recipe_apo.anchor``): calls in step order replay it, and
+    settings. APO's anchor is the driver's (``recipe_apo.methods.anchor``): calls in step order replay it, and
     ``reset_driver_anchor()`` starts a fresh one. ``scopes``: per-response data sources, for
     ``anchor_scope=data_source``.
     """
     from verl import DataProto
     from verl.trainer.ppo.ray_trainer import compute_advantage
 
-    from recipe_apo.anchor import batch_scopes
+    from recipe_apo.methods.anchor import batch_scopes
 
     rewards = torch.as_tensor(np.asarray(scores, dtype=np.float64), dtype=torch.float32).reshape(-1, 1)
     labels = np.asarray(groups, dtype=object)

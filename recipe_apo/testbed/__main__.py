@@ -25,9 +25,9 @@ def check_method(cfg: DictConfig) -> None:
     algorithm.codapo / algorithm.zero_variance) refuses."""
     from verl.trainer.ppo.core_algos import get_adv_estimator_fn, get_policy_loss_fn
 
-    from recipe_apo.codapo import CodapoSettings
+    from recipe_apo.methods.codapo import CodapoSettings
     from recipe_apo.testbed.update import ZERO_VARIANCE_MODES, actor_config, effective_agg_mode
-    from recipe_apo.zero_variance import check_mode
+    from recipe_apo.methods.zero_variance import check_mode
 
     if cfg.algorithm.adv_estimator not in ("gae", "grpo"):
         get_adv_estimator_fn(cfg.algorithm.adv_estimator)

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from recipe_apo.anchor import reset_driver_anchor
+from recipe_apo.methods.anchor import reset_driver_anchor
 from recipe_apo.audit import stats
 from recipe_apo.audit.stats import closed_form
 

@@ -25,15 +25,15 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from recipe_apo import anchor as anchor_module
-from recipe_apo.anchor import reset_driver_anchor
+from recipe_apo.methods import anchor as anchor_module
+from recipe_apo.methods.anchor import reset_driver_anchor
 from recipe_apo.audit.stats import length_by_outcome
-from recipe_apo.codapo import CodapoSettings, codapo_book, handed_log_probs, resample_order, select_prompts
+from recipe_apo.methods.codapo import CodapoSettings, codapo_book, handed_log_probs, resample_order, select_prompts
 from recipe_apo.testbed.policy import TokenPolicy, build_policy, pretrain
 from recipe_apo.testbed.rollout import compute_advantages, rollout
 from recipe_apo.testbed.task import ReverseTask
 from recipe_apo.testbed.update import actor_config, effective_agg_mode, ppo_update
-from recipe_apo.zero_variance import exclude_zero_variance, live_rows
+from recipe_apo.methods.zero_variance import exclude_zero_variance, live_rows
 
 BUCKETS = ("hard", "medium", "easy")
 

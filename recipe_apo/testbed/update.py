@@ -3,7 +3,7 @@ policy loss called with verl's arguments, ``global_batch_info`` refreshed per mi
 mini-batch does not depend on how it is split, gradient clipping at ``grad_clip``.
 
 ``algorithm.zero_variance``: with ``exclude`` the advantages come in already scaled by the round's
-B / B_live (recipe_apo/zero_variance.py) and the update records how far that is off per mini-batch
+B / B_live (recipe_apo/methods/zero_variance.py) and the update records how far that is off per mini-batch
 (``denominator_ratio``); with ``exact`` (testbed only) the advantages are left as they are and each
 mini-batch's own denominators count only its live responses and tokens.
 """
@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from recipe_apo.testbed.policy import TokenPolicy
 from recipe_apo.validation import OWN_AGGREGATION
-from recipe_apo.zero_variance import denominator_ratio
+from recipe_apo.methods.zero_variance import denominator_ratio
 
 # algorithm.zero_variance in the testbed: the recipe's two, and the exact reference the recipe cannot run.
 ZERO_VARIANCE_MODES = ("keep", "exclude", "exact")

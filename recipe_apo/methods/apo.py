@@ -4,10 +4,10 @@ Paper symbols and their names here, for response i of prompt group g:
 
 - R_i: ``scores``, the sum of the response's token-level rewards.
 - A_i = R_i - mean_g(R): ``centered``, the group-centered reward with no std normalization.
-- s_i = s(R_i) in [0, 1]: ``success`` (see ``recipe_apo.success``).
+- s_i = s(R_i) in [0, 1]: ``success`` (see ``recipe_apo.methods.success``).
 - p_hat_g = mean_g(s): ``group_success``.
 - y_t = mean of s over the batch: ``batch_success``.
-- C_t: the capability anchor (``recipe_apo.anchor``).
+- C_t: the capability anchor (``recipe_apo.methods.anchor``).
 - Delta_g = p_hat_g - C_t: ``gap``; the group is harder than the model when Delta_g < 0.
 - D_i = -sign(A_i) sign(Delta_g), Phi_i = lambda_scale * exp(D_i |Delta_g|): ``weight``.
 - A_i^eff = Phi_i A_i: the returned advantage, on every valid token, 0 on padding.
@@ -29,9 +29,9 @@ import numpy as np
 import pandas as pd
 import torch
 
-from recipe_apo.anchor import GLOBAL_SCOPE, AnchorBook, CapabilityAnchor, driver_anchors, handed_scopes
-from recipe_apo.settings import ApoSettings
-from recipe_apo.success import ApoInputError, success_of
+from recipe_apo.methods.anchor import GLOBAL_SCOPE, AnchorBook, CapabilityAnchor, driver_anchors, handed_scopes
+from recipe_apo.methods.apo_settings import ApoSettings
+from recipe_apo.methods.success import ApoInputError, success_of
 
 __all__ = ["ApoInputError", "apo_outcome_advantage", "compute_apo_advantage", "group_ids"]
 
@@ -233,7 +233,7 @@ def apo_outcome_advantage(
     """verl's estimator signature for ``algorithm.adv_estimator=apo``; returns (advantages, returns).
 
     ``config`` is verl's ``algorithm`` config node; settings come from its ``apo`` child. The anchors are the
-    driver process's (``recipe_apo.anchor.driver_anchors``); the step's metrics are left on their
+    driver process's (``recipe_apo.methods.anchor.driver_anchors``); the step's metrics are left on their
     ``last_metrics`` for the trainer to log.
     """
     settings = ApoSettings.from_algorithm_config(config)

@@ -32,8 +32,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from recipe_apo.estimator import group_ids
-from recipe_apo.success import ApoInputError
+from recipe_apo.methods.apo import group_ids
+from recipe_apo.methods.success import ApoInputError
 
 MODES = ("keep", "exclude")
 SEQUENCE_MODES = ("seq-mean-token-sum-norm", "seq-mean-token-mean", "seq-mean-token-sum")

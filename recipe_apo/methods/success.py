@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from recipe_apo.settings import ApoSettings
+from recipe_apo.methods.apo_settings import ApoSettings
 
 # Rewards summed over tokens in float32 can land a hair outside an exact bound.
 _DOMAIN_TOLERANCE = 1e-5

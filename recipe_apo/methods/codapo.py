@@ -37,8 +37,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from recipe_apo.estimator import group_ids
-from recipe_apo.success import ApoInputError
+from recipe_apo.methods.apo import group_ids
+from recipe_apo.methods.success import ApoInputError
 
 EPSILON = 1e-6
 

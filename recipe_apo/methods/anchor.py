@@ -28,7 +28,7 @@ from typing import Any, Iterator, Optional
 
 import numpy as np
 
-from recipe_apo.settings import MAX_HISTORY
+from recipe_apo.methods.apo_settings import MAX_HISTORY
 
 STATE_VERSION = 1
 
