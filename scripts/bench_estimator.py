@@ -1,4 +1,4 @@
-"""Benchmark: the registered ``apo`` advantage estimator against verl's ``grpo`` and ``grpo_vectorized``.
+"""Benchmark: the registered ``apo`` and ``codapo`` estimators against verl's ``grpo`` and ``grpo_vectorized``.
 
 What is measured: wall time of one estimator call on the driver (CPU), on the same batch for every method.
 The batch is shaped like verl's: groups of ``--group`` responses sharing a uid (uuid4 strings, each repeated
@@ -14,13 +14,16 @@ Every method is called the way verl calls it:
 - ``grpo``: ``core_algos.compute_grpo_outcome_advantage(..., norm_adv_by_std_in_grpo=True)``, verl's
   per-response Python loop.
 - ``grpo_vectorized``: ``get_adv_estimator_fn("grpo_vectorized")`` with the same config.
+- ``codapo``: ``get_adv_estimator_fn("codapo")`` with the same config, inside ``handed_log_probs`` with random
+  float32 old log-probs (what the recipe's trainer hands it). CoDaPO's own code loops over responses in Python
+  as verl's ``grpo`` does, so ``codapo/grpo`` is the gain of the vectorized version.
 
 Repeats are interleaved (one call of each method per round, method order rotated every round), so load from
 other processes on the machine falls on all methods in the same time window. It does not slow them alike: a
 method made of many small multi-threaded torch ops stalls far more than one made of a few large ones when
 another process holds a core, so the table header gives the 1-min load average; trust ratios from a quiet
 machine (or compare with ``--threads 1``). The table gives the median per method and the ratios of medians,
-with the targets apo <= 0.05x grpo and apo <= 0.5x grpo_vectorized at 65,536 responses.
+with the targets apo <= 0.05x grpo, apo <= 0.5x grpo_vectorized and codapo <= 0.1x grpo at 65,536 responses.
 
 Run from the repository root::
 
@@ -47,10 +50,10 @@ from typing import Callable
 import numpy as np
 import torch
 
-METHODS = ("apo", "grpo", "grpo_vectorized")
+METHODS = ("apo", "grpo", "grpo_vectorized", "codapo")
 # Targets are stated for this size only.
 TARGET_SIZE = 65_536
-TARGETS = {"apo/grpo": 0.05, "apo/grpo_vectorized": 0.5}
+TARGETS = {"apo/grpo": 0.05, "apo/grpo_vectorized": 0.5, "codapo/grpo": 0.1}
 # Above this size verl's per-response Python loop is slow enough that --skip-slow thins its repeats.
 SLOW_ABOVE = 65_536
 
@@ -67,7 +70,9 @@ def make_batch(n: int, group: int, length: int, seed: int) -> dict:
     rng = np.random.default_rng(seed)
     uids = [str(uuid.UUID(bytes=rng.bytes(16), version=4)) for _ in range(n // group)]
     index = np.repeat(np.array(uids, dtype=object), group)
-    return {"token_level_rewards": rewards, "response_mask": response_mask, "index": index}
+    old_log_probs = -torch.rand(n, length, generator=gen)
+    return {"token_level_rewards": rewards, "response_mask": response_mask, "index": index,
+            "old_log_probs": old_log_probs}
 
 
 def make_methods(batch: dict) -> dict[str, Callable[[], object]]:
@@ -75,10 +80,12 @@ def make_methods(batch: dict) -> dict[str, Callable[[], object]]:
     from verl.trainer.ppo import core_algos
 
     from recipe_apo.methods.anchor import reset_driver_anchor
+    from recipe_apo.methods.codapo import handed_log_probs
 
     config = OmegaConf.create({"apo": {}})
     apo_fn = core_algos.get_adv_estimator_fn("apo")
     grpo_vec_fn = core_algos.get_adv_estimator_fn("grpo_vectorized")
+    codapo_fn = core_algos.get_adv_estimator_fn("codapo")
     rewards, mask, index = batch["token_level_rewards"], batch["response_mask"], batch["index"]
 
     def apo():
@@ -94,7 +101,11 @@ def make_methods(batch: dict) -> dict[str, Callable[[], object]]:
     def grpo_vectorized():
         return grpo_vec_fn(token_level_rewards=rewards, response_mask=mask, config=config, index=index)
 
-    return {"apo": apo, "grpo": grpo, "grpo_vectorized": grpo_vectorized}
+    def codapo():
+        with handed_log_probs(batch["old_log_probs"]):
+            return codapo_fn(token_level_rewards=rewards, response_mask=mask, config=config, index=index)
+
+    return {"apo": apo, "grpo": grpo, "grpo_vectorized": grpo_vectorized, "codapo": codapo}
 
 
 def time_call(fn: Callable[[], object]) -> float:
@@ -154,16 +165,17 @@ def fmt_ratio(value, target, n) -> str:
 def render(results: list[dict]) -> str:
     lines = [
         "| responses | apo median ms | grpo median ms (calls) | grpo_vectorized median ms "
-        "| apo/grpo | apo/grpo_vectorized |",
-        "|---:|---:|---:|---:|---|---|",
+        "| codapo median ms | apo/grpo | apo/grpo_vectorized | codapo/grpo |",
+        "|---:|---:|---:|---:|---:|---|---|---|",
     ]
     for row in results:
         n, med = row["responses"], row["median_s"]
         lines.append(
             f"| {n:,} | {fmt_ms(med['apo'])} | {fmt_ms(med['grpo'])} ({len(row['samples_s']['grpo'])}) "
-            f"| {fmt_ms(med['grpo_vectorized'])} "
+            f"| {fmt_ms(med['grpo_vectorized'])} | {fmt_ms(med['codapo'])} "
             f"| {fmt_ratio(row['ratios']['apo/grpo'], TARGETS['apo/grpo'], n)} "
-            f"| {fmt_ratio(row['ratios']['apo/grpo_vectorized'], TARGETS['apo/grpo_vectorized'], n)} |"
+            f"| {fmt_ratio(row['ratios']['apo/grpo_vectorized'], TARGETS['apo/grpo_vectorized'], n)} "
+            f"| {fmt_ratio(row['ratios']['codapo/grpo'], TARGETS['codapo/grpo'], n)} |"
         )
     return "\n".join(lines)
 
@@ -205,6 +217,7 @@ def main(argv=None) -> None:
         row["ratios"] = {
             "apo/grpo": ratio(med["apo"], med["grpo"]),
             "apo/grpo_vectorized": ratio(med["apo"], med["grpo_vectorized"]),
+            "codapo/grpo": ratio(med["codapo"], med["grpo"]),
         }
         results.append(row)
 
