@@ -70,7 +70,7 @@ def _group_mean(codes: np.ndarray, weighted_values: np.ndarray, counts: np.ndarr
     return np.divide(sums, counts, out=np.zeros_like(sums), where=counts > 0)
 
 
-def _response_rewards(token_level_rewards: torch.Tensor) -> np.ndarray:
+def response_rewards(token_level_rewards: torch.Tensor) -> np.ndarray:
     """R_i, float64: summed in the rewards' own dtype where that is exact enough (integers, bool, float32/64),
     in float32 for half precision (a float16 sum of a 3,000-token row would round). Not in float64 throughout:
     torch's upcasting sum is about 13x slower on (65,536 x 512) float32 rewards."""
@@ -135,7 +135,7 @@ def compute_apo_advantage(
     # under one made-up uid): they take no part in group means, p_hat_g or y_t, and get advantage 0.
     # amax, not any: any() first converts the whole mask to bool, 3-6x slower on verl's int64 masks.
     valid = (response_mask.detach().amax(dim=-1) != 0).cpu().numpy()
-    scores = _response_rewards(token_level_rewards)
+    scores = response_rewards(token_level_rewards)
     bad = valid & ~np.isfinite(scores)
     if bad.any():
         rows = np.flatnonzero(bad)
