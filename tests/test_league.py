@@ -7,20 +7,8 @@ import math
 import pytest
 from hydra import initialize_config_module
 
-# As tests/test_testbed.py's TINY: a run of seconds.
-TINY = [
-    "workers=1",
-    "rounds=4",
-    "eval_every=2",
-    "pretrain.steps=30",
-    "data.train_batch_size=8",
-    "actor_rollout_ref.rollout.n=4",
-    "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
-    "eval.prompts_per_length=2",
-    "eval.samples=2",
-    "eval.bucket_samples=4",
-]
+from testbed_tiny import TINY_RUN as TINY
+
 METRIC = "success_final"
 TINY_LEAGUE = TINY + ["mode=league", "seeds=[0,1,2]", "league.methods=[grpo,codapo]",
                       'league.scenarios=[[],["task.max_len=3"]]']

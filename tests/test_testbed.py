@@ -11,24 +11,12 @@ import torch
 from hydra import initialize_config_module
 from omegaconf import OmegaConf
 
-from recipe_apo.methods.codapo import CodapoSettings
 from recipe_apo.methods.apo_settings import ApoSettings
+from recipe_apo.methods.codapo import CodapoSettings
+from testbed_tiny import TINY_RUN
 
-# A run of seconds: few rounds, a small batch, a short warm-up, one process.
-TINY = [
-    "seeds=[0,1]",
-    "workers=1",
-    "rounds=4",
-    "eval_every=2",
-    "pretrain.steps=30",
-    "data.train_batch_size=8",
-    "actor_rollout_ref.rollout.n=4",
-    "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
-    "eval.prompts_per_length=2",
-    "eval.samples=2",
-    "eval.bucket_samples=4",
-]
+# A run of seconds: few rounds, a small batch, a short warm-up, one process; two seeds.
+TINY = ["seeds=[0,1]", *TINY_RUN]
 
 
 @pytest.fixture(scope="module")

@@ -117,33 +117,31 @@ class ApoSettings:
 
         An unknown key is refused, so a typo such as ``lambda_sacle`` cannot pass unnoticed.
         """
-        node = None
-        if algorithm_config is not None:
-            getter = getattr(algorithm_config, "get", None)
-            node = getter("apo", None) if callable(getter) else getattr(algorithm_config, "apo", None)
-        if node is None:
-            return cls()
-        items = _as_plain_dict(node)
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(items) - known)
-        if unknown:
-            raise ApoConfigError(
-                f"unknown setting algorithm.apo.{unknown[0]}; known settings: {', '.join(sorted(known))}"
-            )
-        return cls(**items)
+        return read_settings(cls, algorithm_config, "apo", ApoConfigError)
 
 
-def _as_plain_dict(node: Any) -> dict:
-    if isinstance(node, dict):
-        return dict(node)
-    try:
+def read_settings(cls: type, algorithm_config: Any, key: str, error: type[ValueError]):
+    """``cls(**algorithm_config.<key>)`` from an OmegaConf node, a dict, or nothing (the defaults).
+
+    An unknown key is refused with ``error`` naming it and the known ones. Shared by every method's settings.
+    """
+    node = None
+    if algorithm_config is not None:
+        getter = getattr(algorithm_config, "get", None)
+        node = getter(key, None) if callable(getter) else getattr(algorithm_config, key, None)
+    if node is None:
+        return cls()
+    if not isinstance(node, dict):
         from omegaconf import DictConfig, OmegaConf
 
-        if isinstance(node, DictConfig):
-            return OmegaConf.to_container(node, resolve=True)  # type: ignore[return-value]
-    except ImportError:  # pragma: no cover - omegaconf ships with verl
-        pass
-    raise ApoConfigError(f"algorithm.apo must be a mapping of settings, got {type(node).__name__}")
+        if not isinstance(node, DictConfig):
+            raise error(f"algorithm.{key} must be a mapping of settings, got {type(node).__name__}")
+        node = OmegaConf.to_container(node, resolve=True)
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(node) - known)
+    if unknown:
+        raise error(f"unknown setting algorithm.{key}.{unknown[0]}; known settings: {', '.join(sorted(known))}")
+    return cls(**node)
 
 
 def _check_number(

@@ -30,14 +30,15 @@ from __future__ import annotations
 
 import math
 from contextlib import contextmanager
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, Iterator, Optional
 
 import numpy as np
 import pandas as pd
 import torch
 
-from recipe_apo.methods.apo import response_rewards, group_ids
+from recipe_apo.methods.apo import group_ids, response_rewards
+from recipe_apo.methods.apo_settings import read_settings
 from recipe_apo.methods.success import ApoInputError
 
 EPSILON = 1e-6
@@ -76,25 +77,7 @@ class CodapoSettings:
     @classmethod
     def from_algorithm_config(cls, algorithm_config: Any) -> "CodapoSettings":
         """Read ``algorithm_config.codapo`` (an OmegaConf node, a dict, or absent); unknown keys are refused."""
-        node = None
-        if algorithm_config is not None:
-            getter = getattr(algorithm_config, "get", None)
-            node = getter("codapo", None) if callable(getter) else getattr(algorithm_config, "codapo", None)
-        if node is None:
-            return cls()
-        if not isinstance(node, dict):
-            from omegaconf import DictConfig, OmegaConf
-
-            if not isinstance(node, DictConfig):
-                raise CodapoConfigError(f"algorithm.codapo must be a mapping of settings, got {type(node).__name__}")
-            node = OmegaConf.to_container(node, resolve=True)
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(node) - known)
-        if unknown:
-            raise CodapoConfigError(
-                f"unknown setting algorithm.codapo.{unknown[0]}; known settings: {', '.join(sorted(known))}"
-            )
-        return cls(**node)
+        return read_settings(cls, algorithm_config, "codapo", CodapoConfigError)
 
 
 # Rows per chunk of the masked log-prob sum: about 4M elements (16 MiB of float32) per temporary.
