@@ -43,14 +43,12 @@ class PromptResampler:
         self.response_uids: list[np.ndarray] = []
         self.response_weights: list[np.ndarray] = []
         self.kept = None  # TensorDict of the kept prompts, once selected
-        self.kept_step: Optional[int] = None
-        self._step: Optional[int] = None
+        self.kept_step: Optional[int] = None  # the odd step the prompts (to be) kept come from
 
     def start_pair(self, prompts: Any, step: int) -> None:
         """An odd step's loader batch, before it goes to the rollout."""
-        self.prompts, self.kept, self.kept_step = prompts, None, None
+        self.prompts, self.kept, self.kept_step = prompts, None, step
         self.response_uids, self.response_weights = [], []
-        self._step = step
 
     def add_weights(self, uids: np.ndarray, weights: np.ndarray) -> None:
         """One advantage computation's per-response uids and w_g (verl may split a step into several)."""
@@ -75,7 +73,6 @@ class PromptResampler:
                 self.settings.percentile,
             )
             self.kept = tu.index_select_tensor_dict(self.prompts, torch.as_tensor(positions, dtype=torch.long))
-            self.kept_step = self._step
         return self.kept
 
     def second_batch(self, batch_size: int, step: int):
