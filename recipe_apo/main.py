@@ -3,7 +3,7 @@
 The config is verl's own ``ppo_trainer`` (from the installed verl) with one method preset from
 ``conf/method/`` and the ``algorithm.apo`` settings on top (``conf/apo_trainer.yaml``). Before Ray starts, the
 config is checked here and a bad setting ends the run with one line naming the key. Training then runs in
-verl's ``main_ppo`` machinery with the recipe's trainer (``recipe_apo.trainer``): verl's synchronous trainer
+verl's ``main_ppo`` machinery with the recipe's trainer (``recipe_apo.integration.trainer``): verl's synchronous trainer
 plus anchor checkpointing and ``apo/`` metrics.
 
 ``--cfg job`` prints the composed config and starts nothing; ``-m`` runs a Hydra multirun sweep, each job with
@@ -18,8 +18,10 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from recipe_apo.naming import experiment_name
-from recipe_apo.validation import RecipeConfigError, config_warnings, validate_recipe_config
+from recipe_apo.integration.naming import experiment_name
+from recipe_apo.errors import RecipeError
+from recipe_apo.integration.errors import RecipeConfigError
+from recipe_apo.integration.validation import config_warnings, validate_recipe_config
 
 
 def name_the_run(config: DictConfig) -> None:
@@ -82,26 +84,27 @@ def describe(config: DictConfig, rehearsal: str | None = None) -> str:
 
 
 def recipe_error(exc: BaseException) -> BaseException | None:
-    """The recipe's own error (bad data, setting or state file) behind an exception from Ray, if it is one.
+    """The recipe's own error (a ``RecipeError``: bad data, setting or state file) behind an exception, if any.
 
     Ray re-raises a remote error as ``RayTaskError`` with the original under ``.cause``, nested once per actor
-    it crossed (agent loop -> task runner -> here).
+    it crossed (agent loop -> task runner -> here); Ray's copy is itself an instance of the original's class,
+    so only an error without ``.cause`` is the original.
     """
-    from recipe_apo.checkpoint import AnchorStateError
-    from recipe_apo.methods.apo_settings import ApoConfigError
-    from recipe_apo.methods.success import ApoInputError
-
     seen, todo = set(), [exc]
     while todo:
         current = todo.pop()
         if current is None or id(current) in seen:
             continue
         seen.add(id(current))
-        own = (ApoInputError, ApoConfigError, AnchorStateError, RecipeConfigError)
-        if isinstance(current, own) and not hasattr(current, "cause"):
+        if isinstance(current, RecipeError) and not hasattr(current, "cause"):
             return current
         todo += [getattr(current, "cause", None), current.__cause__, current.__context__]
     return None
+
+
+def one_line(error: BaseException) -> str:
+    """What ``recipe-apo: error:`` is followed by: the error's message, without a prefix of its own."""
+    return str(error).removeprefix("recipe-apo: ")
 
 
 def run(config: DictConfig, rehearsal: str | None = None) -> None:
@@ -115,7 +118,7 @@ def run(config: DictConfig, rehearsal: str | None = None) -> None:
     from verl.utils.device import auto_set_device
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
 
-    from recipe_apo.task_runner import ApoTaskRunner
+    from recipe_apo.integration.task_runner import ApoTaskRunner
 
     auto_set_device(config)
     validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
@@ -128,7 +131,7 @@ def run(config: DictConfig, rehearsal: str | None = None) -> None:
             raise
         # The estimator, the loss and the rehearsal name the data or setting at fault in one line; Ray buries
         # that line in remote tracebacks, so it is said again here, last.
-        print(f"recipe-apo: error: {cause}", file=sys.stderr, flush=True)
+        print(f"recipe-apo: error: {one_line(cause)}", file=sys.stderr, flush=True)
         sys.exit(1)
     finally:
         # Each job of a multirun gets its own Ray session, runtime env and driver (hence its own anchor).

@@ -17,6 +17,9 @@ logger = logging.getLogger("recipe_apo")
 PINNED_VERL_VERSION = "0.9.1"
 NAME = "apo"
 CODAPO = "codapo"
+# Everything this plugin registers: the start-up node check looks for each name on every Ray node.
+ESTIMATORS = (NAME, CODAPO)
+LOSSES = (NAME,)
 
 
 def verl_version_warning(installed: Optional[str]) -> Optional[str]:

@@ -84,6 +84,7 @@ def main() -> int:
     os.environ["RECIPE_APO_REWARD_WORKERS"] = str(WORKERS)
 
     from recipe_apo import reward
+    from recipe_apo.reward import pool
     from verl.utils.reward_score import math_verify as verl_math_verify
 
     scorers = {
@@ -101,7 +102,7 @@ def main() -> int:
         _, hostile_calls, hostile_wall = timed(score, mixed, args.threads)
         rows[name] = (len(benign) / wall, max(calls), max(hostile_calls), hostile_wall)
         print(f"{name}: done", file=sys.stderr, flush=True)
-    longest_check = reward._pool().longest_check_s
+    longest_check = pool._pool().longest_check_s
 
     print(f"\n{len(benign)} benign responses and 64 with 8 hostile, {args.threads} threads, {WORKERS} worker "
           f"processes each, timeout {args.timeout:g} s\n")
@@ -115,7 +116,7 @@ def main() -> int:
           f"{'met' if ours[0] >= verls[0] else 'missed'}); scores agree on {agree:.1%} of benign responses")
     print(f"longest check of one answer (what the timeout bounds): {longest_check:.2f} s (target <= {args.timeout:g} s: "
           f"{'met' if longest_check <= args.timeout + 0.5 else 'missed'})")
-    reward.shutdown()
+    pool.shutdown()
     # verl's pool keeps computing timed-out answers; end its processes rather than wait for them.
     pool = verl_math_verify._pool
     if pool is not None:

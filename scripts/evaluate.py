@@ -68,7 +68,7 @@ PAPER_ROWS: tuple[tuple[str, tuple[float, ...], float], ...] = (
 
 def read_scores(path: str) -> list[dict]:
     """Rows of a scores.jsonl: {"benchmark": str, "score": float in [0, 1], ...}, one per problem."""
-    from recipe_apo.jsonl import read_rows
+    from recipe_apo.integration.jsonl import read_rows
 
     return [row for _, row in read_rows(path, ("benchmark", "score"), "not a scores.jsonl of scripts/evaluate.py")]
 

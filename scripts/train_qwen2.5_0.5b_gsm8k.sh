@@ -11,7 +11,7 @@
 # reward scores their `openai/gsm8k` rows with verl's "#### answer" rule.
 # Environment: DATA_DIR (~/data/recipe_apo), MODEL (Qwen/Qwen2.5-0.5B-Instruct),
 # PYTHON (python), LOGGERS (console,file: verl's trainer.logger, e.g. console,wandb), EXPERIMENT_NAME (default:
-# qwen2.5-0.5b-gsm8k-<method>[-<your overrides>]-<hash of every setting that counts>, made by recipe_apo/naming.py).
+# qwen2.5-0.5b-gsm8k-<method>[-<your overrides>]-<hash of every setting that counts>, made by recipe_apo/integration/naming.py).
 # RECIPE_APO_DRY_RUN=1 names and validates the run and prints where it writes, starting nothing (=cfg prints
 # the composed config with Hydra's --cfg job; =args prints the command).
 # Every run records its rollouts and validation generations under its checkpoint folder (see README,

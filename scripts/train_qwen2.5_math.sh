@@ -13,7 +13,7 @@
 # Data: `python scripts/prepare_data.py --out-dir "$DATA_DIR"` first.
 # Environment: DATA_DIR (~/data/recipe_apo), MODEL (Qwen/Qwen2.5-Math-1.5B or -7B), NGPUS (8), NNODES (1),
 # PYTHON (python), LOGGERS (console,file: verl's trainer.logger, e.g. console,wandb), EXPERIMENT_NAME (default:
-# qwen2.5-math-<size>-<method>[-<your overrides>]-<hash of every setting that counts>, made by recipe_apo/naming.py).
+# qwen2.5-math-<size>-<method>[-<your overrides>]-<hash of every setting that counts>, made by recipe_apo/integration/naming.py).
 # RECIPE_APO_DRY_RUN=1 names and validates the run and prints where it writes, starting nothing (=cfg prints
 # the composed config with Hydra's --cfg job; =args prints the command).
 # Every run records its rollouts and validation generations under its checkpoint folder (see README,
@@ -96,10 +96,10 @@ args=(
     actor_rollout_ref.model.use_remove_padding=true
 
     # --- reward -------------------------------------------------------------------------------------------------
-    # 1 when the last \boxed{} answer equals the ground truth (math-verify), else 0: recipe_apo/reward.py.
+    # 1 when the last \boxed{} answer equals the ground truth (math-verify), else 0: recipe_apo/reward/scorer.py.
     reward.custom_reward_function.path=pkg://recipe_apo.reward
     reward.custom_reward_function.name=compute_score
-    # [Dr. GRPO] a response the 3,000-token cap cut off scores 0 (recipe_apo/reward_manager.py)
+    # [Dr. GRPO] a response the 3,000-token cap cut off scores 0 (recipe_apo/reward/truncation.py)
     truncation=zero
 
     # --- schedule -----------------------------------------------------------------------------------------------

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+from repo_paths import ROOT
 
-PACKAGE = Path(__file__).resolve().parents[1] / "recipe_apo"
+PACKAGE = ROOT / "recipe_apo"
 FORBIDDEN = ("ray", "hydra", "transfer_queue", "tensordict")
 
 

@@ -19,10 +19,11 @@ from typing import Any, Optional
 
 import numpy as np
 
-from recipe_apo.jsonl import read_rows
+from recipe_apo.errors import RecipeError
+from recipe_apo.integration.jsonl import read_rows
 
 
-class AuditError(ValueError):
+class AuditError(RecipeError, ValueError):
     """A dump the audit cannot read; the message is one line naming the file (and line) at fault."""
 
 

@@ -21,7 +21,7 @@ from typing import Any, Awaitable, Callable, Optional
 
 from aiohttp import web
 
-from recipe_apo.validation import RecipeConfigError
+from recipe_apo.integration.validation import RecipeConfigError
 
 ROUTE = "/v1/chat/completions"
 

@@ -6,8 +6,8 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from recipe_apo.validation import REHEARSAL_ROLLOUT as ROLLOUT_NAME
-from recipe_apo.validation import RecipeConfigError
+from recipe_apo.integration.validation import REHEARSAL_ROLLOUT as ROLLOUT_NAME
+from recipe_apo.integration.validation import RecipeConfigError
 
 
 def _get(config: Any, dotted: str, default=None):

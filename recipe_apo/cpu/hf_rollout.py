@@ -20,7 +20,7 @@ from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutMode, RolloutReplica
 
 from recipe_apo.cpu.hf_server import HFGenerationServer, RehearsalUnsupported
-from recipe_apo.validation import REHEARSAL_ROLLOUT as NAME
+from recipe_apo.integration.validation import REHEARSAL_ROLLOUT as NAME
 
 
 def _replica_world_size(config) -> int:

@@ -23,7 +23,7 @@ from typing import Any, Optional
 import torch
 
 from recipe_apo.cpu import chat_http
-from recipe_apo.validation import RecipeConfigError
+from recipe_apo.integration.validation import RecipeConfigError
 
 
 # Keys of verl's sampling_params this server honours; anything else is refused, not ignored.
@@ -150,7 +150,7 @@ class HFGenerationServer:
         from transformers import AutoModelForCausalLM
         from verl.utils.config import omega_conf_to_dataclass
 
-        from recipe_apo.reward_manager import end_token_ids
+        from recipe_apo.reward.truncation import end_token_ids
         from verl.workers.config import HFModelConfig
 
         self.config = config

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from recipe_apo.testbed.train import BUCKETS
-from recipe_apo.validation import OWN_AGGREGATION
+from recipe_apo.integration.validation import OWN_AGGREGATION
 
 
 

@@ -19,7 +19,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from recipe_apo.testbed.policy import TokenPolicy
-from recipe_apo.validation import OWN_AGGREGATION
+from recipe_apo.integration.validation import OWN_AGGREGATION
 from recipe_apo.methods.zero_variance import denominator_ratio
 
 # algorithm.zero_variance in the testbed: the recipe's two, and the exact reference the recipe cannot run.

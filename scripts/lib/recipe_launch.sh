@@ -57,7 +57,7 @@ recipe_override_key() {
     printf '%s' "${key#"${key%%[!+~]*}"}"
 }
 
-# The run's name is made by recipe_apo.main (recipe_apo/naming.py), from the prefix, the method and every
+# The run's name is made by recipe_apo.main (recipe_apo/integration/naming.py), from the prefix, the method and every
 # override that changes what is trained: the script's own (the first run_name.script_overrides, which count
 # through a hash) and the user's (spelled out). So a rerun resumes its own run (verl's resume_mode=auto) and a
 # changed setting, model or dataset never resumes another run's checkpoints. EXPERIMENT_NAME sets it instead.

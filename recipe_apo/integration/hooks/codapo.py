@@ -1,0 +1,81 @@
+"""CoDaPO in the trainer: the old policy's log-probs handed to the ``codapo`` estimator (verl passes a custom
+estimator none), its ``codapo/...`` metrics and each response's weight w_g in the dump; and, with
+``algorithm.codapo.resample=true``, every even step's prompts built from the previous step's kept prompts
+instead of the dataloader, with ``global_step_N/codapo_state.pt`` in every odd step's checkpoint
+(``recipe_apo.integration.resampling``)."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import numpy as np
+
+from recipe_apo.integration import batch_fields
+from recipe_apo.integration.hooks.base import TrainerHook
+from recipe_apo.integration.resampling import PromptResampler, first_of_pair
+from recipe_apo.methods.codapo import CodapoSettings, codapo_book, handed_log_probs
+
+
+def _uses_codapo(config: Any) -> bool:
+    return str(config.algorithm.adv_estimator) == "codapo"
+
+
+class CodapoHook(TrainerHook):
+    @classmethod
+    def wanted(cls, config: Any) -> bool:
+        return _uses_codapo(config)
+
+    def around_advantage(self, batch: Any):
+        book = codapo_book()
+        book.last_metrics, book.last_uids, book.last_weights = {}, None, None
+        return handed_log_probs(batch_fields.old_log_probs(batch))
+
+    def after_advantage(self, batch: Any, metrics: dict) -> None:
+        metrics.update(codapo_book().last_metrics)
+
+    def dump_fields(self, batch: Any) -> dict[str, list]:
+        weights = codapo_book().last_weights
+        if weights is None or len(weights) != len(batch.keys):
+            return {}
+        return {"codapo_weight": np.asarray(weights, dtype=float).tolist()}
+
+
+class ResamplingHook(TrainerHook):
+    """Steps pair by ``global_steps``: odd steps read the loader, even steps train on the kept prompts."""
+
+    @classmethod
+    def wanted(cls, config: Any) -> bool:
+        return _uses_codapo(config) and CodapoSettings.from_algorithm_config(config.algorithm).resample
+
+    def __init__(self, trainer: Any, config: Any) -> None:
+        super().__init__(trainer, config)
+        self.resampler = PromptResampler(CodapoSettings.from_algorithm_config(self.config.algorithm))
+
+    @property
+    def step(self) -> int:
+        return self.trainer.global_steps
+
+    def restored(self, folder: Optional[str], step: int) -> None:
+        if step > 0:
+            self.resampler.load(folder, step)
+
+    def save(self, folder: str, step: int) -> None:
+        self.resampler.save(folder, step)
+
+    def replace_batch(self, num_prompts: int) -> Optional[Any]:
+        if first_of_pair(self.step):
+            return None
+        from verl.utils import tensordict_utils as tu
+
+        batch = self.resampler.second_batch(num_prompts, self.step)
+        tu.assign_non_tensor_data(batch, "global_steps", self.step)
+        return batch
+
+    def drew_batch(self, batch: Any) -> None:
+        if first_of_pair(self.step):
+            self.resampler.start_pair(batch, self.step)
+
+    def after_advantage(self, batch: Any, metrics: dict) -> None:
+        if first_of_pair(self.step):
+            book = codapo_book()
+            self.resampler.add_weights(book.last_uids, book.last_weights)

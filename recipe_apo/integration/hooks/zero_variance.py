@@ -1,0 +1,30 @@
+"""AGPO's zero-variance denominator (``algorithm.zero_variance=exclude``, any estimator): the advantages verl
+just wrote, rescaled so that groups whose rewards are all equal leave the loss's denominator
+(``recipe_apo.methods.zero_variance`` says how, and when it is exact)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from recipe_apo.integration import batch_fields
+from recipe_apo.integration.hooks.base import TrainerHook
+from recipe_apo.methods.zero_variance import exclude_zero_variance
+
+
+class ZeroVarianceHook(TrainerHook):
+    @classmethod
+    def wanted(cls, config: Any) -> bool:
+        return str(config.algorithm.get("zero_variance", "keep")) == "exclude"
+
+    def after_advantage(self, batch: Any, metrics: dict) -> None:
+        data = batch_fields.read(batch, ["uid", "response_mask", "rm_scores", "advantages"])
+        nested_mask = data["response_mask"]
+        scaled, zv_metrics = exclude_zero_variance(
+            data["advantages"].to_padded_tensor(padding=0.0), data["rm_scores"].to_padded_tensor(padding=0.0),
+            nested_mask.to_padded_tensor(padding=0), np.asarray(list(data["uid"]), dtype=object),
+            str(self.config.actor_rollout_ref.actor.loss_agg_mode),
+        )
+        batch_fields.write(batch, {"advantages": scaled}, nested_mask)
+        metrics.update(zv_metrics)

@@ -1,0 +1,123 @@
+"""The recipe's trainer: verl's V1 trainer running the recipe's hooks at verl's hand-off points.
+
+Registered with verl as ``trainer.v1.trainer_mode=apo_sync``. verl picks the trainer class by that name, and
+any name other than ``sync`` turns on asynchronous code paths in verl's base trainer; so this class sets the
+mode back to verl's own before verl reads it, and every step runs exactly as verl's own trainer runs it.
+
+The hand-off points, each calling every active hook (``recipe_apo.integration.hooks``) in order:
+
+- ``__init__``: the hooks the config wants are built (e.g. a fresh APO anchor for the run);
+- ``_load_checkpoint``: after verl's restore, ``hook.restored(folder, step)``;
+- ``_save_checkpoint``: before verl's save (which ends by marking the folder latest), ``hook.save(folder, step)``;
+- ``_next_train_batch``: the first ``hook.replace_batch(n)`` that returns prompts, else verl's dataloader and
+  then ``hook.drew_batch(batch)``;
+- ``_compute_advantage``: verl's advantage step inside every ``hook.around_advantage(batch)``, then
+  ``hook.after_advantage(batch, metrics)``;
+- ``_log_rollout_data``: verl's rollout dump with every ``hook.dump_fields(batch)`` as extra columns.
+
+``RecipeHooks`` holds all of that for any verl V1 trainer class; a trainer for another verl mode is
+``class X(RecipeHooks, VerlTrainer)`` with that mode's name in ``VERL_MODE``, registered under a name of its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+from omegaconf import DictConfig, open_dict
+from verl.trainer.ppo.v1.trainer_base import register_trainer
+from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+
+from recipe_apo.integration.hooks import HOOKS
+
+TRAINER_NAME = "apo_sync"
+
+
+class RecipeHooks:
+    """The hand-off points of the module docstring, on top of a verl V1 trainer class (put it first)."""
+
+    VERL_MODE = "sync"
+
+    def __init__(self, config: DictConfig) -> None:
+        with open_dict(config):
+            config.trainer.v1.trainer_mode = self.VERL_MODE
+        super().__init__(config)
+        self._start_hooks(config)
+
+    def _start_hooks(self, config: DictConfig) -> None:
+        self.hooks = [hook(self, config) for hook in HOOKS if hook.wanted(config)]
+
+    def hook(self, kind: type):
+        """The active hook of class ``kind``, or None."""
+        return next((h for h in self.hooks if isinstance(h, kind)), None)
+
+    def _load_checkpoint(self):
+        result = super()._load_checkpoint()
+        folder = self._resumed_folder()
+        for hook in self.hooks:
+            hook.restored(folder, self.global_steps)
+        return result
+
+    def _resumed_folder(self):
+        """The folder verl just resumed from, read off the step it restored (None: a fresh start)."""
+        if self.global_steps == 0:
+            return None
+        trainer = self.config.trainer
+        if trainer.resume_mode == "resume_path":
+            return os.path.abspath(str(trainer.resume_from_path))
+        return os.path.join(os.path.abspath(str(trainer.default_local_dir)), f"global_step_{self.global_steps}")
+
+    def _save_checkpoint(self):
+        folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
+        for hook in self.hooks:
+            hook.save(folder, self.global_steps)
+        return super()._save_checkpoint()
+
+    def _next_train_batch(self, num_prompts=None):
+        size = num_prompts or int(self.config.data.train_batch_size)
+        for hook in self.hooks:
+            batch = hook.replace_batch(size)
+            if batch is not None:
+                return batch
+        batch = super()._next_train_batch(num_prompts)
+        for hook in self.hooks:
+            hook.drew_batch(batch)
+        return batch
+
+    def _compute_advantage(self, batch, metrics: dict):
+        with contextlib.ExitStack() as stack:
+            for hook in self.hooks:
+                stack.enter_context(hook.around_advantage(batch))
+            batch = super()._compute_advantage(batch, metrics)
+        for hook in self.hooks:
+            hook.after_advantage(batch, metrics)
+        return batch
+
+    def _log_rollout_data(self, batch, timing_raw, rollout_data_dir):
+        try:
+            fields = {name: column for hook in self.hooks for name, column in hook.dump_fields(batch).items()}
+        except Exception as exc:  # a diagnostic must not stop training: verl's own dump still goes out
+            if not getattr(self, "_dump_fields_failed", False):
+                print(f"recipe-apo: warning: rollout dump without the audit's fields ({type(exc).__name__}: {exc})",
+                      flush=True)
+                self._dump_fields_failed = True
+            return super()._log_rollout_data(batch, timing_raw, rollout_data_dir)
+        position = {key: i for i, key in enumerate(batch.keys)}
+        write = self._dump_generations
+
+        def write_with_fields(inputs, outputs, gts, scores, reward_extra_infos_dict, dump_path):
+            # verl sorts the rows by uid before writing; its "uid" list says in which order.
+            order = [position[key] for key in reward_extra_infos_dict["uid"]]
+            extra = {name: [values[i] for i in order] for name, values in fields.items()}
+            return write(inputs, outputs, gts, scores, {**reward_extra_infos_dict, **extra}, dump_path)
+
+        self._dump_generations = write_with_fields
+        try:
+            return super()._log_rollout_data(batch, timing_raw, rollout_data_dir)
+        finally:
+            del self._dump_generations
+
+
+@register_trainer(TRAINER_NAME)
+class ApoSyncTrainer(RecipeHooks, PPOTrainerSync):
+    """verl's synchronous V1 trainer with the recipe's hooks."""

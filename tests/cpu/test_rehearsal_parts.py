@@ -1,0 +1,259 @@
+"""The CPU rehearsal's parts, without Ray: the hf rollout's sampling, the refusals, inertness, the rehearse table."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from hydra import compose, initialize_config_module
+from omegaconf import OmegaConf
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from recipe_apo.cpu import rehearse
+from recipe_apo.cpu.checks import check_rehearsal_config
+from recipe_apo.cpu.hf_server import RehearsalUnsupported, Sampling, generate_batch
+from recipe_apo.main import recipe_error
+from recipe_apo.methods.success import ApoInputError
+from recipe_apo.integration.validation import RecipeConfigError, validate_recipe_config
+
+VOCAB, PAD = 40, 0
+PROMPTS = [[5, 9, 11, 3], [7, 2], [12, 30, 31]]  # different lengths: the batch is left-padded
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                         pad_token_id=PAD, eos_token_id=1, attn_implementation="sdpa")
+    return Qwen2ForCausalLM(config).eval()
+
+
+def sampling(**kw) -> Sampling:
+    base = dict(temperature=1.0, top_p=1.0, top_k=-1, repetition_penalty=1.0, ignore_eos=False, max_tokens=6,
+                logprobs=True)
+    return Sampling(**{**base, **kw})
+
+
+def next_logits(model, tokens: list[int]) -> torch.Tensor:
+    """The logits after ``tokens``, from one unpadded forward pass (independent of generate's cache and padding)."""
+    with torch.no_grad():
+        return model(torch.tensor([tokens])).logits[0, -1].float()
+
+
+def test_greedy_follows_the_argmax_and_returns_raw_log_probs(model):
+    out = generate_batch(model, PROMPTS, sampling(temperature=0.0), eos_ids=[1], pad_id=PAD)
+    for prompt, (tokens, logprobs) in zip(PROMPTS, out):
+        context = list(prompt)
+        for token, logprob in zip(tokens, logprobs):
+            logits = next_logits(model, context)
+            assert token == int(logits.argmax())
+            assert logprob == pytest.approx(float(torch.log_softmax(logits, -1)[token]), abs=1e-5)
+            context.append(token)
+        assert len(tokens) == 6 or tokens[-1] == 1
+
+
+def test_sampling_stays_in_the_top_k_and_top_p_set_and_scores_with_the_temperature(model):
+    torch.manual_seed(1)
+    temperature, top_k, top_p = 0.7, 5, 0.8
+    out = generate_batch(model, PROMPTS * 4, sampling(temperature=temperature, top_k=top_k, top_p=top_p),
+                         eos_ids=[1], pad_id=PAD)
+    for prompt, (tokens, logprobs) in zip(PROMPTS * 4, out):
+        context = list(prompt)
+        for token, logprob in zip(tokens, logprobs):
+            scaled = next_logits(model, context) / temperature
+            order = torch.argsort(scaled, descending=True)
+            probs = torch.softmax(scaled, -1)[order]
+            # Smallest prefix whose mass reaches top_p, within the top k: the tokens sampling may pick.
+            nucleus = int((torch.cumsum(probs, 0) < top_p).sum()) + 1
+            allowed = set(order[: min(top_k, nucleus)].tolist())
+            assert token in allowed
+            assert logprob == pytest.approx(float(torch.log_softmax(scaled, -1)[token]), abs=1e-5)
+            context.append(token)
+
+
+def test_a_response_ends_after_its_first_eos_and_ignore_eos_runs_to_max_tokens(model):
+    greedy = generate_batch(model, PROMPTS, sampling(temperature=0.0), eos_ids=[1], pad_id=PAD)
+    first = greedy[0][0][0]
+    stopped = generate_batch(model, PROMPTS[:1], sampling(temperature=0.0), eos_ids=[first], pad_id=PAD)
+    assert stopped[0][0] == [first]  # eos kept, as vLLM keeps it
+    forced = generate_batch(model, PROMPTS[:1], sampling(temperature=0.0, ignore_eos=True, max_tokens=5),
+                            eos_ids=[first], pad_id=PAD)
+    assert len(forced[0][0]) == 5
+    no_logprobs = generate_batch(model, PROMPTS, sampling(logprobs=False, max_tokens=3), eos_ids=[1], pad_id=PAD)
+    assert all(lp is None and 1 <= len(t) <= 3 for t, lp in no_logprobs)
+
+
+def test_sampling_settings_from_verl():
+    params = dict(temperature=0.6, top_p=0.9, top_k=0, repetition_penalty=1.0, logprobs=True)
+    s = Sampling.from_verl(params, prompt_len=10, response_length=16, prompt_length=64, max_model_len=None)
+    assert (s.temperature, s.top_p, s.top_k, s.max_tokens, s.logprobs) == (0.6, 0.9, -1, 16, True)
+    # As verl's vLLM server: the default is the response length, capped by the prompt budget.
+    assert Sampling.from_verl({}, prompt_len=70, response_length=16, prompt_length=64, max_model_len=None).max_tokens == 10
+    assert Sampling.from_verl({"max_tokens": 4}, 10, 16, 64, None).max_tokens == 4
+    with pytest.raises(RehearsalUnsupported, match="sampling parameter\\(s\\) n, stop$"):
+        Sampling.from_verl({"stop": ["x"], "n": 2}, 10, 16, 64, None)
+    with pytest.raises(RehearsalUnsupported, match="no room to generate"):
+        Sampling.from_verl({}, prompt_len=80, response_length=16, prompt_length=64, max_model_len=None)
+
+
+# ---- what the rehearsal refuses ------------------------------------------------------------------------------
+def rehearsal_config(*overrides):
+    with initialize_config_module(config_module="recipe_apo.conf", version_base=None):
+        config = compose("apo_trainer", overrides=["method=apo", "rehearsal=cpu", "actor_rollout_ref.rollout.n=2", *overrides])
+    OmegaConf.resolve(config)
+    return config
+
+
+def test_the_rehearsal_config_passes_its_checks_and_the_recipes():
+    config = rehearsal_config()
+    check_rehearsal_config(config)
+    validate_recipe_config(config, rehearsal=True)
+    env = config.ray_kwargs.ray_init.runtime_env.env_vars
+    # Every Ray worker gets what activate sets in the driver: the two lists must not drift apart.
+    from recipe_apo.cpu.activate import ENV
+
+    assert {key: env[key] for key in ENV} == ENV
+
+
+@pytest.mark.parametrize("override, key", [
+    ("actor_rollout_ref.rollout.tensor_model_parallel_size=2", "actor_rollout_ref.rollout.tensor_model_parallel_size=2"),
+    ("actor_rollout_ref.rollout.data_parallel_size=2", "actor_rollout_ref.rollout.data_parallel_size=2"),
+    ("trainer.nnodes=2", "trainer.nnodes=2"),
+    ("trainer.n_gpus_per_node=2", "trainer.n_gpus_per_node=2"),
+    ("actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.name=vllm"),
+    ("actor_rollout_ref.actor.strategy=fsdp", "actor_rollout_ref.actor.strategy=fsdp"),
+    ("actor_rollout_ref.model.override_config.attn_implementation=flash_attention_2", "attn_implementation"),
+    ("actor_rollout_ref.model.use_remove_padding=true", "actor_rollout_ref.model.use_remove_padding=true"),
+    ("actor_rollout_ref.model.use_fused_kernels=true", "actor_rollout_ref.model.use_fused_kernels=true"),
+    ("actor_rollout_ref.rollout.checkpoint_engine.backend=nccl", "checkpoint_engine.backend=nccl"),
+    ("reward.reward_model.enable=true", "reward.reward_model.enable=true"),
+    ("trainer.device=cuda", "trainer.device=cuda"),
+])
+def test_what_a_cpu_cannot_do_is_refused_naming_the_setting(override, key):
+    with pytest.raises(RecipeConfigError) as error:
+        check_rehearsal_config(rehearsal_config(override))
+    message = str(error.value)
+    assert key in message and "\n" not in message
+
+
+def test_the_hf_backend_outside_a_rehearsal_is_refused():
+    with initialize_config_module(config_module="recipe_apo.conf", version_base=None):
+        config = compose("apo_trainer", overrides=["method=apo", "actor_rollout_ref.rollout.name=hf",
+                                                   "actor_rollout_ref.rollout.n=2"])
+    OmegaConf.resolve(config)
+    with pytest.raises(RecipeConfigError, match="add rehearsal=cpu"):
+        validate_recipe_config(config)
+
+
+def test_a_refused_rehearsal_setting_stops_the_launch_with_one_line(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "recipe_apo.main", "method=apo", "rehearsal=cpu", "trainer.nnodes=2", "dry_run=true"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=120,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == "recipe-apo: error: trainer.nnodes=2: the CPU rehearsal runs on one machine"
+
+
+def test_a_run_without_the_rehearsal_never_imports_it(tmp_path):
+    """A GPU run's process: the recipe entry, trainer, task runner and a dry run leave recipe_apo.cpu unloaded."""
+    code = (
+        "import runpy, sys\n"
+        "sys.argv = ['recipe_apo.main', 'method=apo', 'actor_rollout_ref.rollout.name=vllm',"
+        " 'actor_rollout_ref.rollout.n=2', 'dry_run=true']\n"
+        "import recipe_apo.integration.trainer, recipe_apo.integration.task_runner, recipe_apo.integration.checkpoint\n"
+        "runpy.run_module('recipe_apo.main', run_name='__main__')\n"
+        "from verl.plugin.platform import get_platform\n"
+        "print(sorted(m for m in sys.modules if m.startswith('recipe_apo.cpu')), type(get_platform()).__name__)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120,
+                            env={k: v for k, v in os.environ.items() if not k.startswith("VERL_")})
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip().splitlines()[-1] == "[] PlatformCUDA"
+
+
+# ---- errors from inside Ray ------------------------------------------------------------------------------------
+def test_the_recipes_error_is_found_behind_rays_wrappers():
+    from ray.exceptions import RayTaskError
+
+    original = ApoInputError("token_level_rewards: 1 of 8 responses have NaN/inf rewards, first rows [3]")
+    inner = RayTaskError("AgentLoopWorker.generate", "Traceback ...", original).as_instanceof_cause()
+    outer = RayTaskError("TaskRunner.run", "Traceback ...", inner).as_instanceof_cause()
+    assert recipe_error(outer) is original
+    assert recipe_error(RuntimeError("something else")) is None
+
+
+def _recipe_errors():
+    from recipe_apo.audit.dumps import AuditError
+    from recipe_apo.integration.errors import AnchorStateError, NodeCheckError, RecipeConfigError, ResamplingStateError
+    from recipe_apo.methods.apo_settings import ApoConfigError
+    from recipe_apo.methods.codapo import CodapoConfigError
+    from recipe_apo.reward.pool import WorkerError
+    from recipe_apo.reward.settings import RewardConfigError
+
+    return [ApoInputError, ApoConfigError, CodapoConfigError, RecipeConfigError, AnchorStateError,
+            ResamplingStateError, NodeCheckError, RewardConfigError, WorkerError, AuditError]
+
+
+@pytest.mark.parametrize("kind", _recipe_errors(), ids=lambda kind: kind.__name__)
+def test_every_error_the_recipe_raises_on_purpose_is_said_as_one_line(kind, capsys, monkeypatch):
+    """Through two of Ray's wrappers, as ``python -m recipe_apo.main`` meets it, to its one line and exit code 1."""
+    from ray.exceptions import RayTaskError
+    import verl.trainer.main_ppo as main_ppo
+
+    from recipe_apo import main as recipe_main
+
+    original = kind("recipe-apo: a.setting=3 is wrong")
+    inner = RayTaskError("AgentLoopWorker.generate", "Traceback ...", original).as_instanceof_cause()
+    outer = RayTaskError("TaskRunner.run", "Traceback ...", inner).as_instanceof_cause()
+    assert recipe_error(outer) is original
+
+    def failing_run_ppo(config, task_runner_class):
+        raise outer
+
+    monkeypatch.setattr(main_ppo, "run_ppo", failing_run_ppo)
+    monkeypatch.setattr("verl.utils.config.validate_config", lambda **kwargs: None)
+    config = OmegaConf.create({"trainer": {"device": "cpu"}})
+    monkeypatch.setattr("verl.utils.device.auto_set_device", lambda config: None)
+    monkeypatch.setattr("verl.trainer.ppo.utils.need_reference_policy", lambda config: False)
+    monkeypatch.setattr("verl.trainer.ppo.utils.need_critic", lambda config: False)
+    with pytest.raises(SystemExit) as exit_info:
+        recipe_main.run(config)
+    assert exit_info.value.code == 1
+    assert capsys.readouterr().err.strip().splitlines()[-1] == "recipe-apo: error: a.setting=3 is wrong"
+
+
+# ---- the rehearse command's bookkeeping ----------------------------------------------------------------------
+def write_metrics(path, rows):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = [json.dumps({"step": 0, "data": {"val-core/tiny_add/acc/mean@1": 0.5}})]
+    lines += [json.dumps({"step": r["training/global_step"], "data": r}) for r in rows]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_summaries_leave_out_each_runs_first_step_and_report_the_last(tmp_path):
+    def row(step, seconds, anchor):
+        return {"training/global_step": step, "timing_s/step": seconds, "timing_s/gen": seconds / 2,
+                "apo/anchor": anchor}
+
+    write_metrics(tmp_path / "a.jsonl", [row(1, 9.0, 0.5), row(2, 1.0, 0.51), row(3, 2.0, 0.52)])
+    write_metrics(tmp_path / "b.jsonl", [row(4, 3.0, 0.53)])
+    runs = [rehearse.read_metrics(tmp_path / "a.jsonl"), rehearse.read_metrics(tmp_path / "b.jsonl")]
+    assert [r["step"] for r in runs[0]] == [1, 2, 3]  # the validation line is not a training step
+    summary = rehearse.summarize("apo", runs, "ckpt")
+    # Steps 2 and 3 of the first run, and the resumed run's only step: (1 + 2 + 3) / 3.
+    assert summary.step_seconds["step"] == pytest.approx(2.0) and summary.step_seconds["gen"] == pytest.approx(1.0)
+    assert summary.steps == 4 and summary.last["apo/anchor"] == 0.53
+    table = rehearse.format_table([summary])
+    assert "| apo | 4 | 2.000 | 1.000 | 0.5300 |" in table.replace(" - |", "").replace("| - ", "")
+
+
+def test_experiment_names_are_read_in_job_order(tmp_path):
+    log = tmp_path / "log"
+    log.write_text("[HYDRA] #0 : method=grpo\nexperiment: rehearsal/grpo-x\nstep:1 - a:1\n"
+                   "experiment: rehearsal/apo-y\n")
+    assert rehearse.experiment_names(log) == ["grpo-x", "apo-y"]

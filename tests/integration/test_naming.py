@@ -1,0 +1,68 @@
+"""recipe_apo.integration.naming: the run names of the recipe's entry point and of the launch scripts (one rule for both)."""
+
+import hashlib
+
+import pytest
+
+from recipe_apo.integration.naming import experiment_name
+from recipe_apo.integration.validation import RecipeConfigError
+
+SCRIPT = ["method=apo", "data.train_files=/d/math.parquet", "data.max_response_length=3000",
+          "actor_rollout_ref.model.path=Qwen/Qwen2.5-Math-1.5B", "trainer.logger=[console,file]"]
+
+
+def fingerprint(prefix, method, items):
+    """The hash the name ends in, computed from the spec: sha1 of prefix, method and the sorted key=text lines."""
+    text = "\n".join([prefix, method, *sorted(items)])
+    return hashlib.sha1(text.encode()).hexdigest()[:8]
+
+
+def test_a_scripts_settings_count_through_a_hash_and_the_users_are_spelled_out():
+    user = ["algorithm.apo.eta=0.5", "trainer.total_training_steps=10"]
+    name = experiment_name("apo", SCRIPT + user, prefix="paper", script_overrides=len(SCRIPT))
+    # In the hash: full keys, the full model id, the training data by file name; sorted by key.
+    items = ["algorithm.apo.eta=0.5", "data.max_response_length=3000",
+             "actor_rollout_ref.model.path=Qwen/Qwen2.5-Math-1.5B", "train_files=math.parquet"]
+    assert name == f"paper-apo-apo.eta=0.5-{fingerprint('paper', 'apo', items)}"
+
+
+def test_the_last_value_of_a_key_counts_and_repeating_the_scripts_value_changes_nothing():
+    base = experiment_name("apo", SCRIPT, prefix="paper", script_overrides=len(SCRIPT))
+    same = experiment_name("apo", SCRIPT + ["data.max_response_length=3000"], prefix="paper",
+                           script_overrides=len(SCRIPT))
+    changed = experiment_name("apo", SCRIPT + ["data.max_response_length=2048"], prefix="paper",
+                              script_overrides=len(SCRIPT))
+    assert same == base and changed != base and changed.startswith("paper-apo-data.max_response_length=2048-")
+    # the data's folder does not count, its file names do
+    moved = [item.replace("/d/", "/elsewhere/") for item in SCRIPT]
+    other = [item.replace("math.parquet", "gsm8k.parquet") for item in SCRIPT]
+    assert experiment_name("apo", moved, prefix="paper", script_overrides=len(SCRIPT)) == base
+    assert experiment_name("apo", other, prefix="paper", script_overrides=len(SCRIPT)) != base
+
+
+def test_without_a_script_the_name_spells_everything_and_has_no_hash():
+    assert experiment_name("grpo", ["actor_rollout_ref.rollout.n=4", "dry_run=true", "hydra.x=1"]) == "grpo-rollout.n=4"
+
+
+@pytest.mark.parametrize("count", [-1, 6])
+def test_a_script_count_beyond_the_command_line_is_refused(count):
+    with pytest.raises(RecipeConfigError, match="run_name.script_overrides"):
+        experiment_name("apo", SCRIPT, script_overrides=count)
+
+
+def test_values_are_spelled_as_hydra_hands_them_to_multirun_jobs():
+    # Hydra rewrites a multirun job's overrides (1e-6 -> 1e-06, true -> True); a single run must get the same name.
+    assert experiment_name("apo", ["actor_rollout_ref.actor.optim.lr=1e-6", "algorithm.apo.reweight=false"]) == \
+        experiment_name("apo", ["actor_rollout_ref.actor.optim.lr=1e-06", "algorithm.apo.reweight=False"]) == \
+        "apo-apo.reweight=False-actor.optim.lr=1e-06"
+    assert experiment_name("apo", ["~data.seed"]) == "apo-data.seed=deleted"
+
+
+def test_models_with_the_same_folder_name_and_values_that_clean_up_alike_stay_apart():
+    merged = "actor_rollout_ref.model.path=/ckpt/run/global_step_{}/actor/huggingface"
+    first, second = (experiment_name("apo", [merged.format(step)]) for step in (100, 200))
+    assert first.startswith("apo-model=huggingface-") and first != second
+    assert experiment_name("apo", ["data.prompt_key=a/b"]) != experiment_name("apo", ["data.prompt_key=a_b"])
+    # a hub id keeps its readable name and gains the hash of its full id
+    assert experiment_name("apo", ["actor_rollout_ref.model.path=Qwen/Qwen2.5-Math-1.5B"]).startswith(
+        "apo-model=Qwen2.5-Math-1.5B-")

@@ -1,0 +1,269 @@
+"""The recipe entry: presets, validation, naming, dry runs and multirun (no Ray, no GPU)."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+from hydra import compose, initialize_config_module
+from omegaconf import OmegaConf
+
+from recipe_apo.main import experiment_name
+from recipe_apo.integration.validation import RecipeConfigError, validate_recipe_config
+
+L0 = 3000
+
+
+def composed(*overrides, resolve=True):
+    with initialize_config_module(config_module="recipe_apo.conf", version_base=None):
+        config = compose("apo_trainer", overrides=list(overrides))
+    if resolve:
+        OmegaConf.resolve(config)
+    return config
+
+
+def method_settings(config):
+    actor = config.actor_rollout_ref.actor
+    return {
+        "adv_estimator": config.algorithm.adv_estimator,
+        "norm_adv_by_std_in_grpo": config.algorithm.norm_adv_by_std_in_grpo,
+        "use_kl_in_reward": config.algorithm.use_kl_in_reward,
+        "loss_mode": actor.policy_loss.loss_mode,
+        "loss_agg_mode": actor.loss_agg_mode,
+        "loss_scale_factor": actor.loss_scale_factor,
+        "clip_ratio": (actor.clip_ratio, actor.clip_ratio_low, actor.clip_ratio_high),
+        "taus": (actor.tau_pos, actor.tau_neg),
+        "use_kl_loss": actor.use_kl_loss,
+    }
+
+
+EXPECTED = {
+    "grpo": {
+        "adv_estimator": "grpo", "norm_adv_by_std_in_grpo": True, "use_kl_in_reward": False,
+        "loss_mode": "vanilla", "loss_agg_mode": "seq-mean-token-mean", "loss_scale_factor": None,
+        "clip_ratio": (0.2, 0.2, 0.2), "taus": (1.0, 1.05), "use_kl_loss": False,
+    },
+    "drgrpo": {
+        "adv_estimator": "grpo", "norm_adv_by_std_in_grpo": False, "use_kl_in_reward": False,
+        "loss_mode": "vanilla", "loss_agg_mode": "seq-mean-token-sum-norm", "loss_scale_factor": L0,
+        "clip_ratio": (0.2, 0.2, 0.2), "taus": (1.0, 1.05), "use_kl_loss": False,
+    },
+    "apo": {
+        "adv_estimator": "apo", "norm_adv_by_std_in_grpo": False, "use_kl_in_reward": False,
+        "loss_mode": "apo", "loss_agg_mode": "seq-mean-token-sum-norm", "loss_scale_factor": L0,
+        "clip_ratio": (0.2, 0.2, 0.2), "taus": (1.0, 1.5), "use_kl_loss": False,
+    },
+    # CoDaPO's code: std-normalized advantages, verl's vanilla clip and default token-mean.
+    "codapo": {
+        "adv_estimator": "codapo", "norm_adv_by_std_in_grpo": True, "use_kl_in_reward": False,
+        "loss_mode": "vanilla", "loss_agg_mode": "token-mean", "loss_scale_factor": None,
+        "clip_ratio": (0.2, 0.2, 0.2), "taus": (1.0, 1.05), "use_kl_loss": False,
+    },
+}
+
+
+@pytest.mark.parametrize("method", ["grpo", "drgrpo", "apo", "codapo"])
+def test_each_preset_composes_to_its_exact_settings(method):
+    config = composed(f"method={method}", f"data.max_response_length={L0}")
+    assert method_settings(config) == EXPECTED[method]
+    assert config.trainer.v1.trainer_mode == "apo_sync"
+    assert config.algorithm.apo.lambda_scale == 1.5 and config.algorithm.apo.eta_min == 0.05
+
+
+def test_apo_is_the_default_method_and_presets_win_over_the_base():
+    assert method_settings(composed(f"data.max_response_length={L0}")) == EXPECTED["apo"]
+    # A command-line override still beats the preset.
+    config = composed("method=apo", "actor_rollout_ref.actor.tau_neg=2.0")
+    assert config.actor_rollout_ref.actor.tau_neg == 2.0
+
+
+def test_the_recipe_yaml_declares_the_estimators_defaults_exactly():
+    from dataclasses import asdict
+
+    from recipe_apo.methods.codapo import CodapoSettings
+    from recipe_apo.methods.apo_settings import ApoSettings
+
+    assert OmegaConf.to_container(composed().algorithm.apo) == asdict(ApoSettings())
+    assert OmegaConf.to_container(composed().algorithm.codapo) == asdict(CodapoSettings())
+    assert composed().algorithm.zero_variance == "keep"
+
+
+def valid(*overrides):
+    return composed("actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.n=8",
+                    f"data.max_response_length={L0}", *overrides)
+
+
+@pytest.mark.parametrize("method", ["grpo", "drgrpo", "apo", "codapo"])
+def test_valid_presets_pass_validation(method):
+    validate_recipe_config(valid(f"method={method}"))
+    validate_recipe_config(valid(f"method={method}", "algorithm.zero_variance=exclude"))
+
+
+def test_kl_in_reward_is_fine_with_a_threshold_success_and_data_sources_with_the_recipe_trainer():
+    validate_recipe_config(valid("algorithm.use_kl_in_reward=true", "algorithm.apo.success=threshold"))
+    validate_recipe_config(valid("algorithm.apo.anchor_scope=data_source"))
+
+
+@pytest.mark.parametrize(
+    "overrides, key",
+    [
+        (["algorithm.apo.lambda_scale=0"], "algorithm.apo.lambda_scale"),
+        (["algorithm.apo.history=0"], "algorithm.apo.history"),
+        (["algorithm.apo.eta=-1"], "algorithm.apo.eta"),
+        (["+algorithm.apo.lambda=2"], "algorithm.apo.lambda"),
+        (["actor_rollout_ref.actor.loss_scale_factor=null"], "actor_rollout_ref.actor.loss_scale_factor"),
+        (["method=drgrpo", "actor_rollout_ref.actor.loss_scale_factor=null"], "actor_rollout_ref.actor.loss_scale_factor"),
+        (["actor_rollout_ref.actor.loss_scale_factor=-5"], "actor_rollout_ref.actor.loss_scale_factor"),
+        (["actor_rollout_ref.actor.tau_neg=0"], "actor_rollout_ref.actor.tau_neg"),
+        (["algorithm.adv_estimator=apo_typo"], "algorithm.adv_estimator"),
+        (["actor_rollout_ref.actor.policy_loss.loss_mode=nope"], "actor_rollout_ref.actor.policy_loss.loss_mode"),
+        (["actor_rollout_ref.rollout.n=1"], "actor_rollout_ref.rollout.n"),
+        (["algorithm.use_kl_in_reward=true"], "algorithm.use_kl_in_reward"),
+        (["algorithm.apo.anchor_scope=data_source", "trainer.v1.trainer_mode=sync"], "algorithm.apo.anchor_scope"),
+        (["trainer.use_v1=false"], "trainer.use_v1"),
+        (["method=codapo", "trainer.v1.trainer_mode=sync"], "algorithm.adv_estimator=codapo needs"),
+        (["method=codapo", "algorithm.codapo.percentile=1.0"], "algorithm.codapo.percentile"),
+        (["method=codapo", "algorithm.codapo.repeat_count=0"], "algorithm.codapo.repeat_count"),
+        (["method=codapo", "+algorithm.codapo.offset=0.2"], "algorithm.codapo.offset"),
+        (["method=codapo", "data.gen_batch_size=8"], "data.gen_batch_size"),
+        (["method=codapo", "algorithm.filter_groups.enable=true"], "algorithm.filter_groups.enable=true"),
+        (["method=codapo", "actor_rollout_ref.rollout.n=1"], "actor_rollout_ref.rollout.n"),
+        (["algorithm.zero_variance=drop"], "algorithm.zero_variance"),
+        (["algorithm.zero_variance=exact"], "algorithm.zero_variance=exact is the testbed's"),
+        (["algorithm.zero_variance=exclude", "actor_rollout_ref.actor.loss_agg_mode=token-sum",
+          "actor_rollout_ref.actor.loss_scale_factor=null"], "loss_agg_mode=token-sum"),
+        (["algorithm.zero_variance=exclude", "trainer.v1.trainer_mode=sync"], "algorithm.zero_variance=exclude needs"),
+        (["actor_rollout_ref.rollout.name=???"], "actor_rollout_ref.rollout.name"),
+        # Accepted by verl, but meaning something else than they say:
+        (["method=drgrpo", "algorithm.adv_estimator=grpo_vectorized"], "adv_estimator=grpo"),
+        (["algorithm.norm_adv_by_std_in_grpo=true"], "algorithm.norm_adv_by_std_in_grpo=true"),
+        (["method=drgrpo", "actor_rollout_ref.actor.policy_loss.loss_mode=sapo"], "loss_mode=sapo ignores"),
+        (["method=grpo", "actor_rollout_ref.actor.loss_scale_factor=3000"], "actor_rollout_ref.actor.loss_scale_factor"),
+        # The type, not the count, is at fault:
+        (["actor_rollout_ref.rollout.n='8'"], "actor_rollout_ref.rollout.n must be an integer"),
+        (["actor_rollout_ref.rollout.n=2.5"], "actor_rollout_ref.rollout.n must be an integer"),
+    ],
+)
+def test_invalid_settings_fail_validation_naming_the_key(overrides, key):
+    with pytest.raises(RecipeConfigError) as info:
+        validate_recipe_config(valid(*overrides))
+    assert key in str(info.value) and "\n" not in str(info.value)
+
+
+def test_experiment_names_are_deterministic_distinct_and_leave_out_paths():
+    task = ["method=apo", "data.train_files=/x/train.parquet", "algorithm.apo.lambda_scale=1.1",
+            "+algorithm.apo.eta=0.5", "trainer.logger=[console]", "dry_run=true", "actor_rollout_ref.rollout.n=8",
+            "actor_rollout_ref.model.path=/models/Qwen2.5-Math-1.5B/", "data.max_response_length=3000"]
+    short = [t for t in task[:-1] if not t.startswith("data.train_files")]
+    # The model is shortened to its folder's name, so the full path counts through a hash at the end.
+    assert experiment_name("apo", short).startswith(
+        "apo-model=Qwen2.5-Math-1.5B-apo.eta=0.5-apo.lambda_scale=1.1-rollout.n=8-")
+    assert experiment_name("apo", task).startswith("apo-model=Qwen2.5-Math-1.5B-train_files=train.parquet-apo.eta=0.5-")
+    assert experiment_name("apo", list(reversed(task))) == experiment_name("apo", task)
+    assert experiment_name("grpo", []) == "grpo"
+    # Runs that train differently never share a name (and so a checkpoint folder).
+    other_model = [t.replace("1.5B", "7B") for t in task]
+    other_l0 = [t.replace("3000", "1024") for t in task]
+    names = {experiment_name("apo", t) for t in (task, other_model, other_l0)}
+    assert len(names) == 3
+    long = experiment_name("apo", [f"algorithm.apo.history={'9' * 200}"])
+    assert len(long) <= 96 and long != experiment_name("apo", [f"algorithm.apo.history={'8' * 200}"])
+
+
+def run_main(*args, cwd):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VERL_USE_EXTERNAL")}
+    return subprocess.run([sys.executable, "-m", "recipe_apo.main", *args], capture_output=True, text=True,
+                          timeout=180, cwd=cwd, env=env)
+
+
+def test_cfg_job_prints_the_composed_config_without_starting_ray(tmp_path):
+    result = run_main("method=drgrpo", "data.max_response_length=1024", "--cfg", "job", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    config = OmegaConf.create(result.stdout)
+    assert config.actor_rollout_ref.actor.loss_agg_mode == "seq-mean-token-sum-norm"
+    assert config.algorithm.norm_adv_by_std_in_grpo is False
+    assert "Ray" not in result.stdout + result.stderr
+
+
+def test_a_bad_setting_stops_the_launch_with_one_line(tmp_path):
+    result = run_main("actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.n=8",
+                      "algorithm.apo.lambda_scale=-1", cwd=tmp_path)
+    assert result.returncode == 2
+    errors = [line for line in result.stderr.splitlines() if line.startswith("recipe-apo: error:")]
+    assert errors == ["recipe-apo: error: algorithm.apo.lambda_scale must be > 0.0, got -1"]
+    assert "Traceback" not in result.stderr
+
+
+def test_multirun_dry_run_gives_each_job_its_own_name_folders_and_method(tmp_path):
+    result = run_main("-m", "method=grpo,drgrpo,apo", "algorithm.apo.lambda_scale=1.1", "dry_run=true",
+                      "actor_rollout_ref.rollout.n=8", "actor_rollout_ref.rollout.name=vllm",
+                      f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    experiments = [line.split(": ", 1)[1] for line in result.stdout.splitlines() if line.startswith("experiment:")]
+    checkpoints = [line.split(": ", 1)[1] for line in result.stdout.splitlines() if line.startswith("checkpoints:")]
+    assert experiments == [f"recipe_apo/{m}-apo.lambda_scale=1.1-rollout.n=8" for m in ("grpo", "drgrpo", "apo")]
+    assert len(set(checkpoints)) == 3
+    jobs = sorted((tmp_path / "sweep").glob("[0-9]"))
+    assert len(jobs) == 3
+    methods = [OmegaConf.load(job / ".hydra" / "config.yaml").algorithm.adv_estimator for job in jobs]
+    assert methods == ["grpo", "grpo", "apo"]
+    assert result.stdout.count("dry run: stopping before Ray starts") == 3
+
+
+def launchable(*overrides):
+    return valid("data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+                 "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", "trainer.n_gpus_per_node=1",
+                 "trainer.experiment_name=t", "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
+                 "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2", *overrides)
+
+
+def test_launch_hands_verl_the_recipe_task_runner_and_ends_its_ray_session(monkeypatch):
+    import ray
+    import verl.trainer.main_ppo as main_ppo
+
+    from recipe_apo.main import run
+    from recipe_apo.integration.task_runner import ApoTaskRunner
+
+    seen = {}
+
+    def fake_run_ppo(config, task_runner_class):
+        seen["runner"] = task_runner_class
+        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)  # as verl's run_ppo does
+
+    monkeypatch.setattr(main_ppo, "run_ppo", fake_run_ppo)
+    run(launchable())
+    assert seen["runner"] is ApoTaskRunner
+    assert not ray.is_initialized()  # each multirun job gets its own Ray session
+
+
+@pytest.mark.parametrize("method, checked", [("apo", True), ("codapo", True), ("grpo", False), ("drgrpo", False)])
+def test_task_runner_registers_the_trainer_and_checks_the_nodes_for_apo(monkeypatch, method, checked):
+    import recipe_apo.integration.cluster as cluster
+    from verl.trainer.main_ppo import TaskRunnerV1
+
+    from recipe_apo.integration.task_runner import ApoTaskRunner, _ApoTaskRunner
+
+    calls = []
+    monkeypatch.setattr(cluster, "check_apo_on_every_node", lambda: calls.append("checked"))
+    monkeypatch.setattr(TaskRunnerV1.__ray_actor_class__, "run", lambda self, config: calls.append("verl run"))
+    assert issubclass(ApoTaskRunner.__ray_actor_class__, TaskRunnerV1.__ray_actor_class__)
+    _ApoTaskRunner().run(launchable(f"method={method}"))
+    assert calls == (["checked", "verl run"] if checked else ["verl run"])
+
+    from verl.trainer.ppo.v1 import get_trainer_cls
+
+    from recipe_apo.integration.trainer import ApoSyncTrainer
+
+    assert get_trainer_cls("apo_sync") is ApoSyncTrainer
+
+
+def test_plugin_check_prints_the_three_presets_advantages(capsys):
+    from recipe_apo.__main__ import main
+
+    main()
+    out = capsys.readouterr().out
+    rows = [line.split() for line in out.splitlines() if line.startswith(("hard prompt", "easy prompt"))]
+    # GRPO: (1 - 0.25) / std([1,0,0,0]) = 1.5; Dr. GRPO: 0.75; APO: 0.75 * 1.5 * exp(0.25) = 1.445.
+    assert rows[0][-3:] == ["1.500", "0.750", "1.445"]
+    assert rows[7][-3:] == ["-1.500", "-0.750", "-1.445"]
+    assert "python -m recipe_apo.main method=apo" in out

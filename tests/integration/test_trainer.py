@@ -1,0 +1,232 @@
+"""The recipe's trainer on verl's real V1 advantage step: TransferQueue, data sources, metrics to a logger.
+
+Ray and TransferQueue run locally on CPU; the trainer object is created without verl's worker setup (which
+needs GPUs), and only the methods the recipe overrides are exercised, each calling verl's own implementation.
+"""
+
+import json
+import math
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import ray
+import torch
+import transfer_queue as tq
+from hydra import compose, initialize_config_module
+from omegaconf import OmegaConf
+from tensordict import TensorDict
+from tensordict.tensorclass import NonTensorStack
+from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+from verl.utils.tracking import Tracking
+
+from recipe_apo.methods.anchor import AnchorBook, get_driver_anchor, reset_driver_anchor
+from recipe_apo.integration.checkpoint import STATE_FILE
+from recipe_apo.integration.cluster import check_apo_on_every_node
+from recipe_apo.methods.apo import compute_apo_advantage
+from recipe_apo.methods.apo_settings import ApoSettings
+from recipe_apo.integration.hooks import AnchorHook
+from recipe_apo.integration.trainer import ApoSyncTrainer
+
+REWARDS = [1.0, 1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.0]
+LENGTHS = [3, 2, 4, 1, 2, 5, 3, 2]
+UIDS = ["e1", "e1", "e2", "e2", "h1", "h1", "h2", "h2"]
+SOURCES = ["easy"] * 4 + ["hard"] * 4
+
+
+def recipe_config(tmp_path, *overrides, method="apo"):
+    with initialize_config_module(config_module="recipe_apo.conf", version_base=None):
+        config = compose("apo_trainer", overrides=[
+            f"method={method}", "actor_rollout_ref.rollout.n=2", "data.max_response_length=5",
+            "trainer.experiment_name=test", f"trainer.default_local_dir={tmp_path}/ckpt", *overrides,
+        ])
+    OmegaConf.resolve(config)
+    return config
+
+
+def bare_trainer(config):
+    """The trainer without verl's worker groups: enough for the overridden advantage/checkpoint methods."""
+    trainer = object.__new__(ApoSyncTrainer)
+    trainer.config = config
+    trainer._start_hooks(config)
+    trainer.global_steps = 0
+    return trainer
+
+
+@pytest.fixture(scope="module")
+def transfer_queue():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    tq.init(OmegaConf.create({
+        "enable": True, "metrics": {"enabled": False, "port": 0},
+        "backend": {"storage_backend": "SimpleStorage",
+                    "SimpleStorage": {"total_storage_size": 1000, "num_data_storage_units": 1}},
+    }))
+    yield
+    tq.close()
+    ray.shutdown()
+
+
+def put_batch(keys, log_probs=None):
+    """Step rows in TransferQueue; ``log_probs``: each row's old token log-prob (one value per row), else 0."""
+    log_probs = log_probs or [0.0] * len(LENGTHS)
+
+    def nested(rows):
+        return torch.nested.nested_tensor(rows, layout=torch.jagged)
+
+    scores = []
+    for reward, length in zip(REWARDS, LENGTHS):
+        row = torch.zeros(length)
+        row[-1] = reward
+        scores.append(row)
+    fields = TensorDict({
+        "uid": NonTensorStack(*UIDS),
+        "data_source": NonTensorStack(*SOURCES),
+        "response_mask": nested([torch.ones(n) for n in LENGTHS]),
+        "rm_scores": nested(scores),
+        "old_log_probs": nested([torch.full((n,), lp) for n, lp in zip(LENGTHS, log_probs)]),
+    }, batch_size=len(keys))
+    return tq.kv_batch_put(keys=keys, partition_id="train", fields=fields)
+
+
+def test_advantage_step_uses_one_anchor_per_data_source_and_logs_its_metrics(transfer_queue, tmp_path):
+    config = recipe_config(tmp_path, "algorithm.apo.anchor_scope=data_source", "algorithm.apo.lambda_scale=1.0",
+                           "algorithm.apo.eta_min=1.0")
+    trainer = bare_trainer(config)
+    reset_driver_anchor()
+    keys = [f"step1-{i}" for i in range(len(UIDS))]
+    metrics = {}
+    batch = trainer._compute_advantage(put_batch(keys), metrics)  # verl's own V1 advantage step inside
+
+    advantages = tq.kv_batch_get(keys=keys, partition_id="train", select_fields=["advantages"])["advantages"]
+    got = advantages.to_padded_tensor(0.0)[:, 0]
+
+    width = max(LENGTHS)
+    token_rewards = torch.zeros(len(UIDS), width)
+    mask = torch.zeros(len(UIDS), width)
+    for i, (reward, n) in enumerate(zip(REWARDS, LENGTHS)):
+        token_rewards[i, n - 1] = reward
+        mask[i, :n] = 1
+    expected, expected_metrics = compute_apo_advantage(
+        token_rewards, mask, np.array(UIDS, dtype=object), trainer.hook(AnchorHook).settings, AnchorBook(), np.array(SOURCES))
+    torch.testing.assert_close(got, expected[:, 0])
+    assert metrics["apo/anchor/easy"] == 0.75 and metrics["apo/anchor/hard"] == 0.25
+    assert {k: v for k, v in metrics.items() if k.startswith("apo/")} == expected_metrics
+    assert len(batch) == len(UIDS)
+
+    # The step's metrics dict is what verl's fit() hands to its Tracking logger.
+    log_path = tmp_path / "metrics.jsonl"
+    os.environ["VERL_FILE_LOGGER_PATH"] = str(log_path)
+    try:
+        tracker = Tracking(project_name="recipe_apo", experiment_name="test", default_backend=["file"])
+        tracker.log(data=metrics, step=1)
+        tracker.finish()
+    finally:
+        del os.environ["VERL_FILE_LOGGER_PATH"]
+    logged = json.loads(log_path.read_text().splitlines()[0])
+    assert logged["step"] == 1 and logged["data"]["apo/anchor/hard"] == 0.25
+    reset_driver_anchor()
+
+
+def test_global_scope_step_adds_the_global_anchor_metrics(transfer_queue, tmp_path):
+    trainer = bare_trainer(recipe_config(tmp_path, "algorithm.apo.anchor_init=0.5"))
+    reset_driver_anchor()
+    metrics = {}
+    trainer._compute_advantage(put_batch([f"step2-{i}" for i in range(len(UIDS))]), metrics)
+    assert metrics["apo/batch_success"] == 0.5 and metrics["apo/anchor"] == 0.5
+    assert get_driver_anchor().steps == 1
+    reset_driver_anchor()
+
+
+def test_codapo_step_gets_the_old_log_probs_and_the_zero_variance_scale_then_resamples(transfer_queue, tmp_path,
+                                                                                        monkeypatch):
+    """Groups e1 [1, 1] and h2 [0, 0] are dead; e2 and h1 are half right with old mean log-probs -0.3/-0.4 and
+    -0.5/-0.6. Worked by hand: w = exp(group mean) * 1 + 0.1, A = +-0.5 / (sqrt(0.5) + 1e-6), and token-mean's
+    zero-variance scale T / T_live = 22 / 12."""
+    from verl.utils import tensordict_utils as tu
+
+    config = recipe_config(tmp_path, "algorithm.zero_variance=exclude", "data.train_batch_size=4", method="codapo")
+    trainer = bare_trainer(config)
+    prompts = tu.get_tensordict({"uid": np.array(["e1", "e2", "h1", "h2"], dtype=object),
+                                 "data_source": np.array(["easy", "easy", "hard", "hard"], dtype=object)})
+    monkeypatch.setattr(PPOTrainerSync, "_next_train_batch", lambda self, num_prompts=None: prompts)
+    trainer.global_steps = 1
+    assert trainer._next_train_batch() is prompts  # an odd step reads the loader
+    keys = [f"codapo-{i}" for i in range(len(UIDS))]
+    metrics = {}
+    trainer._compute_advantage(put_batch(keys, [-0.1 * (i + 1) for i in range(len(UIDS))]), metrics)
+    got = tq.kv_batch_get(keys=keys, partition_id="train", select_fields=["advantages"])["advantages"]
+    w_e2, w_h1 = math.exp(-0.35) + 0.1, math.exp(-0.55) + 0.1
+    a = 0.5 / (math.sqrt(0.5) + 1e-6) * 22 / 12
+    expected = [0.0, 0.0, a * w_e2, -a * w_e2, a * w_h1, -a * w_h1, 0.0, 0.0]
+    padded = got.to_padded_tensor(0.0)
+    for row, (value, length) in enumerate(zip(expected, LENGTHS)):
+        torch.testing.assert_close(padded[row, :length], torch.full((length,), value), rtol=1e-5, atol=1e-6)
+    assert metrics["zero_variance/scale"] == pytest.approx(22 / 12)
+    assert metrics["codapo/weight_mean"] == pytest.approx((0.1 + w_e2 + w_h1 + 0.1) / 4)
+    # Step 2: the 0.75 quantile of [0.1, 0.805, 0.677, 0.1] is 0.709: e2 alone, 4 times, fresh uids.
+    trainer.global_steps = 2
+    second = trainer._next_train_batch()
+    assert list(second["data_source"]) == ["easy"] * 4
+    assert len(set(second["uid"])) == 4 and "e2" not in set(second["uid"])
+    assert tu.get_non_tensor_data(second, "global_steps", None) == 2
+
+
+def test_init_keeps_verls_sync_mode_and_starts_a_fresh_anchor(tmp_path, monkeypatch):
+    seen = {}
+    monkeypatch.setattr(PPOTrainerSync, "__init__",
+                        lambda self, config: seen.setdefault("mode", config.trainer.v1.trainer_mode))
+    get_driver_anchor(init=0.7)
+    trainer = ApoSyncTrainer(recipe_config(tmp_path))
+    assert seen["mode"] == "sync" and trainer.hook(AnchorHook) is not None
+    assert get_driver_anchor().value is None  # the previous run's anchor is gone
+
+
+def test_checkpoint_save_writes_the_anchor_before_verl_marks_the_folder_latest(tmp_path, monkeypatch):
+    trainer = bare_trainer(recipe_config(tmp_path))
+    trainer.global_steps = 7
+    state_file = tmp_path / "ckpt" / "global_step_7" / STATE_FILE
+    seen = {}
+    monkeypatch.setattr(PPOTrainerSync, "_save_checkpoint", lambda self: seen.setdefault("exists", state_file.exists()))
+    reset_driver_anchor()
+    get_driver_anchor(init=0.3)
+    trainer._save_checkpoint()
+    assert seen["exists"] is True
+    assert json.loads(state_file.read_text())["anchors"]["global"]["value"] == 0.3
+
+    (tmp_path / "ckpt" / "latest_checkpointed_iteration.txt").write_text("7")
+    reset_driver_anchor()
+    monkeypatch.setattr(PPOTrainerSync, "_load_checkpoint", lambda self: None)
+    trainer._load_checkpoint()
+    assert get_driver_anchor().value == 0.3
+    reset_driver_anchor()
+
+
+def test_node_check_passes_where_the_plugin_is_installed(transfer_queue):
+    reports = check_apo_on_every_node(timeout_s=120)
+    assert len(reports) == 1 and reports[0]["estimator"] and reports[0]["loss"] and reports[0]["missing"] == []
+
+
+def test_node_check_names_a_node_without_the_plugin():
+    # VERL_USE_EXTERNAL_PLUGINS=none in the workers stands for a node where the entry point is missing.
+    code = """
+        import ray
+        from recipe_apo.integration.cluster import check_apo_on_every_node
+        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False,
+                 runtime_env={"env_vars": {"VERL_USE_EXTERNAL_PLUGINS": "none"}})
+        try:
+            check_apo_on_every_node(timeout_s=120)
+        except RuntimeError as exc:
+            print("REFUSED:", exc)
+        finally:
+            ray.shutdown()
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VERL_USE_EXTERNAL")}
+    result = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                            timeout=240, env=env, cwd="/")
+    assert "REFUSED: recipe-apo: the recipe's estimators/losses are not registered on Ray node(s)" in result.stdout, (
+        result.stdout + result.stderr[-2000:])
+    assert "missing estimator apo, estimator codapo, loss apo" in result.stdout
+    assert "install recipe-apo in every node's environment" in result.stdout

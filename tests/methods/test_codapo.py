@@ -1,0 +1,237 @@
+"""CoDaPO: the estimator on a batch worked by hand, against CoDaPO's own per-response loop (re-written here as
+its code reads, tmlr-group/CoDaPO 210c205), the prompt selection and the resampled batch, the driver hand-off."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from recipe_apo.methods.codapo import (
+    CodapoConfigError,
+    CodapoSettings,
+    codapo_book,
+    codapo_outcome_advantage,
+    compute_codapo_advantage,
+    handed_log_probs,
+    resample_order,
+    select_prompts,
+)
+from recipe_apo.integration.resampling import STATE_FILE, PromptResampler, ResamplingStateError
+from recipe_apo.methods.success import ApoInputError
+
+LN2 = math.log(2.0)
+
+
+def hand_batch():
+    """Group a: 1 of 4 right, every token log-prob -ln 2. Group b: 2 of 2 right. Group c: 1 of 2 right, mean
+    token log-probs -2 and -0.5. One padding row (no valid token)."""
+    rewards = torch.zeros(9, 3)
+    mask = torch.zeros(9, 3)
+    log_probs = torch.zeros(9, 3)
+    lengths = [2, 1, 3, 2, 1, 2, 2, 1, 0]
+    for row, length in enumerate(lengths):
+        mask[row, :length] = 1
+    for row, reward in enumerate([1, 0, 0, 0, 1, 1, 1, 0]):
+        rewards[row, lengths[row] - 1] = reward
+    log_probs[:4] = -LN2
+    log_probs[4:6] = -0.1
+    log_probs[6, :2] = torch.tensor([-1.0, -3.0])
+    log_probs[7, 0] = -0.5
+    log_probs[6, 2] = log_probs[7, 1:] = -50.0  # padding positions: must not count
+    uid = np.array(["a"] * 4 + ["b"] * 2 + ["c"] * 2 + ["pad"], dtype=object)
+    return rewards, mask, log_probs, uid
+
+
+def test_codapo_advantages_on_a_batch_worked_by_hand():
+    rewards, mask, log_probs, uid = hand_batch()
+    advantages, weights, metrics = compute_codapo_advantage(rewards, mask, log_probs, uid)
+    # a: acc 1/4, d_w = 4 (1/4)(3/4) = 0.75, c = exp(-ln 2) = 0.5, w = 0.5 * 0.75 + 0.1 = 0.475;
+    #    mean 0.25, sample std 0.5: A = 0.75 / (0.5 + 1e-6) for the right one, -0.25 / (0.5 + 1e-6) for the others.
+    # b: acc 1, d_w 0, w = 0.1; std 0: A = 0.
+    # c: acc 1/2, d_w 1, c = exp((-2 - 0.5) / 2) = exp(-1.25); A = +-0.5 / (sqrt(0.5) + 1e-6).
+    w_c = math.exp(-1.25) + 0.1
+    expected_w = [0.475] * 4 + [0.1] * 2 + [w_c] * 2 + [0.0]
+    np.testing.assert_allclose(weights, expected_w, rtol=1e-7)  # the log-probs are float32, as verl's
+    s = 0.5 + 1e-6
+    c = math.sqrt(0.5) + 1e-6
+    scalar = [0.75 / s * 0.475] + [-0.25 / s * 0.475] * 3 + [0.0, 0.0] + [0.5 / c * w_c, -0.5 / c * w_c] + [0.0]
+    expected = torch.tensor(scalar, dtype=torch.float64).unsqueeze(-1) * mask.double()
+    torch.testing.assert_close(advantages.double(), expected, rtol=1e-6, atol=1e-7)
+    assert advantages.dtype == torch.float32
+    assert metrics["codapo/weight_mean"] == pytest.approx((0.475 + 0.1 + w_c) / 3)
+    assert metrics["codapo/difficulty_weight_mean"] == pytest.approx((0.75 + 0 + 1) / 3)
+
+
+def test_without_std_the_advantages_are_only_centered_and_accuracy_counts_exact_ones():
+    rewards = torch.tensor([[0.99], [0.0], [1.0], [0.0]])
+    mask = torch.ones(4, 1)
+    log_probs = torch.zeros(4, 1)  # c = 1
+    advantages, weights, _ = compute_codapo_advantage(rewards, mask, log_probs, np.array([0, 0, 1, 1]), False)
+    # Group 0: 0.99 is not a success (CoDaPO compares with == 1.0): acc 0, w = 0.1. Group 1: acc 1/2, w = 1.1.
+    np.testing.assert_allclose(weights, [0.1, 0.1, 1.1, 1.1])
+    torch.testing.assert_close(advantages[:, 0], torch.tensor([0.495 * 0.1, -0.495 * 0.1, 0.55, -0.55]))
+
+
+def codapo_reference(rewards, mask, log_probs, index, norm, offset=0.1, eps=1e-6):
+    """CoDaPO's compute_codapo_advantage as its code reads (per-response Python loops, torch.std)."""
+    scores = rewards.sum(dim=-1)
+    id2score, id2rows = defaultdict(list), defaultdict(list)
+    response_lp = {}
+    for i in range(len(scores)):
+        count = mask[i].sum().item()
+        response_lp[i] = (log_probs[i] * mask[i]).sum().item() / count if count > 0 else 0.0
+        id2score[index[i]].append(scores[i])
+        id2rows[index[i]].append(i)
+    out, weights = scores.clone().double(), torch.zeros(len(scores), dtype=torch.float64)
+    for uid, group in id2score.items():
+        values = torch.stack(group).double()
+        mean, std = (values.mean(), values.std()) if len(group) > 1 else (torch.tensor(0.0), torch.tensor(1.0))
+        acc = (values == 1.0).double().mean().item()
+        c = math.exp(sum(response_lp[i] for i in id2rows[uid]) / len(id2rows[uid]))
+        w = c * (1 - 4 * ((1 - acc) - 0.5) ** 2) + offset
+        for i in id2rows[uid]:
+            centered = (out[i] - mean) / (std + eps) if norm else out[i] - mean
+            out[i] = centered * w
+            weights[i] = w
+    return out.unsqueeze(-1) * mask.double(), weights
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    groups=st.lists(st.integers(1, 5), min_size=1, max_size=6),
+    data=st.data(),
+    norm=st.booleans(),
+)
+def test_the_vectorized_estimator_equals_codapos_own_loop(groups, data, norm):
+    sizes = groups
+    n, width = sum(sizes), 4
+    index = np.repeat(np.arange(len(sizes)), sizes).astype(object)
+    lengths = data.draw(st.lists(st.integers(1, width), min_size=n, max_size=n))
+    mask = (torch.arange(width).unsqueeze(0) < torch.tensor(lengths).unsqueeze(1)).float()
+    picks = data.draw(st.lists(st.sampled_from([0.0, 1.0, 0.5]), min_size=n, max_size=n))
+    rewards = torch.zeros(n, width)
+    rewards[torch.arange(n), torch.tensor(lengths) - 1] = torch.tensor(picks)
+    log_probs = -torch.tensor(data.draw(st.lists(st.floats(0.0, 5.0), min_size=n * width, max_size=n * width)))
+    log_probs = log_probs.view(n, width)
+    advantages, weights, _ = compute_codapo_advantage(rewards, mask, log_probs, index, norm)
+    expected, expected_w = codapo_reference(rewards, mask, log_probs, index, norm)
+    torch.testing.assert_close(advantages.double(), expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(weights, expected_w.numpy(), rtol=1e-6)
+
+
+def test_the_estimator_refuses_plain_verl_and_bad_batches():
+    rewards, mask, log_probs, uid = hand_batch()
+    with pytest.raises(ApoInputError, match="python -m recipe_apo.main"):
+        codapo_outcome_advantage(rewards, mask, config={"norm_adv_by_std_in_grpo": True}, index=uid)
+    with pytest.raises(ApoInputError, match="old_log_probs"):
+        compute_codapo_advantage(rewards, mask, log_probs[:, :2], uid)
+    log_probs[0, 0] = float("nan")
+    with pytest.raises(ApoInputError, match="first rows \\[0\\]"):
+        compute_codapo_advantage(rewards, mask, log_probs, uid)
+
+
+def test_the_handed_log_probs_reach_the_registered_estimator_and_its_weights_stay_on_the_book():
+    from verl.trainer.ppo import core_algos
+
+    import recipe_apo  # noqa: F401
+
+    rewards, mask, log_probs, uid = hand_batch()
+    fn = core_algos.get_adv_estimator_fn("codapo")
+    with handed_log_probs(log_probs):
+        advantages, returns = fn(token_level_rewards=rewards, response_mask=mask,
+                                 config={"norm_adv_by_std_in_grpo": True, "codapo": {"weight_offset": 0.0}}, index=uid)
+    assert codapo_book().handed_log_probs is None  # handed for one call only
+    assert advantages is returns
+    np.testing.assert_allclose(codapo_book().last_weights[4:6], [0.0, 0.0])  # weight_offset read from the config
+    assert codapo_book().last_uids.tolist() == uid.tolist()
+
+
+def test_settings_refuse_bad_values_naming_the_key():
+    assert CodapoSettings.from_algorithm_config(None) == CodapoSettings()
+    for node, key in [({"percentile": 1.0}, "percentile"), ({"repeat_count": 2.5}, "repeat_count"),
+                      ({"weight_offset": -0.1}, "weight_offset"), ({"resample": "yes"}, "resample"),
+                      ({"percentil": 0.5}, "percentil")]:
+        with pytest.raises(CodapoConfigError, match=f"algorithm.codapo.{key}"):
+            CodapoSettings.from_algorithm_config({"codapo": node})
+
+
+def test_selection_keeps_the_prompts_at_or_above_the_linear_quantile():
+    prompts = np.array(["p0", "p1", "p2", "p3", "p4"], dtype=object)
+    # One weight per group; p4 got no response back.
+    uids = np.array(["p0", "p0", "p1", "p2", "p2", "p3"], dtype=object)
+    weights = np.array([0.5, 0.5, 0.1, 0.9, 0.9, 0.3])
+    # torch.quantile([0.5, 0.1, 0.9, 0.3], 0.75): sorted 0.1 0.3 0.5 0.9, position 2.25 -> 0.5 + 0.25 * 0.4 = 0.6.
+    assert select_prompts(prompts, uids, weights, 0.75).tolist() == [2]
+    # At 0.5: 0.3 + 0.5 * 0.2 = 0.4 -> p0 and p2, in prompt order.
+    assert select_prompts(prompts, uids, weights, 0.5).tolist() == [0, 2]
+    # Ties at the threshold are all kept: three dead groups at the 0.1 floor.
+    tied = np.array([0.1, 0.1, 0.1, 0.7])
+    assert select_prompts(prompts[:4], prompts[:4], tied, 0.5).tolist() == [0, 1, 2, 3]
+
+
+def test_the_second_batch_repeats_each_kept_prompt_in_place_and_wraps():
+    assert resample_order(np.array([3, 7]), 8, 4).tolist() == [3, 3, 3, 3, 7, 7, 7, 7]
+    assert resample_order(np.array([3, 7]), 6, 4).tolist() == [3, 3, 3, 3, 7, 7]
+    # CoDaPO's loop: 3 kept prompts fill 16 slots as a x 8, b x 4, c x 4.
+    assert np.bincount(resample_order(np.array([0, 1, 2]), 16, 4)).tolist() == [8, 4, 4]
+    with pytest.raises(ApoInputError, match="no prompt kept"):
+        resample_order(np.array([], dtype=np.int64), 4, 4)
+
+
+def loader_batch(n: int):
+    """A dataloader batch as verl's V1 trainer builds it (tu.get_tensordict of the collated rows plus uids)."""
+    from verl.utils import tensordict_utils as tu
+
+    raw_prompt = np.empty(n, dtype=object)  # one chat (a list of messages) per row
+    raw_prompt[:] = [[{"role": "user", "content": f"q{i}"}] for i in range(n)]
+    rows = {
+        "raw_prompt": raw_prompt,
+        "data_source": np.array([f"src{i % 2}" for i in range(n)], dtype=object),
+        "reward_model": np.array([{"ground_truth": str(i)} for i in range(n)], dtype=object),
+        "uid": np.array([f"u{i}" for i in range(n)], dtype=object),
+    }
+    return tu.get_tensordict(rows)
+
+
+def test_the_resampler_builds_the_even_step_from_the_kept_prompts_and_survives_a_checkpoint(tmp_path):
+    sampler = PromptResampler(CodapoSettings())
+    sampler.start_pair(loader_batch(4), step=3)
+    # Weights per response (2 per prompt); prompts u1 and u3 reach the 0.75 quantile of [0.1, 0.8, 0.1, 0.8].
+    sampler.add_weights(np.array(["u0", "u0", "u1", "u1"], dtype=object), np.array([0.1, 0.1, 0.8, 0.8]))
+    sampler.add_weights(np.array(["u2", "u2", "u3", "u3"], dtype=object), np.array([0.1, 0.1, 0.8, 0.8]))
+    sampler.save(str(tmp_path), step=3)
+    restored = PromptResampler(CodapoSettings())
+    restored.load(str(tmp_path), step=3)
+    for each in (sampler, restored):
+        batch = each.second_batch(4, step=4)
+        assert [p[0]["content"] for p in batch["raw_prompt"]] == ["q1", "q1", "q1", "q1"]
+        assert len(set(batch["uid"])) == 4 and not set(batch["uid"]) & {"u0", "u1", "u2", "u3"}
+    # 8 slots: q1 x 4, q3 x 4, with their own fields.
+    sampler = PromptResampler(CodapoSettings())
+    sampler.load(str(tmp_path), step=3)
+    batch = sampler.second_batch(8, step=4)
+    assert [p[0]["content"] for p in batch["raw_prompt"]] == ["q1"] * 4 + ["q3"] * 4
+    assert list(batch["data_source"]) == ["src1"] * 8
+    assert [r["ground_truth"] for r in batch["reward_model"]] == ["1"] * 4 + ["3"] * 4
+
+
+def test_the_resampler_refuses_a_missing_state_or_the_wrong_step(tmp_path):
+    sampler = PromptResampler(CodapoSettings())
+    with pytest.raises(ResamplingStateError, match=f"{STATE_FILE} is missing: step 5 is the first"):
+        sampler.load(str(tmp_path), step=5)
+    sampler.load(str(tmp_path), step=6)  # an even step's checkpoint needs nothing
+    sampler.start_pair(loader_batch(2), step=5)
+    with pytest.raises(ResamplingStateError, match="no weighted step"):
+        sampler.second_batch(2, step=6)
+    sampler.add_weights(np.array(["u0", "u1"], dtype=object), np.array([0.2, 0.3]))
+    with pytest.raises(ResamplingStateError, match="step 8 needs the prompts kept at step 7"):
+        sampler.second_batch(2, step=8)
+    sampler.save(str(tmp_path), step=5)
+    with pytest.raises(ResamplingStateError, match="not the kept prompts of step 7"):
+        PromptResampler(CodapoSettings()).load(str(tmp_path), step=7)

@@ -1,0 +1,416 @@
+"""scripts/train_*.sh compose the configs the paper describes, for each method; scripts/evaluate.py's CPU parts.
+
+Each script prints its command with RECIPE_APO_DRY_RUN=args; the overrides are composed here with Hydra's
+compose API on the recipe's config (what `python -m recipe_apo.main` composes, without a process per case),
+resolved, and checked by the recipe's and verl's own config validation. One script also runs end to end with
+RECIPE_APO_DRY_RUN=1 (`--cfg job`).
+"""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+import yaml
+from omegaconf import OmegaConf
+from repo_paths import ROOT as REPO_ROOT
+
+ROOT = str(REPO_ROOT)
+SCRIPTS = {
+    "1.5b": "scripts/train_qwen2.5_math_1.5b.sh",
+    "7b": "scripts/train_qwen2.5_math_7b.sh",
+    "0.5b": "scripts/train_qwen2.5_0.5b_gsm8k.sh",
+}
+METHODS = ("grpo", "drgrpo", "apo", "codapo")
+
+
+def script_command(script, *args, env=None, dry_run="args"):
+    full_env = {**os.environ, "RECIPE_APO_DRY_RUN": dry_run, "PYTHON": sys.executable, "DATA_DIR": "/data/apo"}
+    full_env.pop("METHOD", None)
+    full_env.pop("EXPERIMENT_NAME", None)
+    full_env.update(env or {})
+    return subprocess.run(["bash", os.path.join(ROOT, script), *args], capture_output=True, text=True,
+                          env=full_env, cwd=ROOT, timeout=300)
+
+
+def overrides_of(script, *args, env=None):
+    result = script_command(script, *args, env=env)
+    assert result.returncode == 0, result.stderr
+    command = result.stdout.splitlines()
+    assert command[:3] == [sys.executable, "-m", "recipe_apo.main"]
+    return command[3:]
+
+
+@pytest.fixture(scope="module")
+def compose():
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    with initialize_config_module(config_module="recipe_apo.conf", version_base=None):
+        def _compose(overrides):
+            config = hydra_compose(config_name="apo_trainer", overrides=list(overrides))
+            OmegaConf.resolve(config)  # what recipe_apo.main does before validating
+            return config
+
+        yield _compose
+    GlobalHydra.instance().clear()
+
+
+def validate(config):
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    from recipe_apo.integration.validation import validate_recipe_config
+
+    validate_recipe_config(config)
+    validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+    return need_reference_policy(config), need_critic(config)
+
+
+def updates_per_round(config):
+    # verl: ppo_mini_batch_size counts prompts and is multiplied by rollout.n (trainer _update_actor)
+    n = config.actor_rollout_ref.rollout.n
+    rollouts = config.data.train_batch_size * n
+    per_update = config.actor_rollout_ref.actor.ppo_mini_batch_size * n
+    assert rollouts % per_update == 0
+    return rollouts // per_update * config.actor_rollout_ref.actor.ppo_epochs
+
+
+METHOD_SETTINGS = {
+    "grpo": dict(adv_estimator="grpo", norm=True, loss_mode="vanilla", agg="seq-mean-token-mean"),
+    "drgrpo": dict(adv_estimator="grpo", norm=False, loss_mode="vanilla", agg="seq-mean-token-sum-norm"),
+    "apo": dict(adv_estimator="apo", norm=False, loss_mode="apo", agg="seq-mean-token-sum-norm"),
+    "codapo": dict(adv_estimator="codapo", norm=True, loss_mode="vanilla", agg="token-mean"),
+}
+
+
+def check_method(config, method, l0):
+    expected = METHOD_SETTINGS[method]
+    actor = config.actor_rollout_ref.actor
+    assert config.algorithm.adv_estimator == expected["adv_estimator"]
+    assert config.algorithm.norm_adv_by_std_in_grpo is expected["norm"]
+    assert actor.policy_loss.loss_mode == expected["loss_mode"]
+    assert actor.loss_agg_mode == expected["agg"]
+    assert actor.loss_scale_factor == (None if method in ("grpo", "codapo") else l0)
+    assert actor.use_kl_loss is False and config.algorithm.use_kl_in_reward is False
+    if method != "apo":
+        assert actor.clip_ratio_low == actor.clip_ratio_high == 0.2
+
+
+def check_recording_and_fairness(config):
+    from recipe_apo.integration.validation import config_warnings
+
+    actor, trainer = config.actor_rollout_ref.actor, config.trainer
+    assert actor.shuffle is True and config_warnings(config) == []  # mini-batches of mixed lengths
+    assert config.data.shuffle is True and config.data.seed == 42  # every method sees the same prompt order
+    manager = config.reward.reward_manager  # truncated responses score 0 (Dr. GRPO)
+    assert (manager.source, manager.name, manager.module.path) == (
+        "importlib", "TruncationAwareRewardManager", "pkg://recipe_apo.reward.truncation")
+    assert trainer.rollout_data_dir == f"{trainer.default_local_dir}/rollouts"
+    assert trainer.validation_data_dir == f"{trainer.default_local_dir}/validation"
+    assert list(trainer.logger) == ["console", "file"]
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("size", ["1.5b", "7b"])
+def test_paper_runs_map_section_5_1(compose, size, method):
+    config = compose(overrides_of(SCRIPTS[size], f"method={method}"))
+    assert validate(config) == (False, False)  # no reference model (no KL), no critic
+    data, rollout, actor = config.data, config.actor_rollout_ref.rollout, config.actor_rollout_ref.actor
+    assert rollout.n == 8  # 8 rollouts per question
+    assert data.max_response_length == 3000 and rollout.response_length == 3000  # 3,000-token cap
+    assert data.train_batch_size * rollout.n == 1024  # 1,024 rollouts per round
+    assert actor.ppo_mini_batch_size * rollout.n == 128  # batch of 128 per update
+    assert updates_per_round(config) == 8  # 8 updates per round
+    assert data.max_prompt_length + data.max_response_length <= 4096  # Qwen2.5-Math's context
+    assert data.train_files == "/data/apo/math_lvl3to5.parquet"
+    assert list(data.val_files) == [f"/data/apo/{b}.parquet"
+                                    for b in ("aime24", "amc", "math500", "minerva", "olympiadbench")]
+    assert config.actor_rollout_ref.model.path == {"1.5b": "Qwen/Qwen2.5-Math-1.5B", "7b": "Qwen/Qwen2.5-Math-7B"}[size]
+    assert rollout.temperature == 1.0 and rollout.top_p == 1.0
+    assert rollout.val_kwargs.temperature == 0 and rollout.val_kwargs.do_sample is False and rollout.val_kwargs.n == 1
+    assert actor.optim.lr == 1e-6 and actor.optim.lr_scheduler_type == "constant"
+    assert list(actor.optim.betas) == [0.9, 0.95] and actor.optim.weight_decay == 0.0  # Dr. GRPO's (Oat's)
+    assert config.reward.custom_reward_function.path == "pkg://recipe_apo.reward"
+    assert config.reward.custom_reward_function.name == "compute_score"
+    assert config.trainer.n_gpus_per_node == 8 and config.trainer.test_freq == 16
+    assert config.run_name.prefix == f"qwen2.5-math-{size}"  # the run's name: see test_run_names_*
+    check_recording_and_fairness(config)
+    check_method(config, method, l0=3000)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_small_gsm8k_run(compose, method):
+    config = compose(overrides_of(SCRIPTS["0.5b"], f"method={method}"))
+    validate(config)
+    assert config.trainer.n_gpus_per_node == 1
+    assert config.actor_rollout_ref.rollout.n == 8
+    assert updates_per_round(config) == 8
+    assert config.actor_rollout_ref.model.path == "Qwen/Qwen2.5-0.5B-Instruct"
+    assert config.data.train_files == "/data/apo/gsm8k_train.parquet"
+    assert config.data.val_files == "/data/apo/gsm8k_test.parquet"
+    check_recording_and_fairness(config)
+    check_method(config, method, l0=config.data.max_response_length)
+
+
+def test_method_from_environment_and_default(compose):
+    assert "method=drgrpo" in overrides_of(SCRIPTS["1.5b"], env={"METHOD": "drgrpo"})
+    assert "method=apo" in overrides_of(SCRIPTS["1.5b"])  # the default
+    # method= anywhere on the line, passed once
+    args = overrides_of(SCRIPTS["1.5b"], "trainer.logger=[console]", "method=grpo")
+    assert [a for a in args if a.startswith("method=")] == ["method=grpo"]
+
+
+def test_bad_method_is_refused():
+    result = script_command(SCRIPTS["7b"], "method=ppo")
+    assert result.returncode == 2 and "method must be grpo, drgrpo, apo or codapo" in result.stderr
+
+
+def test_further_overrides_pass_through_and_win(compose):
+    config = compose(overrides_of(SCRIPTS["1.5b"], "method=apo", "data.max_response_length=2048",
+                                  "algorithm.apo.eta=0.5", "+trainer.extra_note=x"))
+    assert config.data.max_response_length == 2048
+    assert config.actor_rollout_ref.actor.loss_scale_factor == 2048  # L0 follows the cap
+    assert config.algorithm.apo.eta == 0.5
+
+
+def dry_run_names(script, *args, env=None):
+    """The experiment names recipe_apo.main gives the script's run(s), from its dry run (no Ray)."""
+    result = script_command(script, *args, env=env, dry_run="1")
+    assert result.returncode == 0, result.stderr[-2000:]
+    return [line.split("/", 1)[1] for line in result.stdout.splitlines() if line.startswith("experiment: ")]
+
+
+def test_run_names_change_with_data_model_and_method_in_the_dry_run():
+    # The bug this guards against: runs differing in data settings or the model shared a name, so
+    # resume_mode=auto let the real run resume the smoke test's checkpoint.
+    script = SCRIPTS["1.5b"]
+    (base,) = dry_run_names(script)
+    assert base.startswith("qwen2.5-math-1.5b-apo-")
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as handle:
+        assert f"checkpoints/recipe_apo/{base}/global_step_" in handle.read()  # README's evaluate example
+    # One sweep through the script (Hydra multirun: one name per job): data settings and the model.
+    swept = dry_run_names(script, "-m", "data.max_response_length=3000,2048", "data.train_batch_size=128,64",
+                          "actor_rollout_ref.model.path=Qwen/Qwen2.5-Math-1.5B,/models/Qwen2.5-Math-1.5B-Instruct")
+    assert len(swept) == 8 and len(set(swept) | {base}) == 9
+    # A swept key is spelled out in every job, even at the script's own value; the hash is the script run's.
+    assert swept[0].startswith("qwen2.5-math-1.5b-apo-model=Qwen2.5-Math-1.5B-data.max_response_length=3000-")
+    assert swept[0].rsplit("-", 1)[1] == base.rsplit("-", 1)[1] and len(swept[0]) == 96
+    assert swept[4].startswith("qwen2.5-math-1.5b-apo-model=Qwen2.5-Math-1.5B-data.max_response_length=2048-")
+    # The model from the environment, and the method, in their own processes.
+    (other_model,) = dry_run_names(script, env={"MODEL": "/models/Qwen2.5-Math-1.5B-Instruct"})
+    (grpo,) = dry_run_names(script, "method=grpo")
+    assert len(set(swept) | {other_model, grpo}) == 10
+
+
+def name_from_args(args):
+    """What recipe_apo.main names a run launched with these overrides (the same function it calls)."""
+    from recipe_apo.integration.naming import experiment_name
+
+    settings = dict(arg.split("=", 1) for arg in args if arg.startswith("run_name."))
+    method = [arg for arg in args if arg.startswith("method=")][-1].split("=", 1)[1]
+    return experiment_name(method, args, prefix=settings["run_name.prefix"],
+                           script_overrides=int(settings["run_name.script_overrides"]))
+
+
+def test_run_names_separate_settings_not_plumbing():
+    def name(*args, env=None):
+        return name_from_args(overrides_of(SCRIPTS["1.5b"], *args, env=env))
+
+    base = name()
+    assert name("method=apo") == base  # the default method, said or not
+    # where things are and how they are logged do not change the run
+    assert name("trainer.logger=[console,wandb]", "data.val_files=[x]", "trainer.total_training_steps=5") == base
+    assert name(env={"DATA_DIR": "/elsewhere"}) == base
+    # an override equal to the script's own value is the same run
+    assert name("data.train_batch_size=128") == base
+    # what is trained does
+    distinct = {base, name("data.train_files=/data/apo/gsm8k_train.parquet"),
+                name("actor_rollout_ref.model.path=Qwen/Qwen2.5-Math-7B"), name("algorithm.apo.eta=0.5"),
+                name("actor_rollout_ref.actor.optim.lr=2e-6"), name("data.max_prompt_length=512")}
+    assert len(distinct) == 6
+    tuned = name("algorithm.apo.eta=0.5", "actor_rollout_ref.actor.optim.lr=2e-6")
+    assert tuned == name("actor_rollout_ref.actor.optim.lr=2e-6", "algorithm.apo.eta=0.5")  # a rerun resumes
+    assert tuned.startswith("qwen2.5-math-1.5b-apo-apo.eta=0.5-actor.optim.lr=2e-06-")
+    assert "trainer.experiment_name=mine" in overrides_of(SCRIPTS["1.5b"], env={"EXPERIMENT_NAME": "mine"})
+    # the 7B script is another run even with the same overrides
+    assert name_from_args(overrides_of(SCRIPTS["7b"])) != base
+
+
+@pytest.mark.parametrize("script", sorted(SCRIPTS))
+def test_every_script_dry_runs_through_the_recipe(script):
+    # RECIPE_APO_DRY_RUN=1: the recipe's dry_run=true, which names, validates and prints where the run writes.
+    result = script_command(SCRIPTS[script], dry_run="1")
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.splitlines()
+    (experiment,) = [line for line in lines if line.startswith("experiment: recipe_apo/")]
+    (rollouts,) = [line for line in lines if line.startswith("rollouts: ")]
+    assert rollouts == f"rollouts: checkpoints/{experiment.split(': ', 1)[1]}/rollouts"
+    assert lines[-1] == "dry run: stopping before Ray starts" and "warning" not in result.stderr
+
+
+def test_unshuffled_mini_batches_are_warned_about(compose):
+    from recipe_apo.integration.validation import config_warnings
+
+    config = compose(overrides_of(SCRIPTS["1.5b"], "actor_rollout_ref.actor.shuffle=false"))
+    (warning,) = config_warnings(config)
+    assert warning.startswith("8 mini-batches per step with actor_rollout_ref.actor.shuffle=false")
+    one_update = compose(overrides_of(SCRIPTS["1.5b"], "actor_rollout_ref.actor.shuffle=false",
+                                      "actor_rollout_ref.actor.ppo_mini_batch_size=128"))
+    assert config_warnings(one_update) == []  # one mini-batch: its order does not matter
+
+
+def test_scripts_are_executable_bash():
+    # the 1.5B and 7B scripts exec the shared one, which is documented to be run directly too
+    for script in (*SCRIPTS.values(), "scripts/train_qwen2.5_math.sh"):
+        path = os.path.join(ROOT, script)
+        assert os.access(path, os.X_OK), script
+        with open(path) as handle:
+            assert handle.readline().startswith("#!/usr/bin/env bash")
+        assert subprocess.run(["bash", "-n", path]).returncode == 0
+
+
+def test_dry_run_prints_the_composed_config_end_to_end():
+    # The real entry point, as a user runs it: python -m recipe_apo.main ... --cfg job (no Ray, no GPU).
+    result = script_command(SCRIPTS["1.5b"], "method=drgrpo", dry_run="cfg")
+    assert result.returncode == 0, result.stderr[-2000:]
+    config = OmegaConf.create(yaml.safe_load(result.stdout))
+    assert config.algorithm.adv_estimator == "grpo" and config.algorithm.norm_adv_by_std_in_grpo is False
+    assert config.actor_rollout_ref.rollout.n == 8
+    assert config.actor_rollout_ref.actor.loss_scale_factor == 3000  # ${data.max_response_length}
+    assert config.actor_rollout_ref.actor.ppo_mini_batch_size == 16
+    assert config.run_name.prefix == "qwen2.5-math-1.5b" and config.actor_rollout_ref.actor.shuffle is True
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# scripts/evaluate.py
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def load_evaluate():
+    spec = importlib.util.spec_from_file_location("evaluate_script", os.path.join(ROOT, "scripts", "evaluate.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+evaluate = load_evaluate()
+COUNTS = {"aime24": 30, "amc": 83, "math500": 500, "minerva": 272, "olympiadbench": 675}
+
+
+def write_scores(path, correct):
+    """A scores.jsonl with `correct[b]` right answers out of the paper's count for each benchmark."""
+    with open(path, "w") as handle:
+        for benchmark, count in COUNTS.items():
+            for index in range(count):
+                handle.write(json.dumps({"benchmark": benchmark, "index": index,
+                                         "score": 1.0 if index < correct[benchmark] else 0.0}) + "\n")
+    return str(path)
+
+
+def test_table_from_scored_results_is_laid_out_like_the_paper(tmp_path):
+    # 7/30, 41/83, 376/500, 70/272, 263/675 -> 23.3, 49.4, 75.2, 25.7, 39.0: the paper's 1.5B GRPO row
+    path = write_scores(tmp_path / "scores.jsonl",
+                        {"aime24": 7, "amc": 41, "math500": 376, "minerva": 70, "olympiadbench": 263})
+    table, warnings = evaluate.tables_from_files([path], ["1.5B - GRPO (ours)"], paper=False)
+    assert warnings == []
+    assert table.splitlines() == [
+        "| Model | AIME24 | AMC | MATH500 | Minerva | Olympiad Bench | Avg. |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+        "| 1.5B - GRPO (ours) | 23.3 | 49.4 | 75.2 | 25.7 | 39.0 | 42.5 |",
+    ]
+
+
+def test_table_cli_several_rows_with_the_paper(tmp_path, capsys):
+    a = write_scores(tmp_path / "a.jsonl", {b: c // 2 for b, c in COUNTS.items()})
+    b = write_scores(tmp_path / "b.jsonl", {b: c for b, c in COUNTS.items()})
+    assert evaluate.main(["--table", a, b, "--name", "half", "--name", "all", "--paper"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[2] == "| 1.5B - GRPO (paper) | 23.3 | 49.4 | 75.2 | 25.7 | 39.0 | 42.5 |"
+    assert lines[7] == "| 7B - APO (paper) | 45.5 | 65.6 | 84.9 | 35.1 | 43.5 | 54.9 |"
+    assert lines[8].startswith("| half | 50.0 | 49.4 | 50.0 | 50.0 | 49.9 |")
+    assert lines[9] == "| all | 100.0 | 100.0 | 100.0 | 100.0 | 100.0 | 100.0 |"
+
+
+def test_paper_rows_average_as_printed():
+    # The paper averages unrounded scores: its 7B GRPO row's cells average 51.24, printed 51.3.
+    for name, cells, average in evaluate.PAPER_ROWS:
+        assert abs(sum(cells) / len(cells) - average) < 0.1, name
+
+
+def test_incomplete_results_are_flagged(tmp_path):
+    path = tmp_path / "scores.jsonl"
+    path.write_text("\n".join(json.dumps({"benchmark": "aime24", "score": s}) for s in (1, 0, 0, 1)) + "\n")
+    table, warnings = evaluate.tables_from_files([str(path)], ["partial"], paper=False)
+    assert table.splitlines()[2] == "| partial | 50.0 | - | - | - | - | - |"
+    assert "partial: AIME24 has 4 scored problems, the paper uses 30" in warnings
+    assert len(warnings) == 5
+
+
+def test_score_stage_on_generations(tmp_path, capsys):
+    # main_generation_server's output: the prepared rows plus a `responses` list per row.
+    rows = []
+    for benchmark, count in COUNTS.items():
+        for index in range(count):
+            right = index % 2 == 0
+            rows.append({
+                "data_source": benchmark,
+                "prompt": [{"role": "user", "content": f"q{index}"}],
+                "ability": "math",
+                "reward_model": {"style": "rule", "ground_truth": "\\frac{1}{2}"},
+                "extra_info": {"index": index, "answers": ["\\frac{1}{2}"]},
+                "responses": ["... \\boxed{0.5}" if right else "... \\boxed{2}"],
+            })
+    generations = tmp_path / "run" / "generations.parquet"
+    generations.parent.mkdir()
+    pd.DataFrame(rows).to_parquet(generations)
+    assert evaluate.main(["--score", str(generations), "--name", "test"]) == 0
+    out = capsys.readouterr().out
+    assert "| test | 50.0 | 50.6 | 50.0 | 50.0 | 50.1 | 50.1 |" in out
+    scored = [json.loads(line) for line in open(tmp_path / "run" / "scores.jsonl")]
+    assert len(scored) == 1560 and scored[1]["answers"] == ["2"] and scored[0]["score"] == 1.0
+    assert (tmp_path / "run" / "results.md").read_text().startswith("| Model |")
+
+
+def test_generation_commands_for_a_verl_checkpoint(tmp_path, capsys):
+    actor = tmp_path / "global_step_640" / "actor"
+    actor.mkdir(parents=True)
+    (actor / "fsdp_config.json").write_text("{}")
+    out = tmp_path / "eval"
+    assert evaluate.main(["--model", str(tmp_path / "global_step_640"), "--out-dir", str(out), "--dry-run",
+                          "--data-dir", "/data/apo", "--ngpus", "4", "--python", "py"]) == 0
+    commands = [line for line in capsys.readouterr().err.splitlines() if line.startswith("+ ")]
+    assert commands[0] == (f"+ py -m verl.model_merger merge --backend fsdp --local_dir {actor} "
+                           f"--target_dir {out}/hf_model")
+    generate = commands[1]
+    assert generate.startswith("+ py -m verl.trainer.main_generation_server ")
+    for part in ("data.train_files=[/data/apo/aime24.parquet,/data/apo/amc.parquet,/data/apo/math500.parquet,"
+                 "/data/apo/minerva.parquet,/data/apo/olympiadbench.parquet]",
+                 f"+data.output_path={out}/generations.parquet", f"actor_rollout_ref.model.path={out}/hf_model",
+                 "actor_rollout_ref.rollout.temperature=0.0", "actor_rollout_ref.rollout.n=1",
+                 "data.max_response_length=3000", "trainer.n_gpus_per_node=4"):
+        assert part in generate
+
+
+def test_default_run_labels():
+    assert evaluate.model_label("ckpt/recipe_apo/qwen2.5-math-1.5b-apo/global_step_640") == "qwen2.5-math-1.5b-apo-global_step_640"
+    assert evaluate.model_label("ckpt/qwen2.5-math-1.5b-apo/global_step_640/actor/") == "qwen2.5-math-1.5b-apo-global_step_640"
+    assert evaluate.model_label("Qwen/Qwen2.5-Math-1.5B") == "Qwen2.5-Math-1.5B"
+
+
+def test_hub_models_are_not_merged(tmp_path, capsys):
+    assert evaluate.main(["--model", "Qwen/Qwen2.5-Math-1.5B", "--out-dir", str(tmp_path), "--dry-run"]) == 0
+    err = capsys.readouterr().err
+    assert "nothing to merge" in err and "model_merger" not in err
+    assert "actor_rollout_ref.model.path=Qwen/Qwen2.5-Math-1.5B" in err
+
+
+def test_sampling_more_than_once_needs_a_temperature():
+    with pytest.raises(SystemExit):
+        evaluate.main(["--model", "m", "--n", "4", "--dry-run"])
