@@ -1,6 +1,6 @@
 # Two commands for a fresh machine; each creates .venv and installs what it needs on first use.
 #   make demo   the main job on a CPU machine: the CPU testbed (see README)
-#   make test   the test suite (what CI runs)
+#   make test   ruff, then the test suite (what CI runs)
 #   make rehearse  optional: GRPO, Dr. GRPO, APO and CoDaPO through verl's whole training loop on the CPU (see README)
 # TORCH selects the torch build installed beside verl, in the same pip call: pinning it there is what keeps
 # pip from resolving a multi-GB CUDA build on a CPU-only machine. GPU users: see README, "GPU training".
@@ -25,8 +25,12 @@ $(STAMP): pyproject.toml Makefile
 demo: $(STAMP)
 	$(PY) -W ignore::UserWarning -m recipe_apo.testbed
 
+# ruff first (seconds); then every test, two processes side by side (the whole-loop tests of tests/e2e wait on
+# Ray and subprocesses much of their time). PYTEST_ARGS, e.g. PYTEST_ARGS='-m "not e2e"' or PYTEST_ARGS=-n0.
+PYTEST_ARGS ?=
 test: $(STAMP)
-	$(PY) -m pytest
+	$(PY) -m ruff check .
+	$(PY) -m pytest -n 2 --dist loadfile $(PYTEST_ARGS)
 
 # REHEARSAL_ARGS, e.g. REHEARSAL_ARGS="--steps 4 --out /tmp/rehearsal"
 REHEARSAL_ARGS ?=

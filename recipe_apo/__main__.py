@@ -1,9 +1,10 @@
 """``python -m recipe_apo``: check the plugin and show APO's advantages beside GRPO's and Dr. GRPO's.
 
 Runs on CPU in seconds: it pushes one hand-made batch through verl's own ``compute_advantage`` with the
-registered estimators, prints the three methods side by side, and prints the verl command that trains with
-APO with the recipe (training itself needs GPUs: verl's rollouts run on vLLM or SGLang). The three methods come
-from the recipe's own presets (``conf/method/``).
+registered estimators, prints the methods side by side, and prints the verl command that trains with APO with
+the recipe (training itself needs GPUs: verl's rollouts run on vLLM or SGLang). The methods are the recipe's
+presets (``conf/method/``, ``recipe_apo.integration.presets``) whose estimator needs nothing but the batch's
+rewards and prompt groups; the others (CoDaPO needs the old policy's log-probs) are named with what they need.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import torch
 from omegaconf import OmegaConf
 
 import recipe_apo
+from recipe_apo.integration import presets
 from recipe_apo.methods.anchor import get_driver_anchor, reset_driver_anchor
 
 TRAIN_COMMAND = r"""python -m recipe_apo.main method=apo \
@@ -23,17 +25,26 @@ TRAIN_COMMAND = r"""python -m recipe_apo.main method=apo \
     actor_rollout_ref.actor.ppo_mini_batch_size=16 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4 \
     trainer.n_gpus_per_node=8 trainer.save_freq=50"""
 
-METHODS = ("grpo", "drgrpo", "apo")
-
 
 def method_config(method: str):
     """The recipe's composed config for one method preset (conf/method/<method>.yaml), resolved."""
-    from hydra import compose, initialize_config_module
-
-    with initialize_config_module(config_module="recipe_apo.conf", version_base=None):
-        config = compose("apo_trainer", overrides=[f"method={method}", "algorithm.apo.anchor_init=0.5"])
+    config = presets.compose(method, ["algorithm.apo.anchor_init=0.5"])
     OmegaConf.resolve(config)
     return config
+
+
+def demo_presets() -> tuple[dict, list[tuple[presets.Preset, str]]]:
+    """({preset: its composed config} for the presets the demo batch runs, in order; (preset, what its estimator
+    needs beyond the batch) for the others)."""
+    shown, skipped = {}, []
+    for preset in presets.presets():
+        config = method_config(preset.name)
+        needs = presets.MethodSettings.of(config).needs
+        if needs is None:
+            shown[preset] = config
+        else:
+            skipped.append((preset, needs))
+    return shown, skipped
 
 
 def example_batch():
@@ -71,12 +82,15 @@ def main() -> None:
     print(f"recipe-apo {recipe_apo.__version__} on verl {verl.__version__}: "
           "advantage estimator 'apo' and policy loss 'apo' are registered.\n")
     token_rewards, mask, uids, rewards = example_batch()
-    configs = {m: method_config(m) for m in METHODS}
+    shown, skipped = demo_presets()
+    configs = {p.name: config for p, config in shown.items()}
     columns = {}
+    anchor = None
     for method, config in configs.items():
         reset_driver_anchor()
         columns[method] = advantages(config.algorithm, token_rewards, mask, uids)
-    anchor = get_driver_anchor().value
+        if config.algorithm.adv_estimator == "apo":
+            anchor = get_driver_anchor().value
     reset_driver_anchor()
 
     print("Method presets (conf/method/), as the recipe composes them:")
@@ -85,13 +99,18 @@ def main() -> None:
         print(f"  {method:<7} estimator {config.algorithm.adv_estimator}, std norm "
               f"{config.algorithm.norm_adv_by_std_in_grpo}, loss {actor.policy_loss.loss_mode}, "
               f"aggregation {actor.loss_agg_mode}")
-    print(f"\nOne batch, G = 4 responses per prompt, binary rewards, APO anchor C_t = {anchor:.2f} "
-          f"(lambda_scale = {configs['apo'].algorithm.apo.lambda_scale}).")
+    for preset, needs in skipped:
+        print(f"  {preset.name:<7} not on this batch: its estimator also needs {needs}")
+    apo = next((c.algorithm.apo for c in configs.values() if c.algorithm.adv_estimator == "apo"), None)
+    about_apo = "" if apo is None else f", APO anchor C_t = {anchor:.2f} (lambda_scale = {apo.lambda_scale})"
+    print(f"\nOne batch, G = 4 responses per prompt, binary rewards{about_apo}.")
     print("Advantage of each response (the loss multiplies it into every token):\n")
-    print(f"{'prompt':<12} {'reward':>6} {'tokens':>6} {'GRPO':>8} {'Dr. GRPO':>9} {'APO':>8}")
+    titles = {p.name: p.title for p in shown}
+    widths = {name: max(8, len(title) + 1) for name, title in titles.items()}
+    print(f"{'prompt':<12} {'reward':>6} {'tokens':>6} " + " ".join(f"{titles[m]:>{widths[m]}}" for m in columns))
     for i in range(len(rewards)):
         print(f"{uids[i]:<12} {rewards[i].item():>6.0f} {int(mask[i].sum()):>6d} "
-              f"{columns['grpo'][i].item():>8.3f} {columns['drgrpo'][i].item():>9.3f} {columns['apo'][i].item():>8.3f}")
+              + " ".join(f"{columns[m][i].item():>{widths[m]}.3f}" for m in columns))
     print(
         "\nGRPO divides by the group's std, and its loss divides each response by its own length |o_i|.\n"
         "Dr. GRPO keeps R_i - mean(R). APO also boosts the rare success on the hard prompt and the rare\n"
@@ -102,4 +121,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    from recipe_apo.integration import quiet
+
+    quiet.install()  # verl's warnings about the accelerators and engines a CPU has not (integration/quiet.py)
     main()

@@ -28,6 +28,7 @@ with the targets apo <= 0.05x grpo, apo <= 0.5x grpo_vectorized and codapo <= 0.
 Run from the repository root::
 
     .venv/bin/python scripts/bench_estimator.py
+    .venv/bin/python scripts/bench_estimator.py --quick     # the targets only: 65,536 responses, 5 repeats
     .venv/bin/python scripts/bench_estimator.py --sizes 65536 --repeats 15 --out /tmp/bench_estimator.json
     .venv/bin/python scripts/bench_estimator.py --no-skip-slow      # full repeats of grpo at every size
 
@@ -186,9 +187,11 @@ def log(message: str) -> None:
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sizes", type=int, nargs="+", default=[8_192, 65_536, 262_144],
-                        help="numbers of responses (multiples of --group)")
-    parser.add_argument("--repeats", type=int, default=11, help="timed calls per method and size")
+    parser.add_argument("--sizes", type=int, nargs="+", default=None,
+                        help="numbers of responses (multiples of --group); default 8192 65536 262144")
+    parser.add_argument("--repeats", type=int, default=None, help="timed calls per method and size (default 11)")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"the targets' size only ({TARGET_SIZE:,}) and 5 repeats, unless --sizes/--repeats say")
     parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
     parser.add_argument("--skip-slow", action=argparse.BooleanOptionalAction, default=True,
                         help=f"call verl's Python-loop grpo only --slow-repeats times above {SLOW_ABOVE:,} responses")
@@ -199,6 +202,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None, help="also write the results as JSON to this path")
     args = parser.parse_args(argv)
+    if args.sizes is None:
+        args.sizes = [TARGET_SIZE] if args.quick else [8_192, 65_536, 262_144]
+    if args.repeats is None:
+        args.repeats = 5 if args.quick else 11
     if args.repeats < 1:
         parser.error("--repeats must be >= 1")
     return args

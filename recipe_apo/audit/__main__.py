@@ -1,5 +1,6 @@
 """``python -m recipe_apo.audit RUN_DIR [RUN_DIR ...]``: where each run's learning signal goes, and what GRPO,
-Dr. GRPO and APO would have done with the same rollouts.
+Dr. GRPO and APO would have done with the same rollouts (the recipe's presets that a replay from scores alone can
+run: ``recipe_apo.audit.stats.preset_methods``).
 
 RUN_DIR is a run's ``trainer.rollout_data_dir`` (one ``<step>.jsonl`` per step) or a recipe run's checkpoint
 folder (its ``rollouts/``). Several RUN_DIRs are compared side by side. Writes ``report.md``, ``audit.png`` and
@@ -50,7 +51,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         from recipe_apo.audit.report import audit_folders
         from recipe_apo.methods.apo_settings import ApoConfigError
-        from recipe_apo.methods.success import ApoInputError
+        from recipe_apo.methods.errors import ApoInputError
 
         apo = _apo_settings(args.apo)
         tokenizer = None
@@ -69,4 +70,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
+    from recipe_apo.integration import quiet
+
+    quiet.install()  # verl's warnings about the accelerators and engines a CPU has not (integration/quiet.py)
     sys.exit(main())

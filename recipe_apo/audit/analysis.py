@@ -25,9 +25,9 @@ from typing import Any, Optional
 
 import numpy as np
 
-from recipe_apo.methods.anchor import reset_driver_anchor
 from recipe_apo.audit import stats
 from recipe_apo.audit.dumps import Run
+from recipe_apo.methods.anchor import reset_driver_anchor
 from recipe_apo.methods.apo_settings import ApoSettings
 from recipe_apo.methods.success import success_of
 

@@ -1,150 +1,28 @@
-"""Where a batch of rollouts puts its learning signal: the statistics of the bias audit and of the CPU testbed.
+"""The bias audit's statistics: the group statistics (``recipe_apo.methods.group_stats``) and the presets'
+replays (``recipe_apo.integration.replay``), under one name for the audit's modules."""
 
-One module for both, so a number means the same in a report of a real run (``python -m recipe_apo.audit``) and
-in the testbed's (``recipe_apo.testbed``). Symbols of the APO paper, for response i of prompt group g:
-
-- G: responses per group; R_i: the response's score; s_i: its success in [0, 1] (``recipe_apo.methods.success``);
-- p_hat_g: the group's success rate; a group is *dead* when every response scored the same: its centered
-  rewards, and so its advantages under GRPO, Dr. GRPO and APO, are all 0;
-- A_i: the advantage a method's estimator returns (verl's ``compute_advantage``, on every token alike);
-- S+_g = sum_i max(A_i, 0) and S-_g = sum_i max(-A_i, 0): the group's positive and negative signal; for centered
-  binary rewards E[S+] = p (1 - p) (G - 1) (Proposition 1, ``closed_form``);
-- |o_i|: the response's length; L0: the constant of ``seq-mean-token-sum-norm``;
-- per-token weight w_i of a response under its method's aggregation, up to the mini-batch's constant:
-  ``seq-mean-token-mean`` (GRPO) 1 / |o_i|, ``seq-mean-token-sum-norm`` (Dr. GRPO, APO) 1 / L0;
-- update mass m_i = |A_i| |o_i| w_i: how much of the step's update the response's tokens carry together.
-"""
-
-from __future__ import annotations
-
-from dataclasses import dataclass
-from typing import Any, Optional
-
-import numpy as np
-import torch
-from omegaconf import OmegaConf
-
-from recipe_apo.methods.apo import group_ids
-
-TOKEN_MEAN = "seq-mean-token-mean"
-TOKEN_SUM_NORM = "seq-mean-token-sum-norm"
-
-
-@dataclass(frozen=True)
-class Method:
-    """One method's estimator and aggregation, as the recipe's presets (``conf/method/``) set them."""
-
-    name: str
-    adv_estimator: str
-    norm_adv_by_std_in_grpo: bool
-    loss_agg_mode: str
-
-
-METHODS = (
-    Method("GRPO", "grpo", True, TOKEN_MEAN),
-    Method("Dr. GRPO", "grpo", False, TOKEN_SUM_NORM),
-    Method("APO", "apo", False, TOKEN_SUM_NORM),
+from recipe_apo.integration.replay import Method, method_advantages, method_named, methods, preset_methods
+from recipe_apo.methods.group_stats import (
+    TOKEN_MEAN,
+    TOKEN_SUM_NORM,
+    WEIGHT_RULES,
+    closed_form,
+    dead_groups,
+    group_codes,
+    group_rates,
+    group_sums,
+    length_by_outcome,
+    signal_per_group,
+    token_weights,
+    update_mass,
 )
 
-
-def method_named(name: str) -> Method:
-    for method in METHODS:
-        if method.name == name:
-            return method
-    raise KeyError(f"unknown method {name!r}; known: {', '.join(m.name for m in METHODS)}")
+__all__ = ["TOKEN_MEAN", "TOKEN_SUM_NORM", "WEIGHT_RULES", "Method", "closed_form", "dead_groups", "group_codes",
+           "group_rates", "group_sums", "length_by_outcome", "method_advantages", "method_named", "methods",
+           "preset_methods", "signal_per_group", "token_weights", "update_mass"]
 
 
-def method_advantages(scores: Any, groups: Any, method: Method, apo: Optional[dict] = None,
-                      scopes: Optional[Any] = None) -> np.ndarray:
-    """A_i of one step's responses, as verl's ``compute_advantage`` returns them for ``method``.
-
-    ``scores``: R_i per response; ``groups``: its prompt group (verl's uid); ``apo``: the ``algorithm.apo``
-    settings. APO's anchor is the driver's (``recipe_apo.methods.anchor``): calls in step order replay it, and
-    ``reset_driver_anchor()`` starts a fresh one. ``scopes``: per-response data sources, for
-    ``anchor_scope=data_source``.
-    """
-    from verl import DataProto
-    from verl.trainer.ppo.ray_trainer import compute_advantage
-
-    from recipe_apo.methods.anchor import batch_scopes
-
-    rewards = torch.as_tensor(np.asarray(scores, dtype=np.float64), dtype=torch.float32).reshape(-1, 1)
-    labels = np.asarray(groups, dtype=object)
-    if rewards.shape[0] == 0:
-        return np.zeros(0)
-    data = DataProto.from_dict(
-        tensors={"token_level_rewards": rewards, "response_mask": torch.ones_like(rewards)},
-        non_tensors={"uid": labels},
-    )
-    algorithm = OmegaConf.create({
-        "adv_estimator": method.adv_estimator, "norm_adv_by_std_in_grpo": method.norm_adv_by_std_in_grpo,
-        "gamma": 1.0, "lam": 1.0, "apo": dict(apo or {}),
-    })
-    with batch_scopes(None if scopes is None else np.asarray(scopes, dtype=object)):
-        data = compute_advantage(data, adv_estimator=algorithm.adv_estimator,
-                                 norm_adv_by_std_in_grpo=algorithm.norm_adv_by_std_in_grpo, config=algorithm)
-    return data.batch["advantages"][:, 0].to(torch.float64).numpy()
-
-
-def group_codes(groups: Any) -> tuple[np.ndarray, int]:
-    """Contiguous ids 0..n-1 (first-seen order) for per-response group labels; the estimator's own grouping."""
-    labels = np.asarray(groups, dtype=object)
-    return group_ids(labels, labels.shape[0])
-
-
-def group_sums(codes: np.ndarray, n_groups: int, values: Any) -> np.ndarray:
-    return np.bincount(codes, weights=np.asarray(values, dtype=np.float64), minlength=n_groups)
-
-
-def group_rates(codes: np.ndarray, n_groups: int, values: Any) -> np.ndarray:
-    """Per-group means (p_hat_g for successes)."""
-    counts = np.bincount(codes, minlength=n_groups)
-    return group_sums(codes, n_groups, values) / np.maximum(counts, 1)
-
-
-def dead_groups(scores: Any, codes: np.ndarray, n_groups: int) -> np.ndarray:
-    """Per group: every response scored the same (no signal under any centered method)."""
-    scores = np.asarray(scores, dtype=np.float64)
-    low = np.full(n_groups, np.inf)
-    high = np.full(n_groups, -np.inf)
-    np.minimum.at(low, codes, scores)
-    np.maximum.at(high, codes, scores)
-    return low == high
-
-
-def signal_per_group(advantages: Any, codes: np.ndarray, n_groups: int) -> tuple[np.ndarray, np.ndarray]:
-    """(S+_g, S-_g): the sums of a group's positive and of its negative advantages (both >= 0)."""
-    advantages = np.asarray(advantages, dtype=np.float64)
-    return (group_sums(codes, n_groups, np.clip(advantages, 0.0, None)),
-            group_sums(codes, n_groups, np.clip(-advantages, 0.0, None)))
-
-
-def closed_form(p: Any, group_size: int) -> np.ndarray:
-    """E[S+] of centered, unnormalized binary rewards with success probability p: p (1 - p) (G - 1)."""
-    p = np.asarray(p, dtype=np.float64)
-    return p * (1.0 - p) * (group_size - 1)
-
-
-def length_by_outcome(lengths: Any, correct: Any) -> tuple[float, float]:
-    """(mean length of correct responses, of incorrect ones); NaN where there are none."""
-    lengths = np.asarray(lengths, dtype=np.float64)
-    correct = np.asarray(correct, dtype=bool)
-    right = float(lengths[correct].mean()) if correct.any() else float("nan")
-    wrong = float(lengths[~correct].mean()) if (~correct).any() else float("nan")
-    return right, wrong
-
-
-def token_weights(lengths: Any, loss_agg_mode: str, l0: float) -> np.ndarray:
-    """Per-token weight w_i of each response under ``loss_agg_mode`` (up to the mini-batch's constant)."""
-    lengths = np.asarray(lengths, dtype=np.float64)
-    if loss_agg_mode == TOKEN_MEAN:
-        return 1.0 / np.maximum(lengths, 1.0)
-    if loss_agg_mode == TOKEN_SUM_NORM:
-        return np.full_like(lengths, 1.0 / float(l0))
-    raise ValueError(f"no per-token weight rule for loss_agg_mode={loss_agg_mode!r}")
-
-
-def update_mass(advantages: Any, lengths: Any, loss_agg_mode: str, l0: float) -> np.ndarray:
-    """m_i = |A_i| |o_i| w_i, each response's share of the update before normalizing over the step."""
-    lengths = np.asarray(lengths, dtype=np.float64)
-    return np.abs(np.asarray(advantages, dtype=np.float64)) * lengths * token_weights(lengths, loss_agg_mode, l0)
+def __getattr__(name: str):
+    if name == "METHODS":
+        return methods()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

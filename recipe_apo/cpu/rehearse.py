@@ -1,7 +1,8 @@
 """``make rehearse``: GRPO, Dr. GRPO, APO and CoDaPO through verl's whole training loop on a CPU, with a resume.
 
-``python -m recipe_apo.cpu.rehearse [--out DIR] [--steps N] [--methods grpo,drgrpo,apo,codapo]`` makes the tiny model
-and dataset (``recipe_apo.cpu.make_tiny``), then runs the recipe's own command line twice per method, as a user
+``python -m recipe_apo.cpu.rehearse [--out DIR] [--steps N] [--methods grpo,drgrpo,apo,codapo]`` (default: every
+method preset of ``conf/method/``, as ``recipe_apo.integration.presets`` lists them) makes the tiny model and
+dataset (``recipe_apo.cpu.make_tiny``), then runs the recipe's own command line twice per method, as a user
 would (``python -m recipe_apo.main method=<m> rehearsal=cpu ...``, as one Hydra multirun per phase):
 
 1. train: ``N`` steps, a checkpoint at the end (validation before the first step);
@@ -30,7 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Optional, Sequence
 
-METHODS = ("grpo", "drgrpo", "apo", "codapo")
+from recipe_apo.integration import presets, quiet
+
 PROJECT = "rehearsal"
 
 # What the rehearsal trains, beside the CPU settings of conf/rehearsal/cpu.yaml. Every value is small on purpose.
@@ -79,8 +81,9 @@ def recipe_command(methods: Sequence[str], paths: dict, *extra: str) -> list[str
 
 def rehearsal_env(metrics_root: Optional[Path] = None) -> dict[str, str]:
     """The launching environment, with verl's file logger writing under ``metrics_root`` (one file per
-    experiment: verl's logger truncates its file, so a resumed run needs a root of its own)."""
-    env = dict(os.environ)
+    experiment: verl's logger truncates its file, so a resumed run needs a root of its own), and without verl's
+    warnings known to be harmless on a CPU (``recipe_apo.integration.quiet``; the runs' logs keep every other)."""
+    env = quiet.child_env(os.environ)
     env.setdefault("PYTHONUNBUFFERED", "1")
     if metrics_root is not None:
         env["VERL_FILE_LOGGER_ROOT"] = str(metrics_root)
@@ -242,17 +245,27 @@ def rehearse(out: Path, steps: int, methods: Sequence[str], say: Callable[[str],
 
 
 def audit_runs(folders: Sequence[Path], out: Path, names: Sequence[str]) -> Path:
-    """The bias audit of the runs' rollout dumps, side by side (``python -m recipe_apo.audit``); its report."""
-    from recipe_apo.audit.report import audit_folders
+    """The bias audit of the runs' rollout dumps, side by side; its report.
 
-    return audit_folders(folders, out, names)["report"]
+    Run as its command line, ``python -m recipe_apo.audit``, as a user would: the tools stand beside each other
+    and none imports another.
+    """
+    command = [sys.executable, "-m", "recipe_apo.audit", *map(str, folders), "--out", str(out)]
+    for name in names:
+        command += ["--name", name]
+    result = subprocess.run(command, capture_output=True, text=True, env=quiet.child_env())
+    reports = [line.removeprefix("report: ") for line in result.stdout.splitlines() if line.startswith("report: ")]
+    if result.returncode != 0 or not reports:
+        raise RuntimeError(f"the rehearsal's audit failed ({' '.join(command)}): {result.stderr.strip()[-2000:]}")
+    return Path(reports[0])
 
 
 def _methods(text: str) -> list[str]:
+    known = presets.names()
     methods = [m.strip() for m in text.split(",") if m.strip()]
-    unknown = [m for m in methods if m not in METHODS]
+    unknown = [m for m in methods if m not in known]
     if not methods or unknown:
-        raise argparse.ArgumentTypeError(f"methods must be among {', '.join(METHODS)}, got {text!r}")
+        raise argparse.ArgumentTypeError(f"methods must be among {', '.join(known)}, got {text!r}")
     return methods
 
 
@@ -267,15 +280,17 @@ def _positive(text: str) -> int:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
+    methods = presets.names()
     parser = argparse.ArgumentParser(prog="python -m recipe_apo.cpu.rehearse", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("rehearsal"),
                         help="folder for the tiny model, checkpoints, logs and metrics (default ./rehearsal)")
     parser.add_argument("--steps", type=_positive, default=2, help="training steps before the resume (default 2)")
-    parser.add_argument("--methods", type=_methods, default=list(METHODS),
-                        help=f"comma-separated presets to rehearse (default {','.join(METHODS)})")
+    parser.add_argument("--methods", type=_methods, default=list(methods),
+                        help=f"comma-separated presets to rehearse (default: every one, {','.join(methods)})")
     args = parser.parse_args(argv)
     return rehearse(args.out, args.steps, args.methods)
 
 
 if __name__ == "__main__":
+    quiet.install()  # verl's warnings about the accelerators and engines a CPU has not (integration/quiet.py)
     sys.exit(main())

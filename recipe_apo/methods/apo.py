@@ -1,28 +1,36 @@
 """The APO advantage estimator (APO paper, sections 4.3-4.5 and the algorithm summary of 4.8).
 
-Paper symbols and their names here, for response i of prompt group g:
+Paper symbols and their names here, for response i of prompt group g (the estimator's, then the loss's):
 
 - R_i: ``scores``, the sum of the response's token-level rewards.
-- A_i = R_i - mean_g(R): ``centered``, the group-centered reward with no std normalization.
-- s_i = s(R_i) in [0, 1]: ``success`` (see ``recipe_apo.methods.success``).
-- p_hat_g = mean_g(s): ``group_success``.
-- y_t = mean of s over the batch: ``batch_success``.
-- C_t: the capability anchor (``recipe_apo.methods.anchor``).
+- A_i = R_i - mean_g(R): ``centered``, the group-centered reward with no std normalization (section 4.3).
+- s_i = s(R_i) in [0, 1]: ``success`` (``recipe_apo.methods.success``).
+- p_hat_g = mean_g(s): ``p_hat``.
+- y_t = mean of s over the batch (or over one data source's responses): ``y``.
+- C_t: the capability anchor, ``anchor``; eta_t = clip(eta std(H), eta_min, 1) its rate, ``rates``
+  (``recipe_apo.methods.anchor``). C_{t+1} = (1 - eta_t) C_t + eta_t y_t.
 - Delta_g = p_hat_g - C_t: ``gap``; the group is harder than the model when Delta_g < 0.
-- D_i = -sign(A_i) sign(Delta_g), Phi_i = lambda_scale * exp(D_i |Delta_g|): ``weight``.
+- D_i = -sign(A_i) sign(Delta_g) and Phi_i = lambda_scale exp(D_i |Delta_g|): ``phi``.
 - A_i^eff = Phi_i A_i: the returned advantage, on every valid token, 0 on padding.
+- tau_+ / tau_- and L0 belong to the loss (``recipe_apo.methods.apo_loss``): the soft gate's temperatures,
+  verl's ``tau_pos`` / ``tau_neg``, and the constant token budget, verl's ``loss_scale_factor``.
 
 Order within a step follows the paper's algorithm summary: the anchor is first updated with this batch's y_t,
 then Delta_g is measured against the updated anchor C_{t+1}.
 
-Everything is vectorized over the batch: group ids come from one hashed pass over the uid array
-(``pandas.factorize``: verl's uids are uuid strings, which hashing groups faster than ``np.unique``'s sort;
-pandas is the one dependency of the maths beyond torch, numpy and verl), group sums from ``np.bincount``.
+Rows without a single valid token are padding (verl pads a batch to a divisible size with such rows, all under
+one made-up uid): they take no part in group means, p_hat_g or y_t, and get advantage 0.
+
+Per-response and per-group maths run in float64 numpy on vectors of batch size, where torch's per-op overhead
+would dominate. The (batch, length) work is the rewards' row sums and one copy of the mask into the output,
+scaled in place (``recipe_apo.methods.tensors`` allocates it); padding rows are found from the mask's first
+column, and the full rows of only those that start masked.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import numpy as np
@@ -31,71 +39,16 @@ import torch
 
 from recipe_apo.methods.anchor import GLOBAL_SCOPE, AnchorBook, CapabilityAnchor, driver_anchors, handed_scopes
 from recipe_apo.methods.apo_settings import ApoSettings
-from recipe_apo.methods.success import ApoInputError, success_of
+from recipe_apo.methods.errors import ApoInputError, BatchInputError
+from recipe_apo.methods.groups import group_ids, group_mean, response_rewards
+from recipe_apo.methods.success import success_of
+from recipe_apo.methods.tensors import empty_like, from_float64, to_numpy
 
-__all__ = ["ApoInputError", "apo_outcome_advantage", "compute_apo_advantage", "group_ids"]
-
-
-def group_ids(index: Any, batch_size: int) -> tuple[np.ndarray, int]:
-    """Contiguous group ids 0..n_groups-1 (first-seen order) for the per-response uid array ``index``."""
-    labels = index.cpu().numpy() if isinstance(index, torch.Tensor) else np.asarray(index)
-    if labels.ndim != 1 or labels.shape[0] != batch_size:
-        raise ApoInputError(
-            f"index (the uid array) has shape {tuple(labels.shape)} but the batch has {batch_size} responses; "
-            "pass one uid per response"
-        )
-    codes, uniques = pd.factorize(labels)
-    if batch_size and codes.min() < 0:
-        rows = np.flatnonzero(codes < 0)
-        raise ApoInputError(f"index (the uid array) has {rows.size} missing uids, first rows {rows[:5].tolist()}")
-    return codes.astype(np.int64, copy=False), len(uniques)
-
-
-def _group_scopes(scope_codes: np.ndarray, codes: np.ndarray, n_groups: int, index: Any) -> np.ndarray:
-    """The scope of each group; a group whose responses come from different scopes is refused."""
-    group_scope = np.zeros(n_groups, dtype=np.int64)
-    group_scope[codes] = scope_codes
-    mixed = np.flatnonzero(group_scope[codes] != scope_codes)
-    if mixed.size:
-        raise ApoInputError(
-            f"{np.unique(codes[mixed]).size} prompt groups mix data sources (e.g. uid "
-            f"{np.asarray(index)[mixed[0]]!r}); algorithm.apo.anchor_scope=data_source needs one data_source per uid"
-        )
-    return group_scope
-
-
-def _group_mean(codes: np.ndarray, weighted_values: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """Per-group sums of already-weighted values over per-group counts; 0 for a group with no count."""
-    sums = np.bincount(codes, weights=weighted_values, minlength=counts.size)
-    return np.divide(sums, counts, out=np.zeros_like(sums), where=counts > 0)
-
-
-def response_rewards(token_level_rewards: torch.Tensor) -> np.ndarray:
-    """R_i, float64: summed in the rewards' own dtype where that is exact enough (integers, bool, float32/64),
-    in float32 for half precision (a float16 sum of a 3,000-token row would round). Not in float64 throughout:
-    torch's upcasting sum is about 13x slower on (65,536 x 512) float32 rewards."""
-    rewards = token_level_rewards.detach()
-    if rewards.dtype in (torch.float16, torch.bfloat16):
-        sums = rewards.sum(dim=-1, dtype=torch.float32)
-    else:
-        sums = rewards.sum(dim=-1)
-    return sums.to(torch.float64).cpu().numpy()
-
-
-def _check_no_overflow(centered: np.ndarray, settings: ApoSettings, dtype: torch.dtype) -> None:
-    """Refuse, before any anchor moves, a batch whose advantages could leave ``dtype``'s range.
-
-    |Delta_g| <= 1 (success rates and anchors lie in [0, 1]), so |A_i^eff| <= lambda_scale * e * |A_i|.
-    """
-    largest = float(np.abs(centered).max(initial=0.0))
-    bound = largest * (settings.lambda_scale * math.e if settings.reweight else 1.0)
-    limit = float(torch.finfo(dtype).max)
-    if not bound <= limit:  # also catches inf and NaN
-        raise ApoInputError(
-            f"advantages would overflow {str(dtype).removeprefix('torch.')} (max {limit:.3g}): "
-            f"algorithm.apo.lambda_scale={settings.lambda_scale:g} x e x the largest group-centered reward "
-            f"{largest:.3g}; lower lambda_scale or rescale the rewards"
-        )
+# group_ids, response_rewards and ApoInputError lived here before issue 19; still importable from here.
+__all__ = [
+    "ApoInputError", "BatchInputError", "apo_outcome_advantage", "compute_apo_advantage", "group_ids",
+    "response_rewards",
+]
 
 
 def compute_apo_advantage(
@@ -111,116 +64,231 @@ def compute_apo_advantage(
     ``anchors`` is one anchor for the whole batch, or a book of anchors by scope; with ``scopes`` (one name per
     response, e.g. its ``data_source``) each scope's anchor is updated with that scope's success rate and
     measures the groups of that scope. The anchors are the only state touched, and only after every check on
-    the batch has passed: a bad batch raises ``ApoInputError`` and leaves them as they were.
+    the batch has passed: a bad batch raises ``BatchInputError`` (alias ``ApoInputError``) and leaves them as
+    they were.
+    """
+    b = _check_batch(token_level_rewards, response_mask, index, settings, anchors, scopes)
+    if b is None:  # no response, or no token in any: nothing observed, the anchors stay as they are
+        shape, device = token_level_rewards.shape, token_level_rewards.device
+        return torch.zeros(shape, dtype=_output_dtype(token_level_rewards), device=device), {}
+    # Padding rows count for nothing: they are not counted, and their scores and successes are 0.
+    counts = np.bincount(b.codes, weights=b.valid, minlength=b.n_groups)
+    centered = np.where(b.valid, b.scores - group_mean(b.codes, b.scores, counts)[b.codes], 0.0)  # A_i
+    _check_no_overflow(centered, settings, b.dtype)
+    p_hat = group_mean(b.codes, b.success, counts)
+    scope_counts = np.bincount(b.scope_codes, weights=b.valid, minlength=len(b.scope_names))
+    y = group_mean(b.scope_codes, b.success, scope_counts)
+    anchor, rates = _update_anchors(anchors, b.scope_names, y, scope_counts, settings)  # C_{t+1}, eta_t
+    gap = p_hat - anchor[b.group_scope]  # Delta_g
+    if settings.reweight:
+        phi = settings.lambda_scale * np.exp(-np.sign(centered) * np.sign(gap)[b.codes] * np.abs(gap)[b.codes])
+    else:
+        phi = np.ones_like(centered)
+    advantages = _mask_times(response_mask, phi * centered, b.dtype)  # A_i^eff on every valid token
 
-    Per-response and per-group maths run in float64 numpy (a few dozen passes over vectors of batch size,
-    where torch's per-op overhead dominates); the only tensor-sized work is the reward sum and one output.
+    metrics = _step_metrics(b, counts, centered, gap, phi, y, anchor, rates, scoped=scopes is not None)
+    if isinstance(anchors, AnchorBook):
+        anchors.last_metrics = metrics
+        anchors.last_phi = phi
+        anchors.last_anchor = anchor[b.group_scope[b.codes]]
+    return advantages, metrics
+
+
+@dataclass(frozen=True)
+class _Batch:
+    """A batch that passed every check: what the maths needs of it, per response unless said otherwise."""
+
+    dtype: torch.dtype  # the advantages'
+    valid: np.ndarray  # the row has a valid token (is not padding)
+    scores: np.ndarray  # R_i, 0 on padding
+    success: np.ndarray  # s_i, 0 on padding
+    codes: np.ndarray  # group id
+    n_groups: int
+    scope_codes: np.ndarray  # scope id (all 0 without scopes)
+    scope_names: tuple[str, ...]
+    group_scope: np.ndarray  # per group: its scope id
+
+
+def _check_batch(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: Any,
+    settings: ApoSettings,
+    anchors: AnchorBook | CapabilityAnchor,
+    scopes: Optional[Any],
+) -> Optional[_Batch]:
+    """Every check on the batch, in one place and before any anchor moves; raises ``BatchInputError``.
+
+    None for an empty batch (no response, or no token in any), once its uids have passed their check.
     """
     if token_level_rewards.dim() != 2 or response_mask.shape != token_level_rewards.shape:
-        raise ApoInputError(
+        raise BatchInputError(
             f"token_level_rewards {tuple(token_level_rewards.shape)} and response_mask "
             f"{tuple(response_mask.shape)} must both be (batch, response_len)"
         )
     if scopes is not None and isinstance(anchors, CapabilityAnchor):
-        raise ApoInputError("per-scope anchors need an AnchorBook, not a single CapabilityAnchor")
+        raise BatchInputError("per-scope anchors need an AnchorBook, not a single CapabilityAnchor")
     batch_size = token_level_rewards.shape[0]
-    # Integer and boolean rewards are valid inputs (verl's own scorers return ints); the advantages are real
-    # numbers whatever the rewards' dtype.
-    out_dtype = token_level_rewards.dtype if token_level_rewards.is_floating_point() else torch.float32
     if batch_size == 0 or token_level_rewards.shape[1] == 0:
-        # No response, or no token in any: nothing observed, the anchors stay as they are.
         group_ids(index, batch_size)
-        return torch.zeros(token_level_rewards.shape, dtype=out_dtype, device=token_level_rewards.device), {}
-    # Rows without a single valid token are padding (verl pads a batch to a divisible size with such rows, all
-    # under one made-up uid): they take no part in group means, p_hat_g or y_t, and get advantage 0.
-    # amax, not any: any() first converts the whole mask to bool, 3-6x slower on verl's int64 masks.
-    valid = (response_mask.detach().amax(dim=-1) != 0).cpu().numpy()
+        return None
+    valid = _valid_rows(response_mask)
     scores = response_rewards(token_level_rewards)
     bad = valid & ~np.isfinite(scores)
     if bad.any():
         rows = np.flatnonzero(bad)
-        raise ApoInputError(
+        raise BatchInputError(
             f"token_level_rewards: {rows.size} of {batch_size} responses have NaN/inf rewards, "
             f"first rows {rows[:5].tolist()}"
         )
-    scores = np.where(valid, scores, 0.0)
+    scores = np.where(valid, scores, 0.0)  # a padding row's reward may be anything, NaN included
     success = np.zeros(batch_size)
     success[valid] = success_of(scores[valid], settings)
     codes, n_groups = group_ids(index, batch_size)
     if scopes is None:
-        scope_codes, scope_names = np.zeros(batch_size, dtype=np.int64), [GLOBAL_SCOPE]
+        scope_codes, scope_names = np.zeros(batch_size, dtype=np.int64), (GLOBAL_SCOPE,)
+        group_scope = np.zeros(n_groups, dtype=np.int64)
     else:
-        scope_labels = np.asarray(scopes, dtype=object)
-        if scope_labels.shape != (batch_size,):
-            raise ApoInputError(f"data sources: got {scope_labels.size} for {batch_size} responses")
-        raw_codes, uniques = pd.factorize(scope_labels)
-        if (raw_codes < 0).any():
-            rows = np.flatnonzero(raw_codes < 0)
-            raise ApoInputError(
-                f"data_source is missing (None/NaN) for {rows.size} of {batch_size} responses, first rows "
-                f"{rows[:5].tolist()}; algorithm.apo.anchor_scope=data_source needs a data_source in every row"
-            )
-        scope_codes, scope_names = raw_codes.astype(np.int64, copy=False), [str(u) for u in uniques]
-    group_scope = _group_scopes(scope_codes, codes, n_groups, index) if scopes is not None else None
+        scope_codes, scope_names = _scope_ids(scopes, batch_size)
+        group_scope = _group_scopes(scope_codes, codes, n_groups, index)
+    return _Batch(_output_dtype(token_level_rewards), valid, scores, success, codes, n_groups, scope_codes,
+                  scope_names, group_scope)
 
-    weights = valid.astype(np.float64)
-    counts = np.bincount(codes, weights=weights, minlength=n_groups)
-    centered = np.where(valid, scores - _group_mean(codes, scores * weights, counts)[codes], 0.0)
-    _check_no_overflow(centered, settings, out_dtype)
-    group_success = _group_mean(codes, success * weights, counts)
-    scope_counts = np.bincount(scope_codes, weights=weights, minlength=len(scope_names))
-    scope_success = _group_mean(scope_codes, success * weights, scope_counts)
 
+def _output_dtype(token_level_rewards: torch.Tensor) -> torch.dtype:
+    """The rewards' dtype, or float32 for integer and bool rewards (verl's own scorers return ints): the
+    advantages are real numbers whatever the rewards' dtype."""
+    return token_level_rewards.dtype if token_level_rewards.is_floating_point() else torch.float32
+
+
+def _valid_rows(response_mask: torch.Tensor) -> np.ndarray:
+    """Per row, whether it has a valid token: ``amax(mask row) != 0`` (a row without one is padding).
+
+    A row whose first entry is positive has a positive maximum, and verl's responses are right-padded (a
+    response's first token is valid): only the rows that start masked, verl's padding rows, are read in full.
+    """
+    mask = response_mask.detach()
+    valid = to_numpy(mask[:, 0]) > 0
+    rest = np.flatnonzero(~valid)
+    if rest.size:
+        rows = torch.from_numpy(rest).to(mask.device)
+        # Gathering most of the rows would copy most of the mask: then the maxima of all rows read less.
+        row_max = mask.amax(dim=-1)[rows] if 2 * rest.size > mask.shape[0] else mask[rows].amax(dim=-1)
+        valid[rest] = to_numpy(row_max) != 0
+    return valid
+
+
+def _mask_times(response_mask: torch.Tensor, values: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    """``response_mask * values[:, None]`` in ``dtype`` (``values`` float64, one per row): the step's one
+    (batch, length) allocation, a new tensor, so the caller's mask stays intact.
+
+    The mask is copied in the output dtype and then scaled in place: torch's mixed-dtype product (verl's int64
+    mask times float rows) takes a slower path than a conversion and a one-dtype product.
+    """
+    out = empty_like(response_mask, dtype).copy_(response_mask)
+    return out.mul_(from_float64(values, dtype, out.device).unsqueeze(-1))
+
+
+def _scope_ids(scopes: Any, batch_size: int) -> tuple[np.ndarray, tuple[str, ...]]:
+    """Contiguous scope ids per response, and the scopes' names in first-seen order."""
+    labels = np.asarray(scopes, dtype=object)
+    if labels.shape != (batch_size,):
+        raise BatchInputError(f"data sources: got {labels.size} for {batch_size} responses")
+    codes, uniques = pd.factorize(labels)
+    if (codes < 0).any():
+        rows = np.flatnonzero(codes < 0)
+        raise BatchInputError(
+            f"data_source is missing (None/NaN) for {rows.size} of {batch_size} responses, first rows "
+            f"{rows[:5].tolist()}; algorithm.apo.anchor_scope=data_source needs a data_source in every row"
+        )
+    return codes.astype(np.int64, copy=False), tuple(str(u) for u in uniques)
+
+
+def _group_scopes(scope_codes: np.ndarray, codes: np.ndarray, n_groups: int, index: Any) -> np.ndarray:
+    """The scope of each group; a group whose responses come from different scopes is refused."""
+    group_scope = np.zeros(n_groups, dtype=np.int64)
+    group_scope[codes] = scope_codes
+    mixed = np.flatnonzero(group_scope[codes] != scope_codes)
+    if mixed.size:
+        raise BatchInputError(
+            f"{np.unique(codes[mixed]).size} prompt groups mix data sources (e.g. uid "
+            f"{np.asarray(index)[mixed[0]]!r}); algorithm.apo.anchor_scope=data_source needs one data_source per uid"
+        )
+    return group_scope
+
+
+def _check_no_overflow(centered: np.ndarray, settings: ApoSettings, dtype: torch.dtype) -> None:
+    """Refuse, before any anchor moves, a batch whose advantages could leave ``dtype``'s range.
+
+    |Delta_g| <= 1 (success rates and anchors lie in [0, 1]), so |A_i^eff| <= lambda_scale * e * |A_i|.
+    """
+    largest = float(np.abs(centered).max(initial=0.0))
+    bound = largest * (settings.lambda_scale * math.e if settings.reweight else 1.0)
+    limit = float(torch.finfo(dtype).max)
+    if not bound <= limit:  # also catches inf and NaN
+        raise BatchInputError(
+            f"advantages would overflow {str(dtype).removeprefix('torch.')} (max {limit:.3g}): "
+            f"algorithm.apo.lambda_scale={settings.lambda_scale:g} x e x the largest group-centered reward "
+            f"{largest:.3g}; lower lambda_scale or rescale the rewards"
+        )
+
+
+def _update_anchors(
+    anchors: AnchorBook | CapabilityAnchor,
+    scope_names: tuple[str, ...],
+    y: np.ndarray,
+    scope_counts: np.ndarray,
+    settings: ApoSettings,
+) -> tuple[np.ndarray, dict[int, float]]:
+    """C_{t+1} per scope (0 for a scope of padding only, whose anchor stays as it is: nothing was observed),
+    and eta_t by scope id for the scopes that moved."""
     anchor_of = (lambda name: anchors) if isinstance(anchors, CapabilityAnchor) else anchors.anchor
     values, rates = np.zeros(len(scope_names)), {}
     for k, name in enumerate(scope_names):
-        if scope_counts[k] == 0:  # only padding in this scope: nothing observed, the anchor stays as it is
-            continue
-        values[k], rates[k] = anchor_of(name).update(
-            float(scope_success[k]), settings.eta, settings.eta_min, settings.history
-        )
+        if scope_counts[k] > 0:
+            values[k], rates[k] = anchor_of(name).update(float(y[k]), settings.eta, settings.eta_min,
+                                                         settings.history)
+    return values, rates
 
-    gap = group_success - values[group_scope if group_scope is not None else 0]
-    if settings.reweight:
-        direction = -np.sign(centered) * np.sign(gap)[codes]
-        weight = settings.lambda_scale * np.exp(direction * np.abs(gap)[codes])
-    else:
-        weight = np.ones_like(centered)
-    scalar = torch.from_numpy(weight * centered).to(device=token_level_rewards.device, dtype=out_dtype)
-    # One output allocation, and no mixed-dtype product (torch's int64 x float32 broadcast runs ~1.7x slower):
-    # copy=True keeps the caller's mask intact when it already has the output dtype.
-    advantages = response_mask.to(out_dtype, copy=True).mul_(scalar.unsqueeze(-1))
 
+def _step_metrics(
+    b: _Batch,
+    counts: np.ndarray,
+    centered: np.ndarray,
+    gap: np.ndarray,
+    phi: np.ndarray,
+    y: np.ndarray,
+    anchor: np.ndarray,
+    rates: dict[int, float],
+    scoped: bool,
+) -> dict[str, float]:
+    """The step's ``apo/*`` metrics; none for a batch of padding only."""
     metrics: dict[str, float] = {}
     observed = counts > 0
     if observed.any():
-        signal_per_group = np.bincount(codes, weights=centered != 0, minlength=n_groups)
+        signal_per_group = np.bincount(b.codes, weights=centered != 0, minlength=b.n_groups)
         metrics.update({
-            "apo/batch_success": float(success[valid].mean()),
+            "apo/batch_success": float(b.success[b.valid].mean()),
             "apo/harder_group_share": float((gap[observed] < 0).mean()),
             "apo/uniform_group_share": float((signal_per_group[observed] == 0).mean()),
         })
-    for k, name in enumerate(scope_names):
+    for k, name in enumerate(b.scope_names):
         if k not in rates:
             continue
-        if scopes is None:
-            metrics.update({"apo/anchor": float(values[k]), "apo/anchor_rate": rates[k]})
+        if not scoped:
+            metrics.update({"apo/anchor": float(anchor[k]), "apo/anchor_rate": rates[k]})
         else:
             metrics.update({
-                f"apo/anchor/{name}": float(values[k]),
+                f"apo/anchor/{name}": float(anchor[k]),
                 f"apo/anchor_rate/{name}": rates[k],
-                f"apo/batch_success/{name}": float(scope_success[k]),
+                f"apo/batch_success/{name}": float(y[k]),
             })
     positive, negative = centered > 0, centered < 0
     if positive.any():
-        metrics["apo/weight_pos_mean"] = float(weight[positive].mean())
+        metrics["apo/weight_pos_mean"] = float(phi[positive].mean())
     if negative.any():
-        metrics["apo/weight_neg_mean"] = float(weight[negative].mean())
-    if isinstance(anchors, AnchorBook):
-        anchors.last_metrics = metrics
-        anchors.last_phi = weight
-        anchors.last_anchor = values[group_scope[codes] if group_scope is not None else np.zeros_like(codes)]
-    return advantages, metrics
+        metrics["apo/weight_neg_mean"] = float(phi[negative].mean())
+    return metrics
 
 
 def apo_outcome_advantage(
@@ -238,12 +306,12 @@ def apo_outcome_advantage(
     """
     settings = ApoSettings.from_algorithm_config(config)
     if index is None:
-        raise ApoInputError("the apo estimator needs the uid of each response (non_tensor_batch['uid'])")
+        raise BatchInputError("the apo estimator needs the uid of each response (non_tensor_batch['uid'])")
     scopes = None
     if settings.anchor_scope == "data_source":
         scopes = handed_scopes()
         if scopes is None:
-            raise ApoInputError(
+            raise BatchInputError(
                 "algorithm.apo.anchor_scope=data_source needs each response's data_source, which verl does not "
                 "pass to estimators: train with `python -m recipe_apo.main` (trainer.v1.trainer_mode=apo_sync)"
             )

@@ -22,8 +22,11 @@ s(.)                    ``success``         how a reward R_i maps to a success s
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, Optional
+
+from recipe_apo.methods.errors import MethodConfigError
+from recipe_apo.methods.settings import read_settings  # its home since issue 19; importable from here too
 
 SUCCESS_MODES = ("binary", "threshold", "minmax")
 # Upper bounds far beyond the paper's ranges (lambda_scale 1.1-2.0, m 10-50), there so that no accepted value
@@ -34,7 +37,7 @@ ANCHOR_SCOPES = ("global", "data_source")
 ON_MISSING_STATE = ("error", "fresh")
 
 
-class ApoConfigError(ValueError):
+class ApoConfigError(MethodConfigError):
     """A setting under ``algorithm.apo`` is invalid; the message names the key."""
 
 
@@ -118,30 +121,6 @@ class ApoSettings:
         An unknown key is refused, so a typo such as ``lambda_sacle`` cannot pass unnoticed.
         """
         return read_settings(cls, algorithm_config, "apo", ApoConfigError)
-
-
-def read_settings(cls: type, algorithm_config: Any, key: str, error: type[ValueError]):
-    """``cls(**algorithm_config.<key>)`` from an OmegaConf node, a dict, or nothing (the defaults).
-
-    An unknown key is refused with ``error`` naming it and the known ones. Shared by every method's settings.
-    """
-    node = None
-    if algorithm_config is not None:
-        getter = getattr(algorithm_config, "get", None)
-        node = getter(key, None) if callable(getter) else getattr(algorithm_config, key, None)
-    if node is None:
-        return cls()
-    if not isinstance(node, dict):
-        from omegaconf import DictConfig, OmegaConf
-
-        if not isinstance(node, DictConfig):
-            raise error(f"algorithm.{key} must be a mapping of settings, got {type(node).__name__}")
-        node = OmegaConf.to_container(node, resolve=True)
-    known = {f.name for f in fields(cls)}
-    unknown = sorted(set(node) - known)
-    if unknown:
-        raise error(f"unknown setting algorithm.{key}.{unknown[0]}; known settings: {', '.join(sorted(known))}")
-    return cls(**node)
 
 
 def _check_number(

@@ -37,14 +37,15 @@ import numpy as np
 import pandas as pd
 import torch
 
-from recipe_apo.methods.apo import group_ids, response_rewards
-from recipe_apo.methods.apo_settings import read_settings
-from recipe_apo.methods.success import ApoInputError
+from recipe_apo.methods.errors import BatchInputError, MethodConfigError
+from recipe_apo.methods.groups import group_ids, group_mean, response_rewards
+from recipe_apo.methods.settings import read_settings
+from recipe_apo.methods.tensors import empty_like, from_float64, to_numpy
 
 EPSILON = 1e-6
 
 
-class CodapoConfigError(ValueError):
+class CodapoConfigError(MethodConfigError):
     """A setting under ``algorithm.codapo`` is invalid; the message names the key."""
 
 
@@ -85,8 +86,8 @@ _CHUNK_ELEMENTS = 1 << 22
 
 
 def _masked_row_sums(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """sum_t values * mask per row, in chunks of rows whose temporary stays in cache: 3x faster than one
-    (batch, length) product on 65,536 x 512 (and than bmm), with no batch-sized temporary."""
+    """sum_t values * mask per row, in chunks of rows whose product stays in cache: one (batch, length)
+    product, or a bmm, would write a batch-sized temporary out to memory and read it back."""
     rows = max(1, _CHUNK_ELEMENTS // max(1, values.shape[1]))
     out = torch.empty(values.shape[0], dtype=values.dtype, device=values.device)
     for start in range(0, values.shape[0], rows):
@@ -111,7 +112,7 @@ def compute_codapo_advantage(
     """
     shape = tuple(token_level_rewards.shape)
     if token_level_rewards.dim() != 2 or tuple(response_mask.shape) != shape or tuple(old_log_probs.shape) != shape:
-        raise ApoInputError(
+        raise BatchInputError(
             f"token_level_rewards {shape}, response_mask {tuple(response_mask.shape)} and old_log_probs "
             f"{tuple(old_log_probs.shape)} must all be (batch, response_len)"
         )
@@ -120,15 +121,15 @@ def compute_codapo_advantage(
     codes, n_groups = group_ids(index, batch_size)
     # float32 for the token-level work: float64 copies of (batch, length) tensors cost more than the maths.
     # The float32 mask is also the output when the output is float32 (scaled in place at the end).
-    mask = response_mask.detach().to(torch.float32, copy=True)
-    tokens = mask.sum(dim=-1).double().cpu().numpy()  # exact: counts far below 2^24
+    mask = empty_like(response_mask, torch.float32).copy_(response_mask.detach())
+    tokens = to_numpy(mask.sum(dim=-1)).astype(np.float64)  # exact: counts far below 2^24
     valid = tokens > 0
     scores = response_rewards(token_level_rewards)
-    log_prob_sum = _masked_row_sums(old_log_probs.detach().to(torch.float32), mask).double().cpu().numpy()
+    log_prob_sum = to_numpy(_masked_row_sums(old_log_probs.detach().to(torch.float32), mask)).astype(np.float64)
     bad = valid & ~(np.isfinite(scores) & np.isfinite(log_prob_sum))
     if bad.any():
         rows = np.flatnonzero(bad)
-        raise ApoInputError(
+        raise BatchInputError(
             f"codapo: {rows.size} of {batch_size} responses have NaN/inf rewards or old log-probs, "
             f"first rows {rows[:5].tolist()}"
         )
@@ -137,11 +138,7 @@ def compute_codapo_advantage(
     w = valid.astype(np.float64)
     counts = np.bincount(codes, weights=w, minlength=n_groups)
 
-    def group_mean(values: np.ndarray) -> np.ndarray:
-        sums = np.bincount(codes, weights=values * w, minlength=n_groups)
-        return np.divide(sums, counts, out=np.zeros(n_groups), where=counts > 0)
-
-    mean = np.where(counts > 1, group_mean(scores), 0.0)
+    mean = np.where(counts > 1, group_mean(codes, scores * w, counts), 0.0)
     if norm_adv_by_std:
         squares = np.bincount(codes, weights=(scores - mean[codes]) ** 2 * w, minlength=n_groups)
         std = np.sqrt(np.divide(squares, counts - 1, out=np.ones(n_groups), where=counts > 1))
@@ -149,14 +146,14 @@ def compute_codapo_advantage(
         centered = (scores - mean[codes]) / (std[codes] + epsilon)
     else:
         centered = scores - mean[codes]
-    accuracy = group_mean((scores == 1.0).astype(np.float64))
+    accuracy = group_mean(codes, (scores == 1.0).astype(np.float64) * w, counts)
     difficulty_weight = 4.0 * accuracy * (1.0 - accuracy)
-    confidence = np.exp(group_mean(mean_log_prob))
+    confidence = np.exp(group_mean(codes, mean_log_prob * w, counts))
     group_weight = confidence * difficulty_weight + weight_offset
     weight = np.where(valid, group_weight[codes], 0.0)
     scalar = np.where(valid, centered * weight, 0.0)
-    out = mask if out_dtype == torch.float32 else response_mask.to(out_dtype, copy=True)
-    advantages = out.mul_(torch.from_numpy(scalar).to(device=out.device, dtype=out_dtype).unsqueeze(-1))
+    out = mask if out_dtype == torch.float32 else empty_like(response_mask, out_dtype).copy_(response_mask)
+    advantages = out.mul_(from_float64(scalar, out_dtype, out.device).unsqueeze(-1))
     observed = counts > 0
     metrics: dict[str, float] = {}
     if observed.any():
@@ -179,13 +176,13 @@ def select_prompts(prompt_uids: Any, response_uids: Any, response_weights: np.nd
     responses = np.asarray(response_uids, dtype=object)
     weights = np.asarray(response_weights, dtype=np.float64)
     if responses.shape != weights.shape:
-        raise ApoInputError(f"codapo: {responses.size} response uids but {weights.size} weights")
+        raise BatchInputError(f"codapo: {responses.size} response uids but {weights.size} weights")
     # One weight per group, its first response's (all responses of a group carry the same w_g).
     by_uid = pd.Series(weights, index=pd.Index(responses))
     prompt_weight = by_uid[~by_uid.index.duplicated()].reindex(pd.Index(prompts)).to_numpy(dtype=np.float64)
     have = ~np.isnan(prompt_weight)
     if not have.any():
-        raise ApoInputError("codapo: none of the step's prompts has a weighted response to resample from")
+        raise BatchInputError("codapo: none of the step's prompts has a weighted response to resample from")
     threshold = float(torch.quantile(torch.tensor(prompt_weight[have]), percentile))
     return np.flatnonzero(have & (prompt_weight >= threshold))
 
@@ -195,7 +192,7 @@ def resample_order(kept: np.ndarray, batch_size: int, repeat_count: int) -> np.n
     from the first kept prompt until ``batch_size`` are filled (CoDaPO's loop, vectorized)."""
     kept = np.asarray(kept, dtype=np.int64)
     if kept.size == 0:
-        raise ApoInputError("codapo: no prompt kept to resample from")
+        raise BatchInputError("codapo: no prompt kept to resample from")
     one_pass = np.repeat(kept, repeat_count)
     passes = -(-batch_size // one_pass.size)
     return np.tile(one_pass, passes)[:batch_size]
@@ -240,10 +237,10 @@ def codapo_outcome_advantage(
     """verl's estimator signature for ``algorithm.adv_estimator=codapo``; returns (advantages, returns)."""
     settings = CodapoSettings.from_algorithm_config(config)
     if index is None:
-        raise ApoInputError("the codapo estimator needs the uid of each response (non_tensor_batch['uid'])")
+        raise BatchInputError("the codapo estimator needs the uid of each response (non_tensor_batch['uid'])")
     log_probs = _book.handed_log_probs
     if log_probs is None:
-        raise ApoInputError(
+        raise BatchInputError(
             "algorithm.adv_estimator=codapo needs the old policy's log-probs, which verl 0.9.1 does not pass to "
             "estimators: train with `python -m recipe_apo.main` (trainer.v1.trainer_mode=apo_sync)"
         )

@@ -5,19 +5,16 @@ from __future__ import annotations
 import numpy as np
 
 from recipe_apo.methods.apo_settings import ApoSettings
+from recipe_apo.methods.errors import ApoInputError, BatchInputError  # noqa: F401  (ApoInputError: its old home)
 
 # Rewards summed over tokens in float32 can land a hair outside an exact bound.
 _DOMAIN_TOLERANCE = 1e-5
 
 
-class ApoInputError(ValueError):
-    """The batch handed to the APO estimator cannot be used; the message names the data or setting at fault."""
-
-
 def success_of(scores: np.ndarray, settings: ApoSettings) -> np.ndarray:
     """Map response rewards R_i (float64, shape (n,)) to successes s_i in [0, 1] (float64).
 
-    Raises ``ApoInputError`` naming ``algorithm.apo.success`` when a reward lies outside the mapping's domain.
+    Raises ``BatchInputError`` naming ``algorithm.apo.success`` when a reward lies outside the mapping's domain.
     """
     if settings.success == "threshold":
         return (scores > settings.success_threshold).astype(np.float64)
@@ -28,7 +25,7 @@ def success_of(scores: np.ndarray, settings: ApoSettings) -> np.ndarray:
     outside = (scores < low - _DOMAIN_TOLERANCE) | (scores > high + _DOMAIN_TOLERANCE)
     if outside.any():
         rows = np.flatnonzero(outside)
-        raise ApoInputError(
+        raise BatchInputError(
             f"{rows.size} of {scores.size} response rewards lie outside [{low}, {high}] required by "
             f"algorithm.apo.success={hint} (first rows {rows[:5].tolist()}, e.g. reward "
             f"{scores[rows[0]]:.6g}); set algorithm.apo.success=threshold with success_threshold, or "

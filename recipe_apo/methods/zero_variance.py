@@ -22,7 +22,7 @@ otherwise mini-batch j's loss is off by the factor (live share of mini-batch j) 
 ``token-sum`` has no denominator, so it has nothing to exclude (refused by the recipe's checks).
 
 Symbols: B, B_live, T, T_live above; "live" groups have at least two distinct rewards among their valid
-responses. Needs torch, numpy and pandas only (group ids come from the APO estimator's ``group_ids``).
+responses. Needs torch, numpy and pandas only (group ids from ``recipe_apo.methods.groups``).
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from recipe_apo.methods.apo import group_ids
-from recipe_apo.methods.success import ApoInputError
+from recipe_apo.methods.errors import BatchInputError
+from recipe_apo.methods.groups import group_ids
 
 MODES = ("keep", "exclude")
 SEQUENCE_MODES = ("seq-mean-token-sum-norm", "seq-mean-token-mean", "seq-mean-token-sum")
@@ -72,7 +72,7 @@ def zero_variance_scale(
     """(scale, live per response, metrics) of one step; scale is 1 when no group is live (nothing to learn)."""
     check_mode("exclude", loss_agg_mode)
     if token_level_rewards.shape != response_mask.shape or token_level_rewards.dim() != 2:
-        raise ApoInputError(
+        raise BatchInputError(
             f"token_level_rewards {tuple(token_level_rewards.shape)} and response_mask "
             f"{tuple(response_mask.shape)} must both be (batch, response_len)"
         )
@@ -80,7 +80,7 @@ def zero_variance_scale(
     valid = tokens > 0
     scores = token_level_rewards.detach().to(torch.float64).sum(dim=-1).cpu().numpy()
     if not np.isfinite(scores[valid]).all():
-        raise ApoInputError("token_level_rewards: NaN/inf rewards; algorithm.zero_variance=exclude cannot group them")
+        raise BatchInputError("token_level_rewards: NaN/inf rewards; algorithm.zero_variance=exclude cannot group them")
     live = live_rows(scores, valid, index)
     weight = tokens if loss_agg_mode in TOKEN_MODES else valid.astype(np.float64)
     total, kept = float(weight.sum()), float(weight[live].sum())
@@ -104,7 +104,7 @@ def exclude_zero_variance(
     Dead responses keep their advantage (0 for centered estimators); live ones are multiplied by the scale.
     """
     if advantages.shape != response_mask.shape:
-        raise ApoInputError(
+        raise BatchInputError(
             f"advantages {tuple(advantages.shape)} and response_mask {tuple(response_mask.shape)} differ in shape"
         )
     scale, live, metrics = zero_variance_scale(token_level_rewards, response_mask, index, loss_agg_mode)

@@ -8,15 +8,16 @@ other on each of its scenarios (recipe_apo/testbed/league.py). ``-m`` sweeps (e.
 
 from __future__ import annotations
 
-import logging
 import time
-import warnings
 from pathlib import Path
 from typing import Optional
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+# Imported here, not only in the __main__ block: a spawned worker process imports this module and, with
+# RECIPE_APO_QUIET=1 from its parent, is as quiet (recipe_apo/integration/quiet.py).
+from recipe_apo.integration import quiet
 from recipe_apo.testbed.configs import method_configs, task_overrides
 
 
@@ -26,8 +27,8 @@ def check_method(cfg: DictConfig) -> None:
     from verl.trainer.ppo.core_algos import get_adv_estimator_fn, get_policy_loss_fn
 
     from recipe_apo.methods.codapo import CodapoSettings
-    from recipe_apo.testbed.update import ZERO_VARIANCE_MODES, actor_config, effective_agg_mode
     from recipe_apo.methods.zero_variance import check_mode
+    from recipe_apo.testbed.update import ZERO_VARIANCE_MODES, actor_config, effective_agg_mode
 
     if cfg.algorithm.adv_estimator not in ("gae", "grpo"):
         get_adv_estimator_fn(cfg.algorithm.adv_estimator)
@@ -86,9 +87,6 @@ def run_testbed(
 def main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
-    # verl's import warns about GPU engines a CPU machine does not have; not the user's concern here.
-    warnings.filterwarnings("ignore", module="verl")
-    logging.getLogger("verl").setLevel(logging.ERROR)
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     overrides = task_overrides() or []
     if cfg.mode == "signal":
@@ -118,4 +116,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    quiet.install()  # verl's warnings about the accelerators and engines a CPU has not (integration/quiet.py)
     main()

@@ -1,14 +1,42 @@
 """One composed config per compared method, through Hydra: ``testbed.yaml`` + the command line + the method's
-entry in ``methods`` (which picks a preset of the recipe's own ``method`` group, conf/method/*.yaml)."""
+entry in ``methods`` (which picks a preset of the recipe's own ``method`` group, conf/method/*.yaml).
+
+The defaults of ``methods`` (every preset, labelled by its name) and ``league.methods`` (every preset's label)
+come from the presets themselves (``recipe_apo.integration.presets``): importing this module stores them in
+Hydra's ConfigStore as ``testbed_presets``, which ``testbed.yaml``'s defaults list takes before its own keys, so
+``testbed.yaml`` and the command line still set, add to (``+methods.sapo=[...]``) or drop from
+(``~methods.drgrpo``) them.
+"""
 
 from __future__ import annotations
 
 from typing import Optional
 
 from hydra import compose
+from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
+from recipe_apo.integration import presets
+
 CONFIG_NAME = "testbed"
+# The ConfigStore entry of the preset defaults (testbed.yaml's defaults list names it).
+PRESET_DEFAULTS = "testbed_presets"
+
+
+def preset_defaults() -> dict:
+    """``methods``: label -> overrides, ``method=<preset>`` for every preset; ``league.methods``: their labels;
+    both in the presets' order."""
+    names = presets.names()
+    return {"methods": {name: [f"method={name}"] for name in names}, "league": {"methods": list(names)}}
+
+
+def store_preset_defaults() -> None:
+    """(Re)store ``preset_defaults()`` as the ``testbed_presets`` config that testbed.yaml composes."""
+    ConfigStore.instance().store(name=PRESET_DEFAULTS, node=preset_defaults())
+
+
+store_preset_defaults()
+
 # The keys that make a method what it is; a command-line change to one of them shows in the method's label.
 METHOD_KEYS = (
     "algorithm.adv_estimator",

@@ -24,12 +24,13 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from recipe_apo.methods.anchor import reset_driver_anchor
-from recipe_apo.audit import stats
-from recipe_apo.audit.stats import closed_form
+from recipe_apo.integration import replay
+from recipe_apo.methods import group_stats
+from recipe_apo.methods.group_stats import closed_form
 
-# The methods compared, by name: their estimators and settings live in recipe_apo.audit.stats (shared with the
-# bias audit, so S means the same in both reports).
-METHODS = tuple(method.name for method in stats.METHODS)
+# The methods compared, by name: the presets a replay from scores can run (recipe_apo.integration.replay, shared
+# with the bias audit, so S means the same in both reports).
+METHODS = tuple(method.name for method in replay.methods())
 
 
 def positive_signal(rewards: torch.Tensor, method: str, apo_node: dict, anchor: float) -> torch.Tensor:
@@ -40,10 +41,10 @@ def positive_signal(rewards: torch.Tensor, method: str, apo_node: dict, anchor: 
     codes = np.repeat(np.arange(groups), size)
     reset_driver_anchor()
     try:
-        advantages = stats.method_advantages(rewards.reshape(-1).numpy(), codes, stats.method_named(method), apo)
+        advantages = replay.method_advantages(rewards.reshape(-1).numpy(), codes, replay.method_named(method), apo)
     finally:
         reset_driver_anchor()
-    positive, _ = stats.signal_per_group(advantages, codes, groups)
+    positive, _ = group_stats.signal_per_group(advantages, codes, groups)
     return torch.from_numpy(positive)
 
 

@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from recipe_apo.methods import anchor as anchor_module
 from recipe_apo.methods.anchor import reset_driver_anchor
-from recipe_apo.audit.stats import length_by_outcome
+from recipe_apo.methods.group_stats import length_by_outcome
 from recipe_apo.methods.codapo import CodapoSettings, codapo_book, handed_log_probs, resample_order, select_prompts
 from recipe_apo.testbed.policy import TokenPolicy, build_policy, pretrain
 from recipe_apo.testbed.rollout import compute_advantages, rollout

@@ -33,10 +33,28 @@ recipe_parse_method() {
             *) passthrough+=("$arg") ;;
         esac
     done
-    case "$METHOD" in
-        grpo | drgrpo | apo | codapo) ;;
-        *) echo "error: method must be grpo, drgrpo, apo or codapo, got '$METHOD'" >&2; exit 2 ;;
-    esac
+    recipe_check_method
+}
+
+# The method presets: the files of recipe_apo/conf/method/ (what recipe_apo/integration/presets.py lists, here
+# in file-name order), found from this file's place in the checkout.
+RECIPE_METHOD_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../recipe_apo/conf/method" 2>/dev/null && pwd)"
+
+recipe_methods() {
+    local file
+    for file in "$RECIPE_METHOD_DIR"/*.yaml; do
+        if [[ -f "$file" ]]; then basename "$file" .yaml; fi
+    done
+}
+
+# METHOD must name a preset file; otherwise exit 2, naming the presets.
+recipe_check_method() {
+    if [[ -z "$METHOD" || "$METHOD" == */* || ! -f "$RECIPE_METHOD_DIR/$METHOD.yaml" ]]; then
+        local known="" name
+        while IFS= read -r name; do known+="${known:+, }$name"; done < <(recipe_methods)
+        echo "error: method must be one of the presets in recipe_apo/conf/method/ ($known), got '$METHOD'" >&2
+        exit 2
+    fi
 }
 
 # What every paper run records, under its own checkpoint folder (checkpoints/<project>/<experiment>/): every

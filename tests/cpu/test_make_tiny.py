@@ -22,8 +22,8 @@ VERL_COLUMNS = {"data_source", "prompt", "ability", "reward_model", "extra_info"
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return mt.make_tiny(tmp_path_factory.mktemp("tiny"), progress=None)
+def tiny(tiny_task):
+    return tiny_task
 
 
 @pytest.fixture(scope="module")

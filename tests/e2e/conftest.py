@@ -8,3 +8,8 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if "/e2e/" in str(item.path):
             item.add_marker(pytest.mark.e2e)
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_task):
+    return tiny_task

@@ -25,14 +25,13 @@ import pandas as pd
 import pytest
 import torch
 from omegaconf import OmegaConf
+from repo_paths import ROOT
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from recipe_apo.cpu import chat_http, hf_server, rehearse
 from recipe_apo.cpu import reward as task_reward
-from recipe_apo.cpu.make_tiny import make_tiny as build_tiny
 from recipe_apo.cpu.make_tiny import task_rows
 
-from repo_paths import ROOT
 MAX_RESPONSE = 8  # tokens: the tiny task's answers take at most 5 (4 letters and the end token)
 PROMPTS_PER_BENCHMARK = 8
 # What the CPU needs on verl's generation command beyond rollout.name (conf/rehearsal/cpu.yaml, cpu/checks.py):
@@ -44,8 +43,8 @@ RUN_TIMEOUT_S = 600
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> Path:
-    return build_tiny(tmp_path_factory.mktemp("tiny"), progress=None)["model"]
+def tiny(tiny_task) -> Path:
+    return tiny_task["model"]
 
 
 @pytest.fixture(scope="module")

@@ -168,7 +168,9 @@ def test_method_from_environment_and_default(compose):
 
 def test_bad_method_is_refused():
     result = script_command(SCRIPTS["7b"], "method=ppo")
-    assert result.returncode == 2 and "method must be grpo, drgrpo, apo or codapo" in result.stderr
+    # The message names every preset (the files of recipe_apo/conf/method/, by file name).
+    assert result.returncode == 2 and (f"method must be one of the presets in recipe_apo/conf/method/ "
+                                       f"({', '.join(sorted(METHODS))}), got 'ppo'") in result.stderr
 
 
 def test_further_overrides_pass_through_and_win(compose):

@@ -10,10 +10,11 @@ import pytest
 import torch
 from hydra import initialize_config_module
 from omegaconf import OmegaConf
+from repo_paths import ROOT
+from testbed_tiny import TINY_RUN
 
 from recipe_apo.methods.apo_settings import ApoSettings
 from recipe_apo.methods.codapo import CodapoSettings
-from testbed_tiny import TINY_RUN
 
 # A run of seconds: few rounds, a small batch, a short warm-up, one process; two seeds.
 TINY = ["seeds=[0,1]", *TINY_RUN]
@@ -21,6 +22,8 @@ TINY = ["seeds=[0,1]", *TINY_RUN]
 
 @pytest.fixture(scope="module")
 def hydra_ctx():
+    import recipe_apo.testbed.configs  # noqa: F401  (stores testbed.yaml's `testbed_presets`, the presets' defaults)
+
     with initialize_config_module(config_module="recipe_apo.conf", version_base="1.3"):
         yield
 
@@ -125,12 +128,13 @@ def test_any_registered_estimator_and_loss_by_name(hydra_ctx, tmp_path):
 def test_presets_come_from_the_method_group(hydra_ctx):
     from hydra import compose
 
+    from recipe_apo.integration import presets
     from recipe_apo.testbed.configs import method_configs
 
     cfgs = method_configs(["seeds=[0]"])
-    assert list(cfgs) == ["grpo", "drgrpo", "apo", "codapo"]
+    assert list(cfgs) == list(presets.names())  # every preset, in their order (tests/integration/test_presets.py)
     for label, cfg in cfgs.items():
-        preset = OmegaConf.load(f"conf/method/{label}.yaml")
+        preset = OmegaConf.load(ROOT / "recipe_apo" / "conf" / "method" / f"{label}.yaml")
         assert cfg.algorithm.adv_estimator == preset.algorithm.adv_estimator
         assert cfg.actor_rollout_ref.actor.loss_agg_mode == preset.actor_rollout_ref.actor.loss_agg_mode
         assert cfg.actor_rollout_ref.actor.policy_loss.loss_mode == preset.actor_rollout_ref.actor.policy_loss.loss_mode

@@ -1,0 +1,86 @@
+"""Prompt groups, shared by every group estimator (APO, CoDaPO, the zero-variance scale) and the audit.
+
+verl gives each response the uid of its prompt (``non_tensor_batch["uid"]``); the responses sharing a uid are
+the prompt's group g. Here a group is a contiguous id 0..n_groups-1 per response (``codes``), so per-group sums
+are one ``np.bincount`` and per-response lookups one fancy index: no Python loop over responses or groups.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from recipe_apo.methods.errors import BatchInputError
+
+__all__ = ["group_ids", "group_mean", "response_rewards"]
+
+
+def group_ids(index: Any, batch_size: int) -> tuple[np.ndarray, int]:
+    """Contiguous group ids 0..n_groups-1 (first-seen order, int64) for the per-response uid array ``index``.
+
+    ``pandas.factorize`` hashes the uids: verl's uids are uuid strings, which a hash groups in one pass where
+    ``np.unique`` would sort them. Raises ``BatchInputError`` for an array of the wrong shape and for missing
+    uids (None, NaN).
+    """
+    labels = index.cpu().numpy() if isinstance(index, torch.Tensor) else np.asarray(index)
+    if labels.ndim != 1 or labels.shape[0] != batch_size:
+        raise BatchInputError(
+            f"index (the uid array) has shape {tuple(labels.shape)} but the batch has {batch_size} responses; "
+            "pass one uid per response"
+        )
+    codes, n_groups = _factorize(labels)
+    if batch_size and codes.min() < 0:
+        rows = np.flatnonzero(codes < 0)
+        raise BatchInputError(f"index (the uid array) has {rows.size} missing uids, first rows {rows[:5].tolist()}")
+    return codes.astype(np.int64, copy=False), n_groups
+
+
+def _factorize(labels: np.ndarray) -> tuple[np.ndarray, int]:
+    """``pandas.factorize``'s codes and number of uniques, hashing only the first label of each run of equal ones.
+
+    verl lays a group's responses out one after the other (``DataProto.repeat(interleave=True)``) unless
+    ``trainer.balance_batch`` reorders the batch: then one comparison of neighbours finds the runs, and the
+    hashing touches one uid per group instead of one per response. Labels equal to their neighbour are equal to
+    pandas too (it hashes ``==``-equal values alike), so the codes are those of the whole array. Without runs,
+    or with labels that cannot be compared (``pd.NA``), the whole array is hashed.
+    """
+    if labels.size > 1:
+        starts = np.empty(labels.size, dtype=bool)
+        starts[0] = True
+        try:
+            np.not_equal(labels[1:], labels[:-1], out=starts[1:])
+        except Exception:  # any label's comparison may raise (pd.NA's does): pandas then decides alone
+            starts[1:] = True
+        heads = np.flatnonzero(starts)
+        if 2 * heads.size <= labels.size:
+            codes, uniques = pd.factorize(labels[heads])
+            return np.repeat(codes, np.diff(heads, append=labels.size)), len(uniques)
+    codes, uniques = pd.factorize(labels)
+    return codes, len(uniques)
+
+
+def group_mean(codes: np.ndarray, weighted_values: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Per-group sums of already-weighted values over per-group counts (float64); 0 for a group of count 0.
+
+    The caller weights: values of padding rows are 0 and not counted, so they take no part in any mean.
+    """
+    sums = np.bincount(codes, weights=weighted_values, minlength=counts.size)
+    return np.divide(sums, counts, out=np.zeros(counts.size), where=counts > 0)
+
+
+def response_rewards(token_level_rewards: torch.Tensor) -> np.ndarray:
+    """R_i (float64, shape (n,)): the sum of each response's token-level rewards.
+
+    Summed in the rewards' own dtype where that is exact enough (integers, bool, float32/64), in float32 for
+    half precision (a float16 sum over a few thousand tokens would round), and not upcast to float64 over the
+    whole (n, T) tensor: an upcasting sum converts every token, and only n sums need float64.
+    """
+    rewards = token_level_rewards.detach()
+    if rewards.dtype in (torch.float16, torch.bfloat16):
+        sums = rewards.sum(dim=-1, dtype=torch.float32)
+    else:
+        sums = rewards.sum(dim=-1)
+    return sums.cpu().numpy().astype(np.float64, copy=False)

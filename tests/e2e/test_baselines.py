@@ -1,0 +1,74 @@
+"""GRPO and Dr. GRPO as the paper scripts run them: truncated responses score 0, rollouts recorded, audited."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from rehearsal_runs import checkpoint_root, dump, run, tail
+
+from recipe_apo.cpu import rehearse
+from recipe_apo.integration.checkpoint import STATE_FILE
+
+# ---- the two baselines, as the paper scripts run them: truncated responses score 0, rollouts recorded -----------
+# A cap of 2 tokens: a one-token answer ends with <|im_end|> inside it, a two-token answer is cut before its end.
+TRUNCATION_CAP = 2
+
+
+@pytest.fixture(scope="module")
+def baselines(tiny, tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("baselines")
+    command = rehearse.recipe_command(["grpo", "drgrpo"], tiny, "trainer.total_training_steps=1",
+                                      "trainer.save_freq=1", "truncation=zero",
+                                      f"data.max_response_length={TRUNCATION_CAP}",
+                                      "trainer.validation_data_dir=${trainer.default_local_dir}/validation")
+    return workdir, run(command, workdir, "baselines", workdir / "metrics")
+
+
+def test_grpo_and_drgrpo_each_train_one_step(baselines):
+    workdir, result = baselines
+    assert result.returncode == 0, tail(result)
+    names = rehearse.experiment_names(result.log)
+    assert [name.split("-")[0] for name in names] == ["grpo", "drgrpo"]
+    for name in names:
+        folder = checkpoint_root(workdir, name) / "global_step_1"
+        assert (folder / "actor").is_dir() and not (folder / STATE_FILE).exists()
+        (row,) = rehearse.read_metrics(rehearse.metrics_file(workdir / "metrics", name))
+        assert "actor/pg_clipfrac" in row and not any(key.startswith("apo/") for key in row)
+
+
+
+
+def test_truncated_responses_score_zero_in_the_real_loop(baselines):
+    workdir, result = baselines
+    assert result.returncode == 0, tail(result)
+    for name in rehearse.experiment_names(result.log):
+        root = checkpoint_root(workdir, name)
+        # Step 1's rollouts: 4 prompts x 4. verl's V1 trainer dumps no reward extras for them, only the uid.
+        rollouts = dump(root / "rollouts" / "1.jsonl")
+        assert len(rollouts) == 16 and {"input", "output", "gts", "score", "step", "uid"} <= set(rollouts[0])
+        rows = dump(root / "validation" / "0.jsonl")  # greedy validation before training: every val prompt
+        assert all(row["truncated"] in (0.0, 1.0) for row in rows)
+        for row in rows:
+            assert row["score"] == (0.0 if row["truncated"] else row["score_before_truncation"])
+        # A right answer cut at the cap scores 0; one that ended within it keeps its 1.
+        cut = [row for row in rows if row["truncated"] and row["output"].strip() == row["gts"]]
+        ended = [row for row in rows if not row["truncated"] and row["score"] == 1.0]
+        assert cut and all(row["score_before_truncation"] == 1.0 and row["score"] == 0.0 for row in cut)
+        assert ended
+
+
+def test_the_audit_tells_each_baseline_run_by_its_own_advantages(baselines, tmp_path):
+    from recipe_apo.audit.__main__ import main as audit
+
+    workdir, result = baselines
+    assert result.returncode == 0, tail(result)
+    names = rehearse.experiment_names(result.log)
+    out = tmp_path / "audit"
+    assert audit([str(checkpoint_root(workdir, name)) for name in names] + ["--out", str(out)]) == 0
+    grpo, drgrpo = json.loads((out / "audit.json").read_text())
+    for report, method in ((grpo, "GRPO"), (drgrpo, "Dr. GRPO")):
+        # Told apart unless every group of the step was dead (then all three replays give 0 everywhere).
+        expected = [method] if report["dead"]["share"] < 1 else ["GRPO", "Dr. GRPO", "APO"]
+        assert report["logged"]["matches"] == expected, report["logged"]
+    assert grpo["length"]["truncated_share"] is not None and (out / "audit.png").exists()
