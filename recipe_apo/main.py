@@ -18,9 +18,9 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from recipe_apo.integration.naming import experiment_name
 from recipe_apo.errors import RecipeError
 from recipe_apo.integration.errors import RecipeConfigError
+from recipe_apo.integration.naming import experiment_name
 from recipe_apo.integration.validation import config_warnings, validate_recipe_config
 
 
@@ -114,9 +114,9 @@ def run(config: DictConfig, rehearsal: str | None = None) -> None:
         import recipe_apo.cpu.activate  # noqa: F401
     import ray
     from verl.trainer.main_ppo import run_ppo
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import validate_config
     from verl.utils.device import auto_set_device
-    from verl.trainer.ppo.utils import need_critic, need_reference_policy
 
     from recipe_apo.integration.task_runner import ApoTaskRunner
 

@@ -47,9 +47,9 @@ def register() -> None:
     import verl
     from verl.trainer.ppo import core_algos
 
-    from recipe_apo.methods.codapo import codapo_outcome_advantage
     from recipe_apo.methods.apo import apo_outcome_advantage
     from recipe_apo.methods.apo_loss import compute_policy_loss_apo
+    from recipe_apo.methods.codapo import codapo_outcome_advantage
 
     _register(core_algos.ADV_ESTIMATOR_REGISTRY, core_algos.register_adv_est, NAME, apo_outcome_advantage,
               "advantage estimator")

@@ -83,9 +83,10 @@ def main() -> int:
     args = parser.parse_args()
     os.environ["RECIPE_APO_REWARD_WORKERS"] = str(WORKERS)
 
+    from verl.utils.reward_score import math_verify as verl_math_verify
+
     from recipe_apo import reward
     from recipe_apo.reward import pool
-    from verl.utils.reward_score import math_verify as verl_math_verify
 
     scorers = {
         "recipe_apo.reward": lambda text, truth: reward.compute_score("math500", text, truth, timeout=args.timeout),
@@ -114,7 +115,8 @@ def main() -> int:
     agree = sum(a == b for a, b in zip(*benign_scores.values())) / len(benign)
     print(f"\nbenign throughput, recipe / verl: {ours[0] / verls[0]:.2f}x (target >= 1.0x: "
           f"{'met' if ours[0] >= verls[0] else 'missed'}); scores agree on {agree:.1%} of benign responses")
-    print(f"longest check of one answer (what the timeout bounds): {longest_check:.2f} s (target <= {args.timeout:g} s: "
+    print(f"longest check of one answer (what the timeout bounds): {longest_check:.2f} s "
+          f"(target <= {args.timeout:g} s: "
           f"{'met' if longest_check <= args.timeout + 0.5 else 'missed'})")
     pool.shutdown()
     # verl's pool keeps computing timed-out answers; end its processes rather than wait for them.

@@ -204,7 +204,8 @@ def score_generations(path: str, out_path: str, timeout: float, score_many: Opti
         reward_model = _as_dict(row.reward_model)
         extra_info = _as_dict(getattr(row, "extra_info", None))
         for response in _as_list(row.responses):
-            items.append((row.data_source, response if isinstance(response, str) else "", reward_model.get("ground_truth"),
+            text = response if isinstance(response, str) else ""
+            items.append((row.data_source, text, reward_model.get("ground_truth"),
                           extra_info))
             owners.append(row_index)
     scores = _score_with_progress(items, timeout, score_many)
@@ -269,7 +270,8 @@ def merge_command(python: str, actor_dir: str, target_dir: str) -> list[str]:
             "--target_dir", target_dir]
 
 
-def generation_command(python: str, model: str, data_files: Sequence[str], output: str, args: argparse.Namespace) -> list[str]:
+def generation_command(python: str, model: str, data_files: Sequence[str], output: str,
+                       args: argparse.Namespace) -> list[str]:
     files = "[" + ",".join(data_files) + "]"
     return [
         python, "-m", "verl.trainer.main_generation_server",
@@ -385,7 +387,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         else:
             print(f"[1/3] {model}: a Hugging Face model, nothing to merge", file=sys.stderr)
         generations = os.path.join(os.path.abspath(out_dir), "generations.parquet")
-        print(f"[2/3] generating with verl's generation server on {args.ngpus} GPU(s) -> {generations}", file=sys.stderr)
+        print(f"[2/3] generating with verl's generation server on {args.ngpus} GPU(s) -> {generations}",
+              file=sys.stderr)
         run(generation_command(args.python, model, files, generations, args), args.dry_run)
         if args.dry_run:
             return 0

@@ -39,7 +39,8 @@ def imports(path: Path, module_level_only: bool = False) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(parts + ([base] if base else []))
             names.add(base)
             names.update(f"{base}.{alias.name}" for alias in node.names)
     return names
@@ -55,7 +56,8 @@ def own(names: set[str]) -> set[str]:
 
 def test_the_maths_imports_only_the_maths():
     files = sources("methods")
-    assert {f.stem for f in files} >= {"apo", "anchor", "apo_loss", "apo_settings", "codapo", "success", "zero_variance"}
+    assert {f.stem for f in files} >= {"apo", "anchor", "apo_loss", "apo_settings", "codapo", "success",
+                                       "zero_variance"}
     for path in files:
         for name in imports(path):
             assert name.split(".")[0] not in FORBIDDEN_IN_MATHS, f"{path.name} imports {name}"

@@ -5,7 +5,8 @@ and ``step``; verl's V1 trainer adds ``uid`` = ``{sample}_{rollout}_{output}``, 
 group. The recipe's trainer adds, without touching verl's fields: ``response_length`` (tokens),
 ``advantage`` (what the loss used), ``data_source``, ``truncated`` (reached the cap without an end token) and,
 for APO, ``apo_phi`` (Phi_i as computed; ``lambda_scale`` where the centered reward is 0, which the advantage
-ignores) and ``apo_anchor`` (C_t of the response's scope). A dump without ``uid`` (verl's legacy trainer) is grouped by prompt text within each step.
+ignores) and ``apo_anchor`` (C_t of the response's scope). A dump without ``uid`` (verl's legacy trainer) is
+grouped by prompt text within each step.
 
 Lengths: the dump's ``response_length`` if every row has one; else the output re-tokenized with the model's
 tokenizer (``tokenizer``); else characters, and the report says so.

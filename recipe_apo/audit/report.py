@@ -60,7 +60,8 @@ def report_markdown(results: Sequence[dict[str, Any]], figure: Optional[str] = "
               "Mean positive signal S+ = sum_i max(A_i, 0) and negative signal S- = sum_i max(-A_i, 0) per group, "
               "by the group's success rate p_hat = k/G, beside p(1-p)(G-1), Dr. GRPO's E[S+] over groups of a "
               "prompt whose success probability is p = p_hat (Proposition 1); a group observed with k successes "
-              "has exactly S+ = k(G-k)/G = G p_hat(1-p_hat) under Dr. GRPO. GRPO's division by the group's std flattens the curve (extreme groups have "
+              "has exactly S+ = k(G-k)/G = G p_hat(1-p_hat) under Dr. GRPO. GRPO's division by the group's std "
+              "flattens the curve (extreme groups have "
               "the smallest std); APO's Phi_i raises the positive signal of groups below its anchor and the "
               "negative signal of groups above it.", ""]
     for r in results:

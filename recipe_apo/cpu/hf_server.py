@@ -25,7 +25,6 @@ import torch
 from recipe_apo.cpu import chat_http
 from recipe_apo.integration.validation import RecipeConfigError
 
-
 # Keys of verl's sampling_params this server honours; anything else is refused, not ignored.
 SAMPLING_KEYS = frozenset(
     {"temperature", "top_p", "top_k", "repetition_penalty", "logprobs", "ignore_eos", "max_tokens", "max_new_tokens"}
@@ -149,9 +148,9 @@ class HFGenerationServer:
     def __init__(self, config, model_config, replica_rank: int = 0) -> None:
         from transformers import AutoModelForCausalLM
         from verl.utils.config import omega_conf_to_dataclass
+        from verl.workers.config import HFModelConfig
 
         from recipe_apo.reward.truncation import end_token_ids
-        from verl.workers.config import HFModelConfig
 
         self.config = config
         self.model_config = omega_conf_to_dataclass(model_config, dataclass_type=HFModelConfig)

@@ -1,8 +1,8 @@
 """The anchor in verl's checkpoints: ``global_step_N/apo_state.json`` next to ``actor/`` and ``data.pt``.
 
 verl saves no estimator state, so a resumed run would restart C_t from ``anchor_init`` and reweight its first
-steps against the wrong capability. The recipe's trainer (``recipe_apo.integration.trainer``) writes the driver's anchors
-into every checkpoint folder and reads them back on resume; ``AnchorCheckpointCallback`` does the same for
+steps against the wrong capability. The recipe's trainer (``recipe_apo.integration.trainer``) writes the driver's
+anchors into every checkpoint folder and reads them back on resume; ``AnchorCheckpointCallback`` does the same for
 plain ``verl.trainer.main_ppo`` through ``trainer.checkpoint_callback_class``.
 
 On resume, a missing or unreadable state file, or one of the other ``anchor_scope``, stops the resume with one
@@ -23,7 +23,13 @@ from typing import Any, Optional
 from verl.trainer.ppo.checkpoint_callback import CheckpointCallback
 
 from recipe_apo.integration.errors import AnchorStateError
-from recipe_apo.methods.anchor import GLOBAL_SCOPE, AnchorBook, driver_anchors, install_driver_anchors, reset_driver_anchor
+from recipe_apo.methods.anchor import (
+    GLOBAL_SCOPE,
+    AnchorBook,
+    driver_anchors,
+    install_driver_anchors,
+    reset_driver_anchor,
+)
 from recipe_apo.methods.apo_settings import ApoSettings
 
 logger = logging.getLogger("recipe_apo")
@@ -154,7 +160,8 @@ def uses_apo(config: Any) -> bool:
 
 
 class AnchorCheckpointCallback(CheckpointCallback):
-    """For plain ``verl.trainer.main_ppo``: ``trainer.checkpoint_callback_class=recipe_apo.integration.checkpoint.AnchorCheckpointCallback``.
+    """For plain ``verl.trainer.main_ppo``:
+    ``trainer.checkpoint_callback_class=recipe_apo.checkpoint.AnchorCheckpointCallback`` (the kept path).
 
     verl builds the callback on the driver when the trainer starts, before it loads its checkpoint: the
     anchors are restored here from the folder verl will resume from, and saved after each checkpoint.

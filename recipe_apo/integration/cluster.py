@@ -1,8 +1,8 @@
 """Start-up check that every node of the Ray cluster has the recipe's estimators and losses registered.
 
 verl's workers on another node import verl from that node's Python environment. Without the plugin there, an
-`apo` or `codapo` run fails only when the first batch reaches the estimator or the actor's loss, after the model load and
-the rollout. This check runs one tiny task on every alive node before training starts.
+`apo` or `codapo` run fails only when the first batch reaches the estimator or the actor's loss, after the model
+load and the rollout. This check runs one tiny task on every alive node before training starts.
 """
 
 from __future__ import annotations

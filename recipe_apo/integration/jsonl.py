@@ -6,7 +6,8 @@ import json
 from typing import Iterator, Sequence
 
 
-def read_rows(path, required: Sequence[str], hint: str, error: type[ValueError] = ValueError) -> Iterator[tuple[int, dict]]:
+def read_rows(path, required: Sequence[str], hint: str,
+              error: type[ValueError] = ValueError) -> Iterator[tuple[int, dict]]:
     """``(line number, row)`` for every non-blank line; ``error`` names ``path:line`` for a line that is not
     JSON or lacks a ``required`` key (``hint`` says what the file should be)."""
     with open(path, encoding="utf-8") as handle:

@@ -11,7 +11,6 @@ class _ApoTaskRunner(TaskRunnerV1.__ray_actor_class__):
     def run(self, config):
         import recipe_apo.integration.trainer  # noqa: F401  (registers trainer_mode=apo_sync in this process)
         from recipe_apo.integration.cluster import check_apo_on_every_node
-
         from recipe_apo.plugin import ESTIMATORS, LOSSES
 
         if (str(config.algorithm.adv_estimator) in ESTIMATORS

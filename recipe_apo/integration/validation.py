@@ -12,9 +12,9 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from recipe_apo.integration.errors import RecipeConfigError
-from recipe_apo.methods.codapo import CodapoConfigError, CodapoSettings
 from recipe_apo.methods.apo_loss import NORM_MODE
 from recipe_apo.methods.apo_settings import ApoConfigError, ApoSettings
+from recipe_apo.methods.codapo import CodapoConfigError, CodapoSettings
 from recipe_apo.methods.zero_variance import check_mode as check_zero_variance
 
 AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", NORM_MODE)

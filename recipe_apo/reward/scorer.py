@@ -222,7 +222,8 @@ def _timeout_from(kwargs: dict) -> float:
         return env_settings()["timeout"]
     value = _number("reward.custom_reward_function.reward_kwargs.timeout", kwargs["timeout"], False, 0.0)
     if value <= 0:
-        raise RewardConfigError(f"reward.custom_reward_function.reward_kwargs.timeout={kwargs['timeout']!r} must be > 0")
+        raise RewardConfigError(
+            f"reward.custom_reward_function.reward_kwargs.timeout={kwargs['timeout']!r} must be > 0")
     return value
 
 

@@ -114,7 +114,7 @@ def scenario_table(summary: dict[str, Any], metric: str) -> dict[str, Any]:
     matrix = {a: {b: paired_between(summary, a, b, metric) for b in labels if b != a} for a in labels}
     ranks = _rank(labels, {label: agg[label][metric]["mean"] for label in labels})
     rows = []
-    for label in sorted(labels, key=lambda l: (ranks[l], labels.index(l))):
+    for label in sorted(labels, key=lambda name: (ranks[name], labels.index(name))):
         cells = matrix[label]
         row = {
             "method": label,

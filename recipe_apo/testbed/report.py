@@ -14,9 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from recipe_apo.testbed.train import BUCKETS
 from recipe_apo.integration.validation import OWN_AGGREGATION
-
+from recipe_apo.testbed.train import BUCKETS
 
 
 def _incomplete_beta(a: float, b: float, x: float) -> float:
@@ -293,8 +292,9 @@ def report_markdown(summary: dict[str, Any]) -> str:
     lines = [
         f"# CPU testbed: {', '.join(labels)} ({len(seeds)} seeds, scenario `{summary['scenario']}`)",
         "",
-        f"{cfg['rounds']} rounds of {cfg['data']['train_batch_size']} prompts x G={cfg['actor_rollout_ref']['rollout']['n']} "
-        f"responses, L0={cfg['data']['max_response_length']}, ppo_epochs={cfg['actor_rollout_ref']['actor']['ppo_epochs']}, "
+        f"{cfg['rounds']} rounds of {cfg['data']['train_batch_size']} prompts x "
+        f"G={cfg['actor_rollout_ref']['rollout']['n']} responses, L0={cfg['data']['max_response_length']}, "
+        f"ppo_epochs={cfg['actor_rollout_ref']['actor']['ppo_epochs']}, "
         f"mini-batch {cfg['actor_rollout_ref']['actor']['ppo_mini_batch_size']} prompts. Success = share of sampled "
         f"responses (temperature 1) that are correct on a fixed evaluation set; buckets are thirds of that set by "
         f"the initial policy's own success rate. Wall time of the whole run: {summary['wall_s']:.0f} s.",
@@ -330,9 +330,9 @@ def report_markdown(summary: dict[str, Any]) -> str:
     ]
     agg = summary["aggregate"]
     for key, header, fmt, _ in HEADLINE:
-        if not all(key in agg[l] for l in labels):  # a summary.json from before the key existed
+        if not all(key in agg[name] for name in labels):  # a summary.json from before the key existed
             continue
-        cells = [mean_and_spread(fmt, agg[l][key]["mean"], agg[l][key]["std"]) for l in labels]
+        cells = [mean_and_spread(fmt, agg[name][key]["mean"], agg[name][key]["std"]) for name in labels]
         lines.append(f"| {header} | " + " | ".join(cells) + " |")
     lines += [
         "",
@@ -352,7 +352,8 @@ def report_markdown(summary: dict[str, Any]) -> str:
             per_seed = " ".join(_fmt(fmt.replace("{:", "{:+"), x) for x in p["per_seed"])
             mean = mean_and_spread(fmt, p["mean"], p["std"], mean_fmt=fmt.replace("{:", "{:+"))
             verdict = f"**{p['direction']}**" if p["beyond_seed_noise"] else "within seed noise"
-            lines.append(f"| {name} | {headers[key]} | {per_seed} | {mean} | {p['seeds_agree']}/{p['seeds']} | {verdict} |")
+            agree = f"{p['seeds_agree']}/{p['seeds']}"
+            lines.append(f"| {name} | {headers[key]} | {per_seed} | {mean} | {agree} | {verdict} |")
     lines += ["", "## Verdict", ""] + verdict_lines(summary)
     lines += ["", "Plots: `success.png`, `length.png`, `anchor.png`, `grad_norm.png`.", ""]
     return "\n".join(lines)
@@ -362,7 +363,7 @@ def verdict_lines(summary: dict[str, Any]) -> list[str]:
     """Plain sentences on APO against each baseline, for the headline metrics."""
     out = []
     labels = list(summary["methods"])
-    apo = [l for l in labels if summary["methods"][l]["adv_estimator"] == "apo"]
+    apo = [name for name in labels if summary["methods"][name]["adv_estimator"] == "apo"]
     for a in apo:
         for b in labels:
             if b == a:

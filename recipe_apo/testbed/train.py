@@ -27,13 +27,13 @@ from omegaconf import DictConfig, OmegaConf
 
 from recipe_apo.methods import anchor as anchor_module
 from recipe_apo.methods.anchor import reset_driver_anchor
-from recipe_apo.methods.group_stats import length_by_outcome
 from recipe_apo.methods.codapo import CodapoSettings, codapo_book, handed_log_probs, resample_order, select_prompts
+from recipe_apo.methods.group_stats import length_by_outcome
+from recipe_apo.methods.zero_variance import exclude_zero_variance, live_rows
 from recipe_apo.testbed.policy import TokenPolicy, build_policy, pretrain
 from recipe_apo.testbed.rollout import compute_advantages, rollout
 from recipe_apo.testbed.task import ReverseTask
 from recipe_apo.testbed.update import actor_config, effective_agg_mode, ppo_update
-from recipe_apo.methods.zero_variance import exclude_zero_variance, live_rows
 
 BUCKETS = ("hard", "medium", "easy")
 
@@ -95,7 +95,8 @@ def prepare_seed(cfg: DictConfig, seed: int) -> SeedSetup:
     rounds, per_round = cfg.rounds, cfg.data.train_batch_size
     prompts, k = task.sample_prompts(rounds * per_round, prompt_gen)
     eval_prompts, eval_k = task.stratified_prompts(cfg.eval.prompts_per_length, generator(seed, _EVAL_SET))
-    initial = evaluate(policy, task, eval_prompts, eval_k, cfg.eval.bucket_samples, generator(seed, _EVAL_SAMPLING, 10**6))
+    initial = evaluate(policy, task, eval_prompts, eval_k, cfg.eval.bucket_samples,
+                       generator(seed, _EVAL_SAMPLING, 10**6))
     # Tertiles of the initial policy's own success rates; ties (many zeros) are broken by string length.
     order = np.lexsort((-eval_k.numpy(), initial.numpy()))
     bucket = torch.empty(len(order), dtype=torch.int64)

@@ -18,9 +18,9 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from recipe_apo.testbed.policy import TokenPolicy
 from recipe_apo.integration.validation import OWN_AGGREGATION
 from recipe_apo.methods.zero_variance import denominator_ratio
+from recipe_apo.testbed.policy import TokenPolicy
 
 # algorithm.zero_variance in the testbed: the recipe's two, and the exact reference the recipe cannot run.
 ZERO_VARIANCE_MODES = ("keep", "exclude", "exact")

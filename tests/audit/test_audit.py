@@ -46,7 +46,7 @@ def write_dump(folder, steps, with_recipe_fields=True, advantages=None):
 
 @pytest.fixture
 def audited(tmp_path):
-    folder = write_dump(tmp_path / "exp" / "rollouts", {1: STEP1, 2: STEP2},
+    write_dump(tmp_path / "exp" / "rollouts", {1: STEP1, 2: STEP2},
                         advantages={1: DR_GRPO_STEP1, 2: [-0.25, 0.75, -0.25, -0.25]})
     return audit_run(load_run(tmp_path / "exp"))
 

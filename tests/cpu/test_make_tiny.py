@@ -242,7 +242,8 @@ def test_verl_rlhf_dataset_loads_it(tiny, tokenizer, tmp_path, monkeypatch):
 def test_reward_scores(source, response, truth, score):
     assert reward.compute_score(source, response, truth) == score
     # As verl's reward manager calls it: keywords, extra_info, and extra keywords it passes along.
-    kwargs = dict(data_source=source, solution_str=response, ground_truth=truth, extra_info={}, reward_router_address=None)
+    kwargs = dict(data_source=source, solution_str=response, ground_truth=truth, extra_info={},
+                  reward_router_address=None)
     assert reward.compute_score(**kwargs) == score
 
 

@@ -16,9 +16,9 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from recipe_apo.cpu import rehearse
 from recipe_apo.cpu.checks import check_rehearsal_config
 from recipe_apo.cpu.hf_server import RehearsalUnsupported, Sampling, generate_batch
+from recipe_apo.integration.validation import RecipeConfigError, validate_recipe_config
 from recipe_apo.main import recipe_error
 from recipe_apo.methods.success import ApoInputError
-from recipe_apo.integration.validation import RecipeConfigError, validate_recipe_config
 
 VOCAB, PAD = 40, 0
 PROMPTS = [[5, 9, 11, 3], [7, 2], [12, 30, 31]]  # different lengths: the batch is left-padded
@@ -93,7 +93,8 @@ def test_sampling_settings_from_verl():
     s = Sampling.from_verl(params, prompt_len=10, response_length=16, prompt_length=64, max_model_len=None)
     assert (s.temperature, s.top_p, s.top_k, s.max_tokens, s.logprobs) == (0.6, 0.9, -1, 16, True)
     # As verl's vLLM server: the default is the response length, capped by the prompt budget.
-    assert Sampling.from_verl({}, prompt_len=70, response_length=16, prompt_length=64, max_model_len=None).max_tokens == 10
+    sampling = Sampling.from_verl({}, prompt_len=70, response_length=16, prompt_length=64, max_model_len=None)
+    assert sampling.max_tokens == 10
     assert Sampling.from_verl({"max_tokens": 4}, 10, 16, 64, None).max_tokens == 4
     with pytest.raises(RehearsalUnsupported, match="sampling parameter\\(s\\) n, stop$"):
         Sampling.from_verl({"stop": ["x"], "n": 2}, 10, 16, 64, None)
@@ -104,7 +105,8 @@ def test_sampling_settings_from_verl():
 # ---- what the rehearsal refuses ------------------------------------------------------------------------------
 def rehearsal_config(*overrides):
     with initialize_config_module(config_module="recipe_apo.conf", version_base=None):
-        config = compose("apo_trainer", overrides=["method=apo", "rehearsal=cpu", "actor_rollout_ref.rollout.n=2", *overrides])
+        config = compose("apo_trainer",
+                         overrides=["method=apo", "rehearsal=cpu", "actor_rollout_ref.rollout.n=2", *overrides])
     OmegaConf.resolve(config)
     return config
 
@@ -121,7 +123,8 @@ def test_the_rehearsal_config_passes_its_checks_and_the_recipes():
 
 
 @pytest.mark.parametrize("override, key", [
-    ("actor_rollout_ref.rollout.tensor_model_parallel_size=2", "actor_rollout_ref.rollout.tensor_model_parallel_size=2"),
+    ("actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+     "actor_rollout_ref.rollout.tensor_model_parallel_size=2"),
     ("actor_rollout_ref.rollout.data_parallel_size=2", "actor_rollout_ref.rollout.data_parallel_size=2"),
     ("trainer.nnodes=2", "trainer.nnodes=2"),
     ("trainer.n_gpus_per_node=2", "trainer.n_gpus_per_node=2"),
@@ -156,7 +159,8 @@ def test_a_refused_rehearsal_setting_stops_the_launch_with_one_line(tmp_path):
         capture_output=True, text=True, cwd=tmp_path, timeout=120,
     )
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines()[-1] == "recipe-apo: error: trainer.nnodes=2: the CPU rehearsal runs on one machine"
+    last = result.stderr.strip().splitlines()[-1]
+    assert last == "recipe-apo: error: trainer.nnodes=2: the CPU rehearsal runs on one machine"
 
 
 def test_a_run_without_the_rehearsal_never_imports_it(tmp_path):
@@ -202,8 +206,8 @@ def _recipe_errors():
 @pytest.mark.parametrize("kind", _recipe_errors(), ids=lambda kind: kind.__name__)
 def test_every_error_the_recipe_raises_on_purpose_is_said_as_one_line(kind, capsys, monkeypatch):
     """Through two of Ray's wrappers, as ``python -m recipe_apo.main`` meets it, to its one line and exit code 1."""
-    from ray.exceptions import RayTaskError
     import verl.trainer.main_ppo as main_ppo
+    from ray.exceptions import RayTaskError
 
     from recipe_apo import main as recipe_main
 

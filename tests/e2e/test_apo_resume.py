@@ -138,7 +138,8 @@ def test_the_rollout_dump_carries_the_audits_fields_and_the_audit_replays_the_ru
 def test_multirun_jobs_each_get_their_own_experiment_and_a_fresh_anchor(apo_runs):
     names = apo_runs["experiments"]
     assert len(names) == 2 and len(set(names)) == 2
-    assert "apo.lambda_scale=1.1" in names[0] and "apo.lambda_scale=2.0" in names[1]
+    # Names too long for the cap keep the swept key and end in a hash of the whole command line.
+    assert all("apo.lambda_scale" in name for name in names)
     for name in names:
         saved = state(checkpoint_root(apo_runs["workdir"], name) / "global_step_1")["anchors"]
         first = rehearse.read_metrics(rehearse.metrics_file(apo_runs["workdir"] / "metrics" / "first", name))[0]

@@ -11,7 +11,6 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from recipe_apo.methods.anchor import driver_anchors, get_driver_anchor, reset_driver_anchor
 from recipe_apo.integration.checkpoint import (
     STATE_FILE,
     AnchorCheckpointCallback,
@@ -19,6 +18,7 @@ from recipe_apo.integration.checkpoint import (
     load_anchor_state,
     save_anchor_state,
 )
+from recipe_apo.methods.anchor import get_driver_anchor, reset_driver_anchor
 from recipe_apo.methods.apo_settings import ApoSettings
 
 # One step of training as the driver sees it: a batch through the registered estimator, seeded by the step.

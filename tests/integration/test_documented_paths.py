@@ -6,9 +6,9 @@ import importlib.util
 import subprocess
 import sys
 
+from omegaconf import OmegaConf
 from verl.trainer.ppo.checkpoint_callback import build_checkpoint_callback
 from verl.utils.import_utils import load_extern_object
-from omegaconf import OmegaConf
 
 
 def test_the_reward_function_by_its_pkg_path_is_the_scorer():

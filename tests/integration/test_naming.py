@@ -1,4 +1,5 @@
-"""recipe_apo.integration.naming: the run names of the recipe's entry point and of the launch scripts (one rule for both)."""
+"""recipe_apo.integration.naming: the run names of the recipe's entry point and of the launch scripts (one rule
+for both)."""
 
 import hashlib
 

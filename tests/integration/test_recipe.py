@@ -8,8 +8,8 @@ import pytest
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
-from recipe_apo.main import experiment_name
 from recipe_apo.integration.validation import RecipeConfigError, validate_recipe_config
+from recipe_apo.main import experiment_name
 
 L0 = 3000
 
@@ -80,8 +80,8 @@ def test_apo_is_the_default_method_and_presets_win_over_the_base():
 def test_the_recipe_yaml_declares_the_estimators_defaults_exactly():
     from dataclasses import asdict
 
-    from recipe_apo.methods.codapo import CodapoSettings
     from recipe_apo.methods.apo_settings import ApoSettings
+    from recipe_apo.methods.codapo import CodapoSettings
 
     assert OmegaConf.to_container(composed().algorithm.apo) == asdict(ApoSettings())
     assert OmegaConf.to_container(composed().algorithm.codapo) == asdict(CodapoSettings())
@@ -112,7 +112,8 @@ def test_kl_in_reward_is_fine_with_a_threshold_success_and_data_sources_with_the
         (["algorithm.apo.eta=-1"], "algorithm.apo.eta"),
         (["+algorithm.apo.lambda=2"], "algorithm.apo.lambda"),
         (["actor_rollout_ref.actor.loss_scale_factor=null"], "actor_rollout_ref.actor.loss_scale_factor"),
-        (["method=drgrpo", "actor_rollout_ref.actor.loss_scale_factor=null"], "actor_rollout_ref.actor.loss_scale_factor"),
+        (["method=drgrpo", "actor_rollout_ref.actor.loss_scale_factor=null"],
+         "actor_rollout_ref.actor.loss_scale_factor"),
         (["actor_rollout_ref.actor.loss_scale_factor=-5"], "actor_rollout_ref.actor.loss_scale_factor"),
         (["actor_rollout_ref.actor.tau_neg=0"], "actor_rollout_ref.actor.tau_neg"),
         (["algorithm.adv_estimator=apo_typo"], "algorithm.adv_estimator"),
@@ -138,7 +139,8 @@ def test_kl_in_reward_is_fine_with_a_threshold_success_and_data_sources_with_the
         (["method=drgrpo", "algorithm.adv_estimator=grpo_vectorized"], "adv_estimator=grpo"),
         (["algorithm.norm_adv_by_std_in_grpo=true"], "algorithm.norm_adv_by_std_in_grpo=true"),
         (["method=drgrpo", "actor_rollout_ref.actor.policy_loss.loss_mode=sapo"], "loss_mode=sapo ignores"),
-        (["method=grpo", "actor_rollout_ref.actor.loss_scale_factor=3000"], "actor_rollout_ref.actor.loss_scale_factor"),
+        (["method=grpo", "actor_rollout_ref.actor.loss_scale_factor=3000"],
+         "actor_rollout_ref.actor.loss_scale_factor"),
         # The type, not the count, is at fault:
         (["actor_rollout_ref.rollout.n='8'"], "actor_rollout_ref.rollout.n must be an integer"),
         (["actor_rollout_ref.rollout.n=2.5"], "actor_rollout_ref.rollout.n must be an integer"),
@@ -221,8 +223,8 @@ def test_launch_hands_verl_the_recipe_task_runner_and_ends_its_ray_session(monke
     import ray
     import verl.trainer.main_ppo as main_ppo
 
-    from recipe_apo.main import run
     from recipe_apo.integration.task_runner import ApoTaskRunner
+    from recipe_apo.main import run
 
     seen = {}
 
@@ -238,9 +240,9 @@ def test_launch_hands_verl_the_recipe_task_runner_and_ends_its_ray_session(monke
 
 @pytest.mark.parametrize("method, checked", [("apo", True), ("codapo", True), ("grpo", False), ("drgrpo", False)])
 def test_task_runner_registers_the_trainer_and_checks_the_nodes_for_apo(monkeypatch, method, checked):
-    import recipe_apo.integration.cluster as cluster
     from verl.trainer.main_ppo import TaskRunnerV1
 
+    import recipe_apo.integration.cluster as cluster
     from recipe_apo.integration.task_runner import ApoTaskRunner, _ApoTaskRunner
 
     calls = []

@@ -23,13 +23,12 @@ from tensordict.tensorclass import NonTensorStack
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils.tracking import Tracking
 
-from recipe_apo.methods.anchor import AnchorBook, get_driver_anchor, reset_driver_anchor
 from recipe_apo.integration.checkpoint import STATE_FILE
 from recipe_apo.integration.cluster import check_apo_on_every_node
-from recipe_apo.methods.apo import compute_apo_advantage
-from recipe_apo.methods.apo_settings import ApoSettings
 from recipe_apo.integration.hooks import AnchorHook
 from recipe_apo.integration.trainer import ApoSyncTrainer
+from recipe_apo.methods.anchor import AnchorBook, get_driver_anchor, reset_driver_anchor
+from recipe_apo.methods.apo import compute_apo_advantage
 
 REWARDS = [1.0, 1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.0]
 LENGTHS = [3, 2, 4, 1, 2, 5, 3, 2]
@@ -110,7 +109,8 @@ def test_advantage_step_uses_one_anchor_per_data_source_and_logs_its_metrics(tra
         token_rewards[i, n - 1] = reward
         mask[i, :n] = 1
     expected, expected_metrics = compute_apo_advantage(
-        token_rewards, mask, np.array(UIDS, dtype=object), trainer.hook(AnchorHook).settings, AnchorBook(), np.array(SOURCES))
+        token_rewards, mask, np.array(UIDS, dtype=object), trainer.hook(AnchorHook).settings, AnchorBook(),
+        np.array(SOURCES))
     torch.testing.assert_close(got, expected[:, 0])
     assert metrics["apo/anchor/easy"] == 0.75 and metrics["apo/anchor/hard"] == 0.25
     assert {k: v for k, v in metrics.items() if k.startswith("apo/")} == expected_metrics

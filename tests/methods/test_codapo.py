@@ -12,6 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from recipe_apo.integration.resampling import STATE_FILE, PromptResampler, ResamplingStateError
 from recipe_apo.methods.codapo import (
     CodapoConfigError,
     CodapoSettings,
@@ -22,7 +23,6 @@ from recipe_apo.methods.codapo import (
     resample_order,
     select_prompts,
 )
-from recipe_apo.integration.resampling import STATE_FILE, PromptResampler, ResamplingStateError
 from recipe_apo.methods.success import ApoInputError
 
 LN2 = math.log(2.0)

@@ -6,13 +6,21 @@ import math
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings as hsettings, strategies as st
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 from omegaconf import OmegaConf
 from verl import DataProto
 from verl.trainer.ppo import core_algos
 from verl.trainer.ppo.ray_trainer import compute_advantage
 
-from recipe_apo.methods.anchor import AnchorBook, CapabilityAnchor, driver_anchors, get_driver_anchor, reset_driver_anchor
+from recipe_apo.methods.anchor import (
+    AnchorBook,
+    CapabilityAnchor,
+    driver_anchors,
+    get_driver_anchor,
+    reset_driver_anchor,
+)
 from recipe_apo.methods.apo import ApoInputError, compute_apo_advantage
 from recipe_apo.methods.apo_settings import ApoConfigError, ApoSettings
 

@@ -1,11 +1,12 @@
 """The estimator under unusual or hostile inputs: reward dtypes, overflow, empty batches, missing data sources."""
 
-import math
 
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings as hsettings, strategies as st
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
 from recipe_apo.methods.anchor import AnchorBook, CapabilityAnchor
@@ -121,7 +122,8 @@ def test_empty_batches_give_empty_real_advantages_and_leave_the_anchor_alone(sha
 def test_a_missing_data_source_is_named_with_its_rows(missing):
     token_rewards, mask = token_rewards_of([1, 0, 1, 0], [1, 1, 1, 1], torch.float32)
     book = AnchorBook(init=0.5)
-    with pytest.raises(ApoInputError, match=r"data_source is missing \(None/NaN\) for 2 of 4 responses, first rows \[2, 3\]"):
+    message = r"data_source is missing \(None/NaN\) for 2 of 4 responses, first rows \[2, 3\]"
+    with pytest.raises(ApoInputError, match=message):
         compute_apo_advantage(token_rewards, mask, np.array(["a", "a", "b", "b"]), ApoSettings(), book,
                               scopes=np.array(["math", "math", missing, missing], dtype=object))
     assert book.anchors == {}

@@ -4,7 +4,9 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, settings as hsettings, strategies as st
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 from verl.trainer.ppo.core_algos import get_policy_loss_fn
 from verl.workers.config import FSDPActorConfig, PolicyLossConfig
 
@@ -211,7 +213,8 @@ def test_an_unusable_l0_is_refused_by_the_loss_itself(value):
     config = actor_config()
     # As verl's ppo_loss hands it over, per micro-batch.
     object.__setattr__(config, "global_batch_info", {"loss_scale_factor": value})
-    with pytest.raises(ValueError, match=r"actor_rollout_ref.actor.loss_scale_factor \(L0\) must be a finite number > 0"):
+    message = r"actor_rollout_ref.actor.loss_scale_factor \(L0\) must be a finite number > 0"
+    with pytest.raises(ValueError, match=message):
         apo_loss(log_prob, old, adv, mask, config)
 
 

@@ -11,9 +11,9 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
+from recipe_apo.reward import compute_score, last_boxed_answer, normalize_answer
 from recipe_apo.reward import pool as reward_pool
 from recipe_apo.reward import scorer as reward
-from recipe_apo.reward import compute_score, last_boxed_answer, normalize_answer
 
 
 def boxed(answer):
@@ -221,11 +221,11 @@ def test_a_worker_stuck_past_its_timeout_is_killed_and_replaced():
 def test_workers_do_not_outlive_their_process():
     # A trainer killed while a worker is stuck in a computation: the worker notices within about a second.
     code = textwrap.dedent(
-        f"""
+        """
         import importlib.util, os, signal, threading, time
         from recipe_apo.reward import pool as rw
         pool = rw.VerifierPool(1)
-        threading.Thread(target=pool.score, args=(["1"], "(10^{{8}})!", 60.0, 0), daemon=True).start()
+        threading.Thread(target=pool.score, args=(["1"], "(10^{8})!", 60.0, 0), daemon=True).start()
         while not pool._all:
             time.sleep(0.05)
         time.sleep(0.5)

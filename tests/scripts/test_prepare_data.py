@@ -66,7 +66,8 @@ def eval_rows(name, n):
     if name == "amc":  # AMC answers are floats
         return [{"problem": f"AMC {i}", "answer": float(i) + 100.0} for i in range(n)]
     if name in ("minerva", "olympiadbench"):  # lists of accepted forms, OlympiadBench's in $...$
-        return [{"question": f"{name} {i}", "final_answer": [f"${i}.5$", f"\\frac{{{2 * i + 1}}}{{2}}"]} for i in range(n)]
+        return [{"question": f"{name} {i}", "final_answer": [f"${i}.5$", f"\\frac{{{2 * i + 1}}}{{2}}"]}
+                for i in range(n)]
     return [{"problem": f"{name} problem {i}", "answer": str(i)} for i in range(n)]
 
 

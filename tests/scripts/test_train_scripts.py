@@ -401,8 +401,9 @@ def test_generation_commands_for_a_verl_checkpoint(tmp_path, capsys):
 
 
 def test_default_run_labels():
-    assert evaluate.model_label("ckpt/recipe_apo/qwen2.5-math-1.5b-apo/global_step_640") == "qwen2.5-math-1.5b-apo-global_step_640"
-    assert evaluate.model_label("ckpt/qwen2.5-math-1.5b-apo/global_step_640/actor/") == "qwen2.5-math-1.5b-apo-global_step_640"
+    label = "qwen2.5-math-1.5b-apo-global_step_640"
+    assert evaluate.model_label("ckpt/recipe_apo/qwen2.5-math-1.5b-apo/global_step_640") == label
+    assert evaluate.model_label("ckpt/qwen2.5-math-1.5b-apo/global_step_640/actor/") == label
     assert evaluate.model_label("Qwen/Qwen2.5-Math-1.5B") == "Qwen2.5-Math-1.5B"
 
 

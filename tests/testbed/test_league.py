@@ -6,7 +6,6 @@ import math
 
 import pytest
 from hydra import initialize_config_module
-
 from testbed_tiny import TINY_RUN as TINY
 
 METRIC = "success_final"

@@ -431,8 +431,8 @@ def _update(hydra_ctx_overrides, batch, advantages, zero_variance):
     metrics, the per-mini-batch trace and the last mini-batch's gradient."""
     from hydra import compose
 
-    from recipe_apo.testbed.update import actor_config, effective_agg_mode, ppo_update
     from recipe_apo.methods.zero_variance import exclude_zero_variance, live_rows
+    from recipe_apo.testbed.update import actor_config, effective_agg_mode, ppo_update
 
     cfg = compose(config_name="testbed", overrides=["method=grpo", "actor_rollout_ref.rollout.n=2",
                                                     "actor_rollout_ref.actor.grad_clip=1e9"] + hydra_ctx_overrides)
