@@ -3,7 +3,7 @@
 #   make test   ruff, then the test suite (what CI runs)
 #   make rehearse  optional: GRPO, Dr. GRPO, APO and CoDaPO through verl's whole training loop on the CPU (see README)
 # TORCH selects the torch build installed beside verl, in the same pip call: pinning it there is what keeps
-# pip from resolving a multi-GB CUDA build on a CPU-only machine. GPU users: see README, "GPU training".
+# pip from resolving a multi-GB CUDA build on a CPU-only machine. GPU users: see README, "Install", and docs/training.md.
 
 PYTHON ?= python3
 VENV ?= .venv

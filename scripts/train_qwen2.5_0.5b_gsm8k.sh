@@ -14,8 +14,7 @@
 # qwen2.5-0.5b-gsm8k-<method>[-<your overrides>]-<hash of every setting that counts>, made by recipe_apo/integration/naming.py).
 # RECIPE_APO_DRY_RUN=1 names and validates the run and prints where it writes, starting nothing (=cfg prints
 # the composed config with Hydra's --cfg job; =args prints the command).
-# Every run records its rollouts and validation generations under its checkpoint folder (see README,
-# "Reproducing the paper").
+# Every run records its rollouts and validation generations under its checkpoint folder (see docs/paper.md).
 #
 # [paper] marks settings kept from section 5.1 (the group size, the update structure, L0 = the response cap);
 # the sizes are scaled to one GPU and GSM8K's short solutions.

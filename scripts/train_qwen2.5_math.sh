@@ -16,8 +16,7 @@
 # qwen2.5-math-<size>-<method>[-<your overrides>]-<hash of every setting that counts>, made by recipe_apo/integration/naming.py).
 # RECIPE_APO_DRY_RUN=1 names and validates the run and prints where it writes, starting nothing (=cfg prints
 # the composed config with Hydra's --cfg job; =args prints the command).
-# Every run records its rollouts and validation generations under its checkpoint folder (see README,
-# "Reproducing the paper").
+# Every run records its rollouts and validation generations under its checkpoint folder (see docs/paper.md).
 #
 # Settings marked [paper] are section 5.1's; [Dr. GRPO] are from Dr. GRPO's own script for the size
 # (sail-sg/understand-r1-zero, examples/qwen2.5-math-1.5b.sh and -7b.sh), whose setup the paper says it follows;

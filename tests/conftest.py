@@ -26,3 +26,15 @@ def tiny_task(tmp_path_factory) -> dict[str, Path]:
             paths = make_tiny(root, progress=None)
             record.write_text(json.dumps({name: str(path) for name, path in paths.items()}))
         return {name: Path(path) for name, path in json.loads(record.read_text()).items()}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _environment_as_it_was():
+    """Each test module leaves ``os.environ`` as it found it. Importing ``recipe_apo.cpu.activate`` turns the CPU
+    rehearsal on in the importing process, environment included (``VERL_PLATFORM=cpu`` ...): without this, a
+    later module's subprocesses in the same (xdist) worker would inherit it."""
+    before = dict(os.environ)
+    yield
+    for key in set(os.environ) - set(before):
+        del os.environ[key]
+    os.environ.update(before)
