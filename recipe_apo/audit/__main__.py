@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from recipe_apo.audit.dumps import AuditError
+from recipe_apo.errors import RecipeError
 
 
 def _apo_settings(pairs: Sequence[str]) -> dict:
@@ -50,8 +51,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         from recipe_apo.audit.report import audit_folders
-        from recipe_apo.methods.apo_settings import ApoConfigError
-        from recipe_apo.methods.errors import ApoInputError
 
         apo = _apo_settings(args.apo)
         tokenizer = None
@@ -61,7 +60,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
         paths = audit_folders(args.runs, Path(args.out), args.name, tokenizer, args.max_response_length, apo,
                               plots=not args.no_plot, say=lambda line: print(line, file=sys.stderr, flush=True))
-    except (AuditError, ApoConfigError, ApoInputError) as exc:
+    except RecipeError as exc:  # a dump, a setting or a batch at fault: said in one line
         print(f"recipe-apo audit: error: {exc}", file=sys.stderr)
         return 2
     for kind, path in paths.items():

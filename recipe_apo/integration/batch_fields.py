@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import transfer_queue as tq
 
-from recipe_apo.methods.success import ApoInputError as BatchInputError
+from recipe_apo.methods.errors import BatchInputError
 
 
 def read(batch, fields: list[str]):

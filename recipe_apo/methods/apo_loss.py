@@ -23,6 +23,8 @@ from typing import Any, Optional
 import torch
 from verl.trainer.ppo.core_algos import agg_loss
 
+from recipe_apo.methods.errors import MethodConfigError
+
 # The log-ratio clamp of verl's own policy losses.
 LOG_RATIO_CLAMP = 20.0
 # Ratio band of the `ratio outside band` metric: GRPO's default clip range, so the share reads like its clip
@@ -37,7 +39,8 @@ NORM_MODE = "seq-mean-token-sum-norm"
 def _temperature(config: Any, key: str) -> float:
     value = getattr(config, key)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"actor_rollout_ref.actor.{key} must be a finite number > 0 for loss_mode=apo, got {value!r}")
+        raise MethodConfigError(
+            f"actor_rollout_ref.actor.{key} must be a finite number > 0 for loss_mode=apo, got {value!r}")
     return float(value)
 
 
@@ -49,7 +52,7 @@ def _aggregation_kwargs(config: Any, loss_agg_mode: str) -> dict:
     if loss_agg_mode == NORM_MODE and scale is None:
         # agg_loss would fall back to the padded width of each micro-batch, which varies from one micro-batch
         # to the next and brings the length bias back.
-        raise ValueError(
+        raise MethodConfigError(
             "loss_mode=apo with loss_agg_mode=seq-mean-token-sum-norm needs the constant L0: set "
             "actor_rollout_ref.actor.loss_scale_factor to the maximum response length (data.max_response_length)"
         )
@@ -57,7 +60,7 @@ def _aggregation_kwargs(config: Any, loss_agg_mode: str) -> dict:
                                        or not math.isfinite(scale) or scale <= 0):
         # Checked here, not only in the recipe's validation: plain verl hands the value over unchecked, and a
         # negative L0 flips the loss's sign, 0 makes it -inf.
-        raise ValueError(
+        raise MethodConfigError(
             f"actor_rollout_ref.actor.loss_scale_factor (L0) must be a finite number > 0 for loss_mode=apo, "
             f"got {scale!r}"
         )
@@ -75,7 +78,7 @@ def compute_policy_loss_apo(
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """verl's policy-loss signature for ``policy_loss.loss_mode=apo``; returns (loss, metrics)."""
     if config is None:
-        raise ValueError("loss_mode=apo needs the actor config (tau_pos, tau_neg, loss_scale_factor)")
+        raise MethodConfigError("loss_mode=apo needs the actor config (tau_pos, tau_neg, loss_scale_factor)")
     tau_pos = _temperature(config, "tau_pos")
     tau_neg = _temperature(config, "tau_neg")
     aggregation = _aggregation_kwargs(config, loss_agg_mode)

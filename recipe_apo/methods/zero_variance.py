@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from recipe_apo.methods.errors import BatchInputError
+from recipe_apo.methods.errors import BatchInputError, MethodConfigError
 from recipe_apo.methods.groups import group_ids
 
 MODES = ("keep", "exclude")
@@ -43,9 +43,9 @@ TOKEN_MODES = ("token-mean",)
 def check_mode(mode: Any, loss_agg_mode: str) -> str:
     """The validated ``algorithm.zero_variance`` value; a ``ValueError`` names the setting at fault."""
     if mode not in MODES:
-        raise ValueError(f"algorithm.zero_variance must be one of {', '.join(MODES)}, got {mode!r}")
+        raise MethodConfigError(f"algorithm.zero_variance must be one of {', '.join(MODES)}, got {mode!r}")
     if mode == "exclude" and loss_agg_mode not in SEQUENCE_MODES + TOKEN_MODES:
-        raise ValueError(
+        raise MethodConfigError(
             f"algorithm.zero_variance=exclude with actor_rollout_ref.actor.loss_agg_mode={loss_agg_mode}: that "
             f"mode has no denominator to exclude from; use one of {', '.join(SEQUENCE_MODES + TOKEN_MODES)}"
         )

@@ -200,7 +200,7 @@ def test_default_anchor_follows_a_step_in_success_within_50_steps():
     after = run_steps(anchor, cfg, 0.8, 50)
     assert after[-1] > 0.5, after  # more than half of the step 0.2 -> 0.8
     assert all(b >= a for a, b in zip(after, after[1:]))
-    assert next(i + 1 for i, v in enumerate(after) if v > 0.5) == 12  # the figure docs/internals.md quotes
+    assert next(i + 1 for i, v in enumerate(after) if v > 0.5) == 12  # docs/internals.md quotes it
 
 
 @pytest.mark.parametrize("rate", [0.05, 0.5, 0.95])
@@ -216,7 +216,7 @@ def test_default_anchor_settles_near_a_constant_success_rate_within_30_steps(rat
 def test_from_half_way_the_default_anchor_is_within_015_after_18_steps(rate):
     cfg = ApoSettings(anchor_init=0.5)
     values = run_steps(CapabilityAnchor(0.5, cfg.history), cfg, rate, 30)
-    assert next(i + 1 for i, v in enumerate(values) if abs(v - rate) < 0.15) == 18  # the figure docs/internals.md quotes
+    assert next(i + 1 for i, v in enumerate(values) if abs(v - rate) < 0.15) == 18  # docs/internals.md quotes it
 
 
 def test_papers_literal_rate_rule_never_moves_the_anchor():

@@ -9,7 +9,7 @@ from typing import Any
 
 from recipe_apo.integration import batch_fields
 from recipe_apo.integration.hooks.base import TrainerHook
-from recipe_apo.methods.success import ApoInputError
+from recipe_apo.methods.errors import BatchInputError
 from recipe_apo.reward.truncation import end_token_ids, generation_config_of, truncated_rows
 
 
@@ -33,6 +33,6 @@ class AuditDumpHook(TrainerHook):
         }
         try:
             fields["data_source"] = batch_fields.data_sources(batch).tolist()
-        except ApoInputError:
+        except BatchInputError:
             pass  # a dataset without data_source: the dump goes without it
         return fields
