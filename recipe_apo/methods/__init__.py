@@ -9,5 +9,5 @@ no Hydra, no trainer; of the recipe, only ``recipe_apo.errors`` (which imports n
 - Shared by the methods: ``groups`` (group ids from uids, group means, R_i), ``settings`` (reading a method's
   ``algorithm.<method>`` node), ``errors`` (``BatchInputError`` for a batch an estimator cannot use,
   ``MethodConfigError`` for a refused setting; both subclass ``recipe_apo.errors.RecipeError``), ``tensors``
-  (vectors of batch size to and from numpy).
+  (the estimators' new outputs, and vectors of batch size to and from numpy).
 """

@@ -23,7 +23,7 @@ one made-up uid): they take no part in group means, p_hat_g or y_t, and get adva
 
 Per-response and per-group maths run in float64 numpy on vectors of batch size, where torch's per-op overhead
 would dominate. The (batch, length) work is the rewards' row sums and one copy of the mask into the output,
-scaled in place; padding rows are found from the mask's first
+scaled in place (``recipe_apo.methods.tensors`` allocates it); padding rows are found from the mask's first
 column, and the full rows of only those that start masked.
 """
 
@@ -42,7 +42,7 @@ from recipe_apo.methods.apo_settings import ApoSettings
 from recipe_apo.methods.errors import ApoInputError, BatchInputError
 from recipe_apo.methods.groups import group_ids, group_mean, response_rewards
 from recipe_apo.methods.success import success_of
-from recipe_apo.methods.tensors import from_float64, to_numpy
+from recipe_apo.methods.tensors import empty_like, from_float64, to_numpy
 
 # group_ids, response_rewards and ApoInputError lived here before issue 19; still importable from here.
 __all__ = [
@@ -185,7 +185,7 @@ def _mask_times(response_mask: torch.Tensor, values: np.ndarray, dtype: torch.dt
     The mask is copied in the output dtype and then scaled in place: torch's mixed-dtype product (verl's int64
     mask times float rows) takes a slower path than a conversion and a one-dtype product.
     """
-    out = torch.empty_like(response_mask, dtype=dtype).copy_(response_mask)
+    out = empty_like(response_mask, dtype).copy_(response_mask)
     return out.mul_(from_float64(values, dtype, out.device).unsqueeze(-1))
 
 

@@ -40,7 +40,7 @@ import torch
 from recipe_apo.methods.errors import BatchInputError, MethodConfigError
 from recipe_apo.methods.groups import group_ids, group_mean, response_rewards
 from recipe_apo.methods.settings import read_settings
-from recipe_apo.methods.tensors import from_float64, to_numpy
+from recipe_apo.methods.tensors import empty_like, from_float64, to_numpy
 
 EPSILON = 1e-6
 
@@ -121,7 +121,7 @@ def compute_codapo_advantage(
     codes, n_groups = group_ids(index, batch_size)
     # float32 for the token-level work: float64 copies of (batch, length) tensors cost more than the maths.
     # The float32 mask is also the output when the output is float32 (scaled in place at the end).
-    mask = torch.empty_like(response_mask, dtype=torch.float32).copy_(response_mask.detach())
+    mask = empty_like(response_mask, torch.float32).copy_(response_mask.detach())
     tokens = to_numpy(mask.sum(dim=-1)).astype(np.float64)  # exact: counts far below 2^24
     valid = tokens > 0
     scores = response_rewards(token_level_rewards)
@@ -152,7 +152,7 @@ def compute_codapo_advantage(
     group_weight = confidence * difficulty_weight + weight_offset
     weight = np.where(valid, group_weight[codes], 0.0)
     scalar = np.where(valid, centered * weight, 0.0)
-    out = mask if out_dtype == torch.float32 else torch.empty_like(response_mask, dtype=out_dtype).copy_(response_mask)
+    out = mask if out_dtype == torch.float32 else empty_like(response_mask, out_dtype).copy_(response_mask)
     advantages = out.mul_(from_float64(scalar, out_dtype, out.device).unsqueeze(-1))
     observed = counts > 0
     metrics: dict[str, float] = {}

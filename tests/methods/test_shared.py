@@ -9,7 +9,7 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from recipe_apo.errors import RecipeError
-from recipe_apo.methods import apo, apo_settings, codapo, errors, groups, settings, success
+from recipe_apo.methods import apo, apo_settings, codapo, errors, groups, settings, success, tensors
 from recipe_apo.methods.apo_settings import ApoConfigError, ApoSettings
 from recipe_apo.methods.codapo import CodapoConfigError, CodapoSettings
 from recipe_apo.methods.errors import ApoInputError, BatchInputError, MethodConfigError
@@ -117,3 +117,26 @@ def test_most_rows_starting_masked_take_the_full_maxima():
     assert apo._valid_rows(mask).tolist() == [True] * 7 + [False, True, False]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64])
+def test_empty_like_is_torchs_empty_like(dtype):
+    for like in (torch.ones(3, 5, dtype=torch.int64), torch.ones(5, 3, dtype=torch.int64).t(),
+                 torch.ones(6, 1 << 21, dtype=torch.int8)):
+        out = tensors.empty_like(like, dtype)
+        assert out.dtype == dtype and out.shape == like.shape
+        assert out.stride() == torch.empty_like(like, dtype=dtype).stride()
+        assert torch.equal(out.copy_(like), like.to(dtype))
+
+
+def test_empty_like_hints_huge_pages_for_the_aligned_inside_of_a_large_tensor_only(monkeypatch):
+    import mmap
+
+    calls = []
+    monkeypatch.setattr(tensors, "_MADVISE", lambda start, length, advice: calls.append((start, length, advice)))
+    tensors.empty_like(torch.ones(4, 4, dtype=torch.int8), torch.float32)
+    assert calls == []
+    out = tensors.empty_like(torch.ones(5, 1 << 22, dtype=torch.int8), torch.float32)  # 80 MiB
+    (start, length, advice), = calls
+    end = out.data_ptr() + out.numel() * out.element_size()
+    huge = 2 << 20
+    assert advice == mmap.MADV_HUGEPAGE and start % huge == 0 and length % huge == 0
+    assert out.data_ptr() <= start and start + length <= end and length >= end - out.data_ptr() - 2 * huge
