@@ -9,6 +9,11 @@ would (``python -m recipe_apo.main method=<m> rehearsal=cpu ...``, as one Hydra 
 2. resume: the same command with one more step; verl resumes model, optimizer and data position from the
    checkpoint, the recipe the APO anchor.
 
+A folder that holds an earlier rehearsal (its marker file, ``.recipe-apo-rehearsal``) is cleared of that
+rehearsal's runs first, so a second ``make rehearse`` trains again instead of resuming at the end; a folder with
+run outputs but no marker is refused (it is not the rehearsal's to delete). A run that did not train every step
+it was asked for fails the command.
+
 It prints one table: steps done, seconds per step by stage (verl's ``timing_s/*``), the last step's ``apo/*``
 metrics, and where the checkpoints are. Every run's full output goes to ``DIR/logs/``, its metrics (verl's
 ``file`` logger) to ``DIR/metrics/<phase>/``. The same runner drives ``scripts/bench_e2e.py`` and the
@@ -31,9 +36,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Optional, Sequence
 
+from recipe_apo.errors import RecipeError
 from recipe_apo.integration import presets, quiet
 
 PROJECT = "rehearsal"
+# Written into --out by every rehearsal: what a later rehearsal may clear there.
+MARKER = ".recipe-apo-rehearsal"
+# What a rehearsal writes into --out beside the tiny model (kept: make_tiny rebuilds it the same way).
+OUTPUTS = ("checkpoints", "metrics", "logs", "audit", "summary.md")
+
+
+class RehearsalError(RecipeError):
+    """The rehearsal cannot start or did not do what it was asked; the message says which and what to do."""
 
 # What the rehearsal trains, beside the CPU settings of conf/rehearsal/cpu.yaml. Every value is small on purpose.
 RUN_OVERRIDES = (
@@ -209,12 +223,42 @@ def format_table(summaries: Sequence[MethodSummary]) -> str:
     return "\n".join(lines)
 
 
+def prepare_out(out: Path, say: Callable[[str], None] = print) -> None:
+    """Make ``out`` ready for a fresh rehearsal: a rehearsal's earlier runs there are removed (the runs would
+    otherwise find their own checkpoints, resume at the last step and train nothing); anything else is kept, and
+    run outputs that no rehearsal marked are refused."""
+    import shutil
+
+    found = [out / name for name in OUTPUTS if (out / name).exists()]
+    if found and not (out / MARKER).exists():
+        raise RehearsalError(f"{found[0]} exists and was not written by a rehearsal: give --out a new or empty "
+                             f"folder, or remove {', '.join(str(f) for f in found)}")
+    if found:
+        say(f"rehearsal: removing the previous rehearsal's runs in {out} ({', '.join(f.name for f in found)})")
+        for path in found:
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+    out.mkdir(parents=True, exist_ok=True)
+    (out / MARKER).write_text("A recipe-apo CPU rehearsal writes here; the next one clears its runs.\n")
+
+
+def check_steps(method: str, phase: str, rows: list[dict], expected: int, log: Path) -> None:
+    """A run that stopped short of its last step (or trained none: a resume that found it already done) fails."""
+    last = int(rows[-1].get("training/global_step", 0)) if rows else 0
+    if last != expected:
+        done = f"ended at step {last}" if rows else "trained no step"
+        raise RehearsalError(f"{method}'s {phase} run {done}, expected to end at step {expected}: see {log}")
+
+
 # ---- the command ------------------------------------------------------------------------------------------------
 def rehearse(out: Path, steps: int, methods: Sequence[str], say: Callable[[str], None] = print) -> int:
     from recipe_apo.cpu.make_tiny import make_tiny
 
     out = out.resolve()
     started = time.perf_counter()
+    prepare_out(out, say)
     say(f"rehearsal: {', '.join(methods)} on a tiny model, {steps} step(s) then a resume to step {steps + 1}, in {out}")
     paths = make_tiny(out / "tiny", progress=say)
     phases = {}
@@ -228,7 +272,14 @@ def rehearse(out: Path, steps: int, methods: Sequence[str], say: Callable[[str],
             say(f"rehearsal: the {phase} run failed; the end of {result.log}:")
             say("\n".join(result.log.read_text().splitlines()[-25:]))
             return 1
-        phases[phase] = (root, experiment_names(result.log))
+        names = experiment_names(result.log)
+        if len(names) != len(methods):
+            raise RehearsalError(f"the {phase} run started {len(names)} job(s) for {len(methods)} method(s): "
+                                 f"see {result.log}")
+        for method, name in zip(methods, names):
+            metrics = metrics_file(root, name)
+            check_steps(method, phase, read_metrics(metrics) if metrics.exists() else [], total, result.log)
+        phases[phase] = (root, names)
     summaries = []
     for index, method in enumerate(methods):
         experiment = phases["train"][1][index]
@@ -256,7 +307,8 @@ def audit_runs(folders: Sequence[Path], out: Path, names: Sequence[str]) -> Path
     result = subprocess.run(command, capture_output=True, text=True, env=quiet.child_env())
     reports = [line.removeprefix("report: ") for line in result.stdout.splitlines() if line.startswith("report: ")]
     if result.returncode != 0 or not reports:
-        raise RuntimeError(f"the rehearsal's audit failed ({' '.join(command)}): {result.stderr.strip()[-2000:]}")
+        last = (result.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RehearsalError(f"the rehearsal's audit failed (rerun: {' '.join(command)}): {last}")
     return Path(reports[0])
 
 
@@ -288,7 +340,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--methods", type=_methods, default=list(methods),
                         help=f"comma-separated presets to rehearse (default: every one, {','.join(methods)})")
     args = parser.parse_args(argv)
-    return rehearse(args.out, args.steps, args.methods)
+    try:
+        return rehearse(args.out, args.steps, args.methods)
+    except RehearsalError as exc:
+        print(f"rehearsal: error: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

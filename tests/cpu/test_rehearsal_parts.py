@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -261,3 +262,80 @@ def test_experiment_names_are_read_in_job_order(tmp_path):
     log.write_text("[HYDRA] #0 : method=grpo\nexperiment: rehearsal/grpo-x\nstep:1 - a:1\n"
                    "experiment: rehearsal/apo-y\n")
     assert rehearse.experiment_names(log) == ["grpo-x", "apo-y"]
+
+
+# ---- a second rehearsal in the same folder -----------------------------------------------------------------------
+def fake_verl_runs(monkeypatch, runs):
+    """``run_logged`` as verl's loop behaves for the rehearsal's bookkeeping: each job resumes from its own
+    checkpoint folder when one exists (and then trains only the steps after it), writes one metrics row per step
+    trained, and checkpoints at ``total_training_steps``. No Ray: what is tested is the command's handling."""
+
+    def run_logged(command, log, cwd, env, label, say=print, timeout=None):
+        args = dict(a.split("=", 1) for a in command if "=" in a and not a.startswith("-"))
+        methods = args["method"].split(",")
+        total = int(args["trainer.total_training_steps"])
+        log.parent.mkdir(parents=True, exist_ok=True)
+        lines = []
+        for method in methods:
+            name = f"{method}-tiny"
+            lines.append(f"experiment: {rehearse.PROJECT}/{name}")
+            ckpt = Path(cwd) / "checkpoints" / rehearse.PROJECT / name
+            done = max((int(p.name.removeprefix("global_step_")) for p in ckpt.glob("global_step_*")), default=0)
+            rows = [{"training/global_step": s, "timing_s/step": 1.0} for s in range(done + 1, total + 1)]
+            write_metrics(rehearse.metrics_file(Path(env["VERL_FILE_LOGGER_ROOT"]), name), rows)
+            (ckpt / f"global_step_{total}").mkdir(parents=True, exist_ok=True)
+            runs.append((method, len(rows)))
+        log.write_text("\n".join(lines) + "\n")
+        return rehearse.RunResult(0, 0.0, log)
+
+    monkeypatch.setattr(rehearse, "run_logged", run_logged)
+    monkeypatch.setattr(rehearse, "audit_runs", lambda folders, out, names: out / "report.md")
+    monkeypatch.setattr("recipe_apo.cpu.make_tiny.make_tiny", lambda folder, progress=None: {
+        "model": "m", "train": "t", "val": "v", "reward": "r"})
+
+
+def test_a_second_rehearsal_in_the_same_folder_trains_again(tmp_path, monkeypatch, capsys):
+    runs = []
+    fake_verl_runs(monkeypatch, runs)
+    args = ["--out", str(tmp_path / "r"), "--steps", "2", "--methods", "grpo,apo"]
+    assert rehearse.main(args) == 0
+    assert runs == [("grpo", 2), ("apo", 2), ("grpo", 1), ("apo", 1)]
+    (tmp_path / "r" / "tiny").mkdir()
+    runs.clear()
+    assert rehearse.main(args) == 0
+    # The earlier runs' checkpoints are gone: every step is trained again, and the tiny model is kept.
+    assert runs == [("grpo", 2), ("apo", 2), ("grpo", 1), ("apo", 1)]
+    assert (tmp_path / "r" / "tiny").is_dir()
+    assert "removing the previous rehearsal's runs" in capsys.readouterr().out
+
+
+def test_a_run_that_trained_no_step_fails_the_rehearsal(tmp_path, monkeypatch, capsys):
+    runs = []
+    fake_verl_runs(monkeypatch, runs)
+    out = tmp_path / "r"
+    # Checkpoints of an apo run at step 3 that no rehearsal cleared: the train run resumes there, trains nothing.
+    (out / "checkpoints" / rehearse.PROJECT / "apo-tiny" / "global_step_3").mkdir(parents=True)
+    (out / rehearse.MARKER).write_text("")
+    monkeypatch.setattr(rehearse, "prepare_out", lambda out, say: None)
+    assert rehearse.main(["--out", str(out), "--steps", "2", "--methods", "apo"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert err[0].startswith("rehearsal: error: apo's train run trained no step, expected to end at step 2: see ")
+
+
+def test_run_outputs_no_rehearsal_wrote_are_refused_and_kept(tmp_path, capsys):
+    (tmp_path / "checkpoints" / "mine").mkdir(parents=True)
+    (tmp_path / "summary.md").write_text("mine")
+    with pytest.raises(rehearse.RehearsalError, match=r"checkpoints exists and was not written by a rehearsal: "
+                                                      r"give --out a new or empty folder, or remove "):
+        rehearse.prepare_out(tmp_path)
+    assert (tmp_path / "checkpoints" / "mine").is_dir() and (tmp_path / "summary.md").read_text() == "mine"
+    assert not (tmp_path / rehearse.MARKER).exists()
+    rehearse.prepare_out(tmp_path / "new")  # a new folder: nothing to clear, marked for the next one
+    assert (tmp_path / "new" / rehearse.MARKER).exists()
+
+
+def test_check_steps_names_the_method_phase_and_step():
+    rehearse.check_steps("apo", "resume", [{"training/global_step": 3}], 3, Path("log"))
+    with pytest.raises(rehearse.RehearsalError, match="^grpo's resume run ended at step 2, expected to end at step 3"):
+        rehearse.check_steps("grpo", "resume", [{"training/global_step": 2}], 3, Path("log"))
