@@ -12,33 +12,78 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Any, NoReturn, Optional, Sequence
 
 from recipe_apo.audit.dumps import AuditError
 from recipe_apo.errors import RecipeError
 
 
 def _apo_settings(pairs: Sequence[str]) -> dict:
-    import yaml
+    """``--apo KEY=VALUE`` pairs as ``algorithm.apo`` settings, each value read as verl's command line reads
+    it (Hydra's grammar: ``eta=1e-3`` is a number, ``reweight=false`` a boolean, ``reweight='false'`` a string)
+    and the whole checked by APO's own settings, before any dump is read."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
 
-    settings = {}
+    from recipe_apo.methods.apo_settings import ApoSettings
+
+    parser, settings = OverridesParser.create(), {}
     for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise AuditError(f"--apo {pair!r}: expected KEY=VALUE, e.g. --apo lambda_scale=2.0")
-        settings[key.removeprefix("algorithm.apo.")] = yaml.safe_load(value)
+        try:
+            override = parser.parse_override(pair)
+        except HydraException as exc:
+            raise AuditError(f"--apo {pair!r}: expected KEY=VALUE, e.g. --apo lambda_scale=2.0 "
+                             f"({str(exc).splitlines()[0]})") from None
+        key = override.key_or_group.removeprefix("algorithm.apo.")
+        if override.is_sweep_override() or override.is_delete() or not key:  # one replay takes one value
+            raise AuditError(f"--apo {pair!r}: expected one KEY=VALUE, e.g. --apo lambda_scale=2.0")
+        if key in settings:
+            raise AuditError(f"--apo {key} given twice")
+        settings[key] = override.value()
+    try:
+        ApoSettings.from_algorithm_config({"apo": settings})
+    except RecipeError as exc:
+        raise AuditError(f"--apo: {exc}") from None
     return settings
 
 
+def _tokenizer(name: str) -> Any:
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(name)
+    except Exception as exc:  # transformers and huggingface_hub raise many kinds (OSError, ValueError, ...)
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        if not Path(name).exists():
+            raise AuditError(f"--tokenizer {name}: no such folder, nor a model id that loads ({reason})") from None
+        raise AuditError(f"--tokenizer {name}: no tokenizer loads from it ({reason})") from None
+
+
+def _at_least_one(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of tokens, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # said as the audit's one line, like every other refusal
+        raise AuditError(f"{message} (see --help)")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m recipe_apo.audit", description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _Parser(prog="python -m recipe_apo.audit", description=__doc__.split("\n\n")[0],
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="+", metavar="RUN_DIR", help="rollout dump folders, one per run")
     parser.add_argument("--out", default="audit", help="output folder (default: ./audit)")
-    parser.add_argument("--name", action="append", default=[], help="a run's name in the report (repeat, in order)")
+    parser.add_argument("--name", action="append", default=[],
+                        help="a run's name in the report (once per RUN_DIR, in order)")
     parser.add_argument("--tokenizer", default=None,
                         help="model or tokenizer folder: count tokens when the dump has no token lengths")
-    parser.add_argument("--max-response-length", type=int, default=None,
+    parser.add_argument("--max-response-length", type=_at_least_one, default=None,
                         help="the runs' length cap (data.max_response_length), to tell truncation from token "
                              "lengths when the dump does not record it")
     parser.add_argument("--apo", action="append", default=[], metavar="KEY=VALUE",
@@ -48,19 +93,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
     try:
-        from recipe_apo.audit.report import audit_folders
+        args = build_parser().parse_args(argv)
+        from recipe_apo.audit.report import audit_folders, check_out_folder
 
+        # Every argument is checked before the first dump is read (a long read must not end on a typo).
+        check_out_folder(Path(args.out))
         apo = _apo_settings(args.apo)
-        tokenizer = None
-        if args.tokenizer:
-            from transformers import AutoTokenizer
-
-            tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
+        tokenizer = _tokenizer(args.tokenizer) if args.tokenizer else None
         paths = audit_folders(args.runs, Path(args.out), args.name, tokenizer, args.max_response_length, apo,
                               plots=not args.no_plot, say=lambda line: print(line, file=sys.stderr, flush=True))
-    except RecipeError as exc:  # a dump, a setting or a batch at fault: said in one line
+    except RecipeError as exc:  # a dump, an argument or a setting at fault: said in one line
         print(f"recipe-apo audit: error: {exc}", file=sys.stderr)
         return 2
     for kind, path in paths.items():

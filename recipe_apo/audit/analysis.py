@@ -26,9 +26,10 @@ from typing import Any, Optional
 import numpy as np
 
 from recipe_apo.audit import stats
-from recipe_apo.audit.dumps import Run
+from recipe_apo.audit.dumps import AuditError, Run, Step, check_data_sources
 from recipe_apo.methods.anchor import reset_driver_anchor
 from recipe_apo.methods.apo_settings import ApoSettings
+from recipe_apo.methods.errors import BatchInputError
 from recipe_apo.methods.success import success_of
 
 CELLS = ("short_correct", "long_correct", "short_wrong", "long_wrong")
@@ -47,12 +48,30 @@ def _cells(correct: np.ndarray, lengths: np.ndarray) -> dict[str, np.ndarray]:
             "short_wrong": ~correct & short, "long_wrong": ~correct & ~short}
 
 
+def _replayed(step: Step, method: stats.Method, apo: dict, scopes: Any) -> np.ndarray:
+    """``method``'s advantages on ``step``; a step the estimator refuses, or whose advantages overflow, is
+    refused naming its file (and the row)."""
+    try:
+        advantages = stats.method_advantages(step.scores, step.groups, method, apo, scopes)
+    except BatchInputError as exc:  # its rows are the step's rows: the file tells which step
+        raise AuditError(f"{step.path}: {method.name}'s replay: {exc}") from None
+    bad = np.flatnonzero(~np.isfinite(advantages))
+    if bad.size:
+        # verl computes advantages in float32: scores near its range overflow the group's mean or std.
+        raise AuditError(f"{step.where(bad[0])}: {method.name}'s replayed advantage is {advantages[bad[0]]} "
+                         f"({bad.size} rows of the step): scores up to {np.abs(step.scores).max():.3g} overflow "
+                         "the float32 verl computes advantages in")
+    return advantages
+
+
 def audit_run(run: Run, apo: Optional[dict] = None, l0: float = 1.0) -> dict[str, Any]:
     """The audit's numbers for ``run`` (see the module docstring). ``apo``: ``algorithm.apo`` settings for the
     replay. ``l0`` only scales per-token weights; the shares reported do not depend on it."""
     settings = ApoSettings.from_algorithm_config({"apo": dict(apo or {})})
     apo_node = dict(apo or {})
     scoped = settings.anchor_scope == "data_source"
+    if scoped:
+        check_data_sources(run, "the replay with anchor_scope=data_source")
     steps_out, pooled = [], {m.name: [] for m in stats.METHODS}
     groups_pooled: list[dict[str, Any]] = []
     mass_totals = {m.name: dict.fromkeys(CELLS, 0.0) for m in stats.METHODS}
@@ -66,7 +85,10 @@ def audit_run(run: Run, apo: Optional[dict] = None, l0: float = 1.0) -> dict[str
     try:
         for step in run.steps:
             codes, n_groups = stats.group_codes(step.groups)
-            success = success_of(step.scores, settings)
+            try:
+                success = success_of(step.scores, settings)
+            except BatchInputError as exc:  # a reward range the success rule does not take
+                raise AuditError(f"{step.path}: {exc}") from None
             correct = success >= 0.5
             p_hat = stats.group_rates(codes, n_groups, success)
             sizes = np.bincount(codes, minlength=n_groups)
@@ -97,7 +119,7 @@ def audit_run(run: Run, apo: Optional[dict] = None, l0: float = 1.0) -> dict[str
             per_group = {"p_hat": p_hat, "size": sizes}
             for method in stats.METHODS:
                 scopes = step.data_sources if (scoped and method.adv_estimator == "apo") else None
-                advantages = stats.method_advantages(step.scores, step.groups, method, apo_node, scopes)
+                advantages = _replayed(step, method, apo_node, scopes)
                 positive, negative = stats.signal_per_group(advantages, codes, n_groups)
                 per_group[method.name] = (positive, negative)
                 mass = stats.update_mass(advantages, lengths, method.loss_agg_mode, l0)
@@ -110,7 +132,7 @@ def audit_run(run: Run, apo: Optional[dict] = None, l0: float = 1.0) -> dict[str
                 pooled[method.name].append(np.abs(advantages))
                 if has_logged:
                     gap = np.abs(advantages - step.logged_advantages)
-                    logged_gap[method.name] = max(logged_gap[method.name], float(np.nanmax(gap)))
+                    logged_gap[method.name] = max(logged_gap[method.name], float(gap.max()))
             groups_pooled.append(per_group)
             steps_out.append(entry)
     finally:

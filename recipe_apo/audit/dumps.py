@@ -10,13 +10,20 @@ grouped by prompt text within each step.
 
 Lengths: the dump's ``response_length`` if every row has one; else the output re-tokenized with the model's
 tokenizer (``tokenizer``); else characters, and the report says so.
+
+A dump is untrusted input: every field the audit reads has a rule (``FIELDS``) checked as the row is read, and
+a row that breaks one is refused naming ``file:line`` and the field, as is a step whose rows do not all carry
+the same fields, a uid written twice, a row whose ``step`` is not its file's, and two files of one step.
 """
 
 from __future__ import annotations
 
+import json
+import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -25,10 +32,73 @@ from recipe_apo.integration.jsonl import read_rows
 
 
 class AuditError(RecipeError, ValueError):
-    """A dump the audit cannot read; the message is one line naming the file (and line) at fault."""
+    """A dump or an argument the audit cannot use; the message is one line naming the file (and line), or the
+    argument, at fault."""
 
 
 LENGTH_UNITS = {"dump": "tokens", "tokenizer": "tokens (re-tokenized)", "characters": "characters"}
+# Lengths above it are not whole numbers in float64 any more; no response is that long.
+MAX_LENGTH = 2**53
+
+_BAD = object()  # what a field's rule returns for a value that breaks it
+
+
+def _text(value: Any) -> Any:
+    return value if isinstance(value, str) else _BAD
+
+
+def _number(value: Any) -> Any:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):  # JSON true is a Python int
+        return _BAD
+    try:
+        number = float(value)
+    except OverflowError:  # an integer beyond float64
+        return _BAD
+    return number if math.isfinite(number) else _BAD
+
+
+def _length(value: Any) -> Any:
+    # 0 is legitimate: a response of no token (an aborted generation) carries no update, and the audit says so.
+    number = _number(value)
+    # The bounds on the value as written: 2^53 + 1 as a float would be 2^53.
+    return number if number is not _BAD and number.is_integer() and 0 <= value <= MAX_LENGTH else _BAD
+
+
+def _whole(value: Any) -> Any:
+    number = _number(value)
+    return int(number) if number is not _BAD and number.is_integer() else _BAD
+
+
+def _flag(value: Any) -> Any:
+    # The recipe's trainer writes its flags as floats (0.0 and 1.0); JSON true and false are as good.
+    if isinstance(value, bool):
+        return value
+    return bool(value) if _number(value) in (0.0, 1.0) else _BAD
+
+
+_UID = re.compile(r"(.+)_([0-9]+)_([0-9]+)", re.DOTALL)
+
+
+def _uid(value: Any) -> Any:
+    # verl's V1 key {sample}_{rollout}_{output} (verl itself reads the last two as integers).
+    return value if isinstance(value, str) and _UID.fullmatch(value) else _BAD
+
+
+# Every field the audit reads: the rule its value must pass (the value as the audit keeps it, or _BAD) and what
+# the rule asks, for the error. Fields it does not read (gts, codapo_weight, ...) are left as they are.
+FIELDS: dict[str, tuple[Callable[[Any], Any], str]] = {
+    "output": (_text, "a string"),
+    "score": (_number, "a finite number"),
+    "step": (_whole, "a whole number"),
+    "uid": (_uid, "verl's uid {sample}_{rollout}_{output}"),
+    "input": (_text, "a string"),
+    "data_source": (_text, "a string"),
+    "response_length": (_length, "a whole number of tokens from 0 to 2^53"),
+    "truncated": (_flag, "true or false (or 1 or 0)"),
+    "advantage": (_number, "a finite number"),  # the trainer writes the float the loss used: never null
+    "apo_phi": (_number, "a finite number"),
+    "apo_anchor": (_number, "a finite number"),
+}
 
 
 @dataclass
@@ -47,6 +117,12 @@ class Step:
     logged_advantages: Optional[np.ndarray] = None
     logged_phi: Optional[np.ndarray] = None
     logged_anchor: Optional[np.ndarray] = None
+    path: Optional[Path] = None  # the step's file, and each response's line in it: for errors that name a row
+    lines: Optional[np.ndarray] = None
+
+    def where(self, row: int) -> str:
+        """``file:line`` of response ``row``."""
+        return f"{self.path}:{self.lines[row]}" if self.lines is not None else f"step {self.step}, row {row}"
 
 
 @dataclass
@@ -72,7 +148,22 @@ def rollout_folder(path: Path) -> Path:
 
 
 def _step_files(folder: Path) -> list[tuple[int, Path]]:
-    return sorted((int(p.stem), p) for p in folder.glob("*.jsonl") if p.stem.isdigit())
+    """``(step, file)`` of every ``<step>.jsonl``, by step; two files of one step (``1.jsonl``, ``01.jsonl``)
+    are refused, naming both."""
+    try:
+        names = sorted(entry.name for entry in folder.iterdir())
+    except OSError as exc:
+        raise AuditError(f"{folder}: cannot be read ({exc.strerror or exc})") from None
+    files: dict[int, Path] = {}
+    for name in names:
+        digits = re.fullmatch(r"([0-9]+)\.jsonl", name)  # ASCII digits: str.isdigit() takes "²" too
+        if digits is None:
+            continue
+        step = int(digits.group(1))
+        if step in files:
+            raise AuditError(f"{folder}: {files[step].name} and {name} are both step {step}; keep one of them")
+        files[step] = folder / name
+    return sorted(files.items())
 
 
 def run_name(folder: Path) -> str:
@@ -80,44 +171,86 @@ def run_name(folder: Path) -> str:
     return folder.parent.name if folder.name == "rollouts" else folder.name
 
 
-def _column(rows: list[dict], key: str, dtype=np.float64) -> Optional[np.ndarray]:
-    """A field present in every row as an array, else None; JSON nulls become NaN."""
-    if not rows or any(key not in row for row in rows):
-        return None
-    values = [row[key] for row in rows]
-    if dtype is object:
-        return np.asarray(values, dtype=object)
-    return np.asarray([np.nan if v is None else v for v in values], dtype=dtype)
-
-
-def _group_label(row: dict, step: int) -> str:
-    uid = row.get("uid")
-    if isinstance(uid, str) and uid.count("_") >= 2:
-        return uid.rsplit("_", 2)[0]
-    return f"{step}:{row.get('input', '')}"
+def _shown(value: Any) -> str:
+    """A field's value as the file spells it (``null``, ``"abc"``), cut short: an error stays one line."""
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def read_step(path: Path, step: int) -> Step:
-    rows = []
+    """One step file's rows, each field checked against ``FIELDS``; the first row that breaks a rule is refused
+    naming ``path:line`` and the field."""
+    columns: dict[str, list] = {}
+    lines: list[int] = []
+    uid_lines: dict[str, int] = {}
     for number, row in read_rows(path, ("output", "score"), "not a verl rollout dump?", AuditError):
-        if not isinstance(row["score"], (int, float)) or isinstance(row["score"], bool) \
-                or not np.isfinite(row["score"]):
-            raise AuditError(f"{path}:{number}: score {row['score']!r} is not a finite number")
-        rows.append(row)
-    if not rows:
-        raise AuditError(f"{path}: no responses")
+        present = [field for field in FIELDS if field in row]
+        if not lines:
+            columns = {field: [] for field in present}
+        elif present != list(columns):
+            # A step's rows are written together with the same fields; one without them was not.
+            field = next(f for f in FIELDS if (f in row) != (f in columns))
+            has = "has" if field in columns else "has not"
+            raise AuditError(f"{path}:{number}: {'a' if field in row else 'no'} {field} field, which line "
+                             f"{lines[0]} {has} (the rows of a step carry the same fields)")
+        for field in present:
+            rule, wanted = FIELDS[field]
+            value = rule(row[field])
+            if value is _BAD:
+                raise AuditError(f"{path}:{number}: {field} {_shown(row[field])} is not {wanted}")
+            columns[field].append(value)
+        if "step" in row and columns["step"][-1] != step:
+            raise AuditError(f"{path}:{number}: step {_shown(row['step'])} is not the file's step {step}")
+        if "uid" in row:
+            first = uid_lines.setdefault(row["uid"], number)
+            if first != number:
+                raise AuditError(f"{path}:{number}: uid {_shown(row['uid'])} again (first on line {first}): "
+                                 "a row written twice?")
+        lines.append(number)
+    if not lines:
+        raise AuditError(f"{path}: no responses (an empty step file: a writer that stopped before its first row?)")
+    if "uid" in columns:
+        groups = [_UID.fullmatch(uid).group(1) for uid in columns["uid"]]
+    elif "input" in columns:  # verl's legacy trainer dumps no uid: a step's responses to one prompt are a group
+        groups = [f"{step}:{text}" for text in columns["input"]]
+    else:
+        raise AuditError(f"{path}:{lines[0]}: neither a uid nor an input field: the prompt groups are unknown")
+
+    def column(field: str, dtype: Any = np.float64) -> Optional[np.ndarray]:
+        return np.asarray(columns[field], dtype=dtype) if field in columns else None
+
     return Step(
         step=step,
-        outputs=[str(row["output"]) for row in rows],
-        scores=np.asarray([float(row["score"]) for row in rows]),
-        groups=np.asarray([_group_label(row, step) for row in rows], dtype=object),
-        data_sources=_column(rows, "data_source", dtype=object),
-        logged_lengths=_column(rows, "response_length"),
-        logged_truncated=_column(rows, "truncated"),
-        logged_advantages=_column(rows, "advantage"),
-        logged_phi=_column(rows, "apo_phi"),
-        logged_anchor=_column(rows, "apo_anchor"),
+        outputs=columns["output"],
+        scores=column("score"),
+        groups=np.asarray(groups, dtype=object),
+        data_sources=column("data_source", object),
+        logged_lengths=column("response_length"),
+        logged_truncated=column("truncated", bool),
+        logged_advantages=column("advantage"),
+        logged_phi=column("apo_phi"),
+        logged_anchor=column("apo_anchor"),
+        path=Path(path),
+        lines=np.asarray(lines),
     )
+
+
+def check_data_sources(run: Run, why: str) -> None:
+    """Refuse a run whose rows cannot be replayed per data source: the first row without a ``data_source``
+    (and how many lack one), or the first of a prompt group whose ``data_source`` differs from the group's."""
+    lacking = [step for step in run.steps if step.data_sources is None]
+    if lacking:
+        rows = sum(len(step.scores) for step in lacking)
+        raise AuditError(f"{lacking[0].where(0)}: no data_source field, which {why} needs ({rows} "
+                         f"row{'s' * (rows != 1)} in {len(lacking)} of the run's {len(run.steps)} step files lack it)")
+    for step in run.steps:
+        seen: dict[Any, int] = {}
+        for row, (group, source) in enumerate(zip(step.groups, step.data_sources)):
+            first = seen.setdefault(group, row)
+            if step.data_sources[first] != source:
+                raise AuditError(f"{step.where(row)}: data_source {_shown(source)} in a prompt group whose line "
+                                 f"{step.lines[first]} has {_shown(step.data_sources[first])}; {why} needs one "
+                                 "data_source per group")
 
 
 def load_run(path: Path, tokenizer: Any = None, max_response_length: Optional[int] = None,
@@ -147,7 +280,7 @@ def load_run(path: Path, tokenizer: Any = None, max_response_length: Optional[in
         else:
             s.lengths = np.asarray([len(text) for text in s.outputs], dtype=np.float64)
         if s.logged_truncated is not None:
-            s.truncated = s.logged_truncated.astype(bool)
+            s.truncated = s.logged_truncated
         elif source != "characters" and max_response_length is not None:
             s.truncated = s.lengths >= max_response_length
     return Run(name=name or run_name(folder), folder=folder, steps=steps, length_source=source)

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from recipe_apo.audit import stats
 from recipe_apo.audit.analysis import CELLS
+from recipe_apo.audit.dumps import AuditError
 
 METHOD_NAMES = tuple(m.name for m in stats.METHODS)
 
@@ -179,27 +181,73 @@ def plot_audit(results: Sequence[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
+def check_out_folder(out_dir: Path) -> None:
+    """Refuse, before any dump is read, an ``--out`` the report cannot be written into: a file, or a path under
+    a file or an unwritable folder. Nothing is created here: a refused audit leaves ``--out`` as it was."""
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise AuditError(f"--out {out_dir}: a file, not a folder")
+    existing = next(p for p in (out_dir, *out_dir.absolute().parents) if p.exists())
+    if not existing.is_dir():
+        raise AuditError(f"--out {out_dir}: {existing} is a file, not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise AuditError(f"--out {out_dir}: {existing} is not writable")
+
+
 def write_report(results: Sequence[dict[str, Any]], out_dir: Path, plots: bool = True) -> dict[str, Path]:
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = Path(out_dir)
+    check_out_folder(out_dir)
+    try:
+        # allow_nan=False: a NaN must never reach the report; every text is made before any file is written.
+        numbers = json.dumps(list(results), indent=1, allow_nan=False)
+    except ValueError:
+        raise AuditError("the audit's numbers hold a NaN or an infinity: a bug of the audit (please report it "
+                         "with the dump); nothing was written") from None
+    report = report_markdown(results, figure="audit.png" if plots else None)
     paths = {"report": out_dir / "report.md", "numbers": out_dir / "audit.json"}
-    if plots:
-        paths["figure"] = out_dir / "audit.png"
-        plot_audit(results, paths["figure"])
-    paths["report"].write_text(report_markdown(results, figure="audit.png" if plots else None), encoding="utf-8")
-    paths["numbers"].write_text(json.dumps(list(results), indent=1), encoding="utf-8")
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        if plots:
+            paths["figure"] = out_dir / "audit.png"
+            plot_audit(results, paths["figure"])
+        paths["report"].write_text(report, encoding="utf-8")
+        paths["numbers"].write_text(numbers, encoding="utf-8")
+    except OSError as exc:
+        raise AuditError(f"--out {out_dir}: cannot write the report ({exc.strerror or exc})") from None
     return paths
 
 
 def audit_folders(folders: Sequence[Path], out_dir: Path, names: Sequence[Optional[str]] = (), tokenizer: Any = None,
                   max_response_length: Optional[int] = None, apo: Optional[dict] = None, plots: bool = True,
                   say=None) -> dict[str, Path]:
-    """Load, audit and report several runs' dumps side by side (``python -m recipe_apo.audit``'s work)."""
+    """Load, audit and report several runs' dumps side by side (``python -m recipe_apo.audit``'s work).
+
+    The arguments are checked before any dump is read: ``--out``, one name per run (when names are given) and
+    no two runs of one name (the report tells runs apart by name)."""
     from recipe_apo.audit.analysis import audit_run
-    from recipe_apo.audit.dumps import load_run
+    from recipe_apo.audit.dumps import check_data_sources, load_run, rollout_folder, run_name
+    from recipe_apo.methods.apo_settings import ApoSettings
+
+    check_out_folder(Path(out_dir))
+    if names and len(names) != len(folders):
+        raise AuditError(f"--name given {len(names)} times for {len(folders)} RUN_DIRs: give one per RUN_DIR, in "
+                         "their order, or none")
+    if any(not name or not name.strip() for name in names):
+        raise AuditError("--name: an empty name")
+    if max_response_length is not None and max_response_length < 1:
+        raise AuditError(f"--max-response-length must be >= 1, got {max_response_length}")
+    folders = [rollout_folder(Path(folder)) for folder in folders]
+    names = list(names) or [run_name(folder) for folder in folders]
+    for index, name in enumerate(names):
+        if name in names[:index]:
+            raise AuditError(f"two runs are named {name!r} ({folders[names.index(name)]} and {folders[index]}): "
+                             "name them apart with --name, once per RUN_DIR")
 
     results = []
     for index, folder in enumerate(folders):
-        run = load_run(Path(folder), tokenizer, max_response_length, name=names[index] if index < len(names) else None)
+        run = load_run(folder, tokenizer, max_response_length, name=names[index])
+        if ApoSettings.from_algorithm_config({"apo": dict(apo or {})}).anchor_scope == "data_source":
+            check_data_sources(run, "--apo anchor_scope=data_source")  # a refusal before the run's progress line
         if say is not None:
             say(f"[{index + 1}/{len(folders)}] {run.name}: {len(run.steps)} steps ({run.folder})")
         results.append(audit_run(run, apo))
