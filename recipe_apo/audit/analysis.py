@@ -48,6 +48,27 @@ def _cells(correct: np.ndarray, lengths: np.ndarray) -> dict[str, np.ndarray]:
             "short_wrong": ~correct & short, "long_wrong": ~correct & ~short}
 
 
+def _successes(step: Step, settings: ApoSettings) -> np.ndarray:
+    """s_i of the step's scores; a score the success rule does not take is refused naming its row."""
+    try:
+        return success_of(step.scores, settings)
+    except BatchInputError:
+        pass
+
+    def refused(score: float) -> bool:  # the rule's own check, one score at a time (only on this error path)
+        try:
+            success_of(np.array([score]), settings)
+        except BatchInputError:
+            return True
+        return False
+
+    outside = [row for row, score in enumerate(step.scores) if refused(score)]
+    raise AuditError(f"{step.where(outside[0])}: score {step.scores[outside[0]]:.6g} is outside the rewards "
+                     f"algorithm.apo.success={settings.success} takes ({len(outside)} of the step's rows); replay "
+                     "with --apo success=threshold --apo success_threshold=T, or success=minmax with success_min "
+                     "and success_max")
+
+
 def _replayed(step: Step, method: stats.Method, apo: dict, scopes: Any) -> np.ndarray:
     """``method``'s advantages on ``step``; a step the estimator refuses, or whose advantages overflow, is
     refused naming its file (and the row)."""
@@ -85,10 +106,7 @@ def audit_run(run: Run, apo: Optional[dict] = None, l0: float = 1.0) -> dict[str
     try:
         for step in run.steps:
             codes, n_groups = stats.group_codes(step.groups)
-            try:
-                success = success_of(step.scores, settings)
-            except BatchInputError as exc:  # a reward range the success rule does not take
-                raise AuditError(f"{step.path}: {exc}") from None
+            success = _successes(step, settings)
             correct = success >= 0.5
             p_hat = stats.group_rates(codes, n_groups, success)
             sizes = np.bincount(codes, minlength=n_groups)

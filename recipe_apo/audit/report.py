@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 from pathlib import Path
@@ -23,6 +24,8 @@ def _pct(value: Optional[float]) -> str:
 
 
 def report_markdown(results: Sequence[dict[str, Any]], figure: Optional[str] = "audit.png") -> str:
+    # A "|" in a run's name would end its table cell.
+    results = [{**r, "name": r["name"].replace("|", "\\|")} for r in results]
     first_apo = results[0]["apo_settings"]
     lines = [
         "# Bias audit",
@@ -135,12 +138,19 @@ def pooled_difficulty(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]
     return [cells[key] for key in sorted(cells)]
 
 
-def plot_audit(results: Sequence[dict[str, Any]], path: Path) -> None:
+def plot_audit(results: Sequence[dict[str, Any]], path: Any) -> None:
+    """The figure, into ``path`` (a file name or a binary file)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    # Run names are text as given: "$" in one (a --name, a folder's name) is no TeX for matplotlib to parse.
+    with plt.rc_context({"text.parse_math": False}):
+        _plot(plt, results, path)
+
+
+def _plot(plt: Any, results: Sequence[dict[str, Any]], path: Any) -> None:
     fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
     (dead_ax, signal_ax), (length_ax, mass_ax) = axes
     for i, r in enumerate(results):
@@ -204,12 +214,15 @@ def write_report(results: Sequence[dict[str, Any]], out_dir: Path, plots: bool =
         raise AuditError("the audit's numbers hold a NaN or an infinity: a bug of the audit (please report it "
                          "with the dump); nothing was written") from None
     report = report_markdown(results, figure="audit.png" if plots else None)
+    figure = io.BytesIO()
+    if plots:
+        plot_audit(results, figure)
     paths = {"report": out_dir / "report.md", "numbers": out_dir / "audit.json"}
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         if plots:
             paths["figure"] = out_dir / "audit.png"
-            plot_audit(results, paths["figure"])
+            paths["figure"].write_bytes(figure.getvalue())
         paths["report"].write_text(report, encoding="utf-8")
         paths["numbers"].write_text(numbers, encoding="utf-8")
     except OSError as exc:

@@ -320,12 +320,13 @@ def test_scores_beyond_float32_are_refused_naming_the_row(tmp_path, capsys):
     assert message.startswith(f"{run}/1.jsonl:5: GRPO's replayed advantage is nan (4 rows of the step)")
 
 
-def test_scores_the_success_rule_does_not_take_are_refused_naming_the_file(tmp_path, capsys):
+def test_scores_the_success_rule_does_not_take_are_refused_naming_the_row(tmp_path, capsys):
     rows = step_rows()
     rows[1]["score"] = 3.0
     run = write(tmp_path / "run", {"1.jsonl": rows})
     message = refused(capsys, [run], tmp_path / "out")
-    assert message.startswith(f"{run}/1.jsonl: 1 of 8 response rewards lie outside [0.0, 1.0]")
+    assert message.startswith(f"{run}/1.jsonl:2: score 3 is outside the rewards algorithm.apo.success=binary "
+                              "takes (1 of the step's rows); replay with --apo success=threshold")
 
 
 # ---- any valid dump: a report without NaN ---------------------------------------------------------------------
@@ -383,3 +384,11 @@ def test_the_program_on_a_bad_dump_says_one_line_and_no_traceback(tmp_path):
     assert result.stderr.splitlines() == [
         f"recipe-apo audit: error: {run}/1.jsonl:9: not UTF-8 text (byte 0xff at column 13)"]
     assert not (tmp_path / "out").exists()
+
+
+def test_a_run_name_is_text_to_the_figure_and_the_tables(tmp_path, capsys):
+    run = write(tmp_path / "run", {"1.jsonl": step_rows()})
+    out, name = tmp_path / "out", "a|b $\\frac{c$"  # no TeX for matplotlib, no cell break for markdown
+    assert main([str(run), "--out", str(out), "--name", name]) == 0, capsys.readouterr().err
+    assert (out / "audit.png").stat().st_size > 10_000
+    assert "| a\\|b $\\frac{c$ | 1 | 8 |" in (out / "report.md").read_text()
