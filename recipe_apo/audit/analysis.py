@@ -79,9 +79,9 @@ def _replayed(step: Step, method: stats.Method, apo: dict, scopes: Any) -> np.nd
     bad = np.flatnonzero(~np.isfinite(advantages))
     if bad.size:
         # verl computes advantages in float32: scores near its range overflow the group's mean or std.
-        raise AuditError(f"{step.where(bad[0])}: {method.name}'s replayed advantage is {advantages[bad[0]]} "
-                         f"({bad.size} rows of the step): scores up to {np.abs(step.scores).max():.3g} overflow "
-                         "the float32 verl computes advantages in")
+        raise AuditError(f"{step.where(bad[0])}: {method.name}'s replayed advantage is not a finite number (nor "
+                         f"are {bad.size - 1} more of the step's): scores up to {np.abs(step.scores).max():.3g} "
+                         "overflow the float32 verl computes advantages in")
     return advantages
 
 
