@@ -144,8 +144,8 @@ def main(config: DictConfig) -> Any:
     rehearsal = rehearsal_choice()
     try:
         prepare(config, rehearsal)
-    except RecipeConfigError as exc:
-        print(f"recipe-apo: error: {exc}", file=sys.stderr)
+    except RecipeError as exc:  # any refused setting, whichever layer's checks refused it
+        print(f"recipe-apo: error: {one_line(exc)}", file=sys.stderr)
         sys.exit(2)
     print(describe(config, rehearsal), flush=True)
     if config.get("dry_run", False):

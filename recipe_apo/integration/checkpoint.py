@@ -22,7 +22,7 @@ from typing import Any, Optional
 
 from verl.trainer.ppo.checkpoint_callback import CheckpointCallback
 
-from recipe_apo.integration.errors import AnchorStateError
+from recipe_apo.integration.errors import AnchorStateError, cause_of
 from recipe_apo.methods.anchor import (
     GLOBAL_SCOPE,
     AnchorBook,
@@ -88,7 +88,7 @@ def _read_state(path: str, settings: ApoSettings) -> tuple[dict, AnchorBook]:
         book.load_state_dict(state)
     except (OSError, ValueError, TypeError, RecursionError, OverflowError) as exc:
         # RecursionError: deeply nested JSON; OverflowError: numbers too large for what they stand for.
-        raise AnchorStateError(f"it cannot be read ({type(exc).__name__}: {exc})") from None
+        raise AnchorStateError(f"it cannot be read ({cause_of(exc)})") from None
     scopes = sorted(state["anchors"])
     if scopes and (scopes == [GLOBAL_SCOPE]) != (settings.anchor_scope == "global"):
         held = "one global anchor" if scopes == [GLOBAL_SCOPE] else f"anchors per data source ({', '.join(scopes)})"

@@ -18,7 +18,7 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from recipe_apo.integration.errors import ResamplingStateError
+from recipe_apo.integration.errors import ResamplingStateError, cause_of
 from recipe_apo.methods.codapo import CodapoSettings, resample_order, select_prompts
 
 STATE_FILE = "codapo_state.pt"
@@ -98,22 +98,37 @@ class PromptResampler:
         os.replace(path + ".tmp", path)
 
     def load(self, folder: str, step: int) -> None:
-        """Restore the kept prompts of a checkpoint of odd ``step``; a missing or foreign file raises."""
+        """Restore the kept prompts of a checkpoint of odd ``step``; a missing, unreadable or foreign file raises
+        ``ResamplingStateError`` naming it and the way out, and restores nothing."""
         if not first_of_pair(step):
             return
         path = os.path.join(folder, STATE_FILE)
+        way_out = (f"step {step} is the first of a CoDaPO pair and step {step + 1} trains on its kept prompts; "
+                   "resume from an even step's checkpoint (trainer.resume_mode=resume_path), or set "
+                   "algorithm.codapo.resample=false")
         try:
             state = torch.load(path, weights_only=False)
         except FileNotFoundError:
-            raise ResamplingStateError(
-                f"{path} is missing: step {step} is the first of a CoDaPO pair and step {step + 1} trains on its "
-                "kept prompts; resume from an even step, or set algorithm.codapo.resample=false"
-            ) from None
-        except Exception as exc:
-            raise ResamplingStateError(f"{path} is unreadable ({type(exc).__name__}: {exc})") from None
-        if not isinstance(state, dict) or state.get("version") != STATE_VERSION or state.get("step") != step:
-            raise ResamplingStateError(
-                f"{path} is not the kept prompts of step {step} (version {state.get('version')!r}, "
-                f"step {state.get('step')!r})" if isinstance(state, dict) else f"{path} is not a CoDaPO state"
-            )
+            raise ResamplingStateError(f"{path} is missing: {way_out}") from None
+        except Exception as exc:  # pickle's, zipfile's and torch's own errors all say "not this file"
+            raise ResamplingStateError(f"{path} is unreadable ({cause_of(exc)}): {way_out}") from None
+        problem = _state_problem(state, step)
+        if problem:
+            raise ResamplingStateError(f"{path} is not the kept prompts of step {step} ({problem}): {way_out}")
         self.prompts, self.kept, self.kept_step = None, state["kept"], step
+
+
+def _state_problem(state: Any, step: int) -> Optional[str]:
+    """What makes ``state`` other than what ``save`` wrote for ``step`` (None: nothing)."""
+    from tensordict import TensorDictBase
+
+    if not isinstance(state, dict):
+        return f"a {type(state).__name__}, not a mapping"
+    if state.get("version") != STATE_VERSION or state.get("step") != step:
+        return f"version {state.get('version')!r}, step {state.get('step')!r}"
+    kept = state.get("kept")
+    if not isinstance(kept, TensorDictBase) or len(kept.batch_size) != 1:
+        return f"kept is a {type(kept).__name__}, not a batch of prompts"
+    if kept.batch_size[0] == 0:
+        return "no kept prompt"
+    return None

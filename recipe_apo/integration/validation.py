@@ -12,6 +12,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from recipe_apo.integration.errors import RecipeConfigError
+from recipe_apo.integration.flags import check_flags
 from recipe_apo.methods.apo_loss import NORM_MODE
 from recipe_apo.methods.apo_settings import ApoConfigError, ApoSettings
 from recipe_apo.methods.codapo import CodapoConfigError, CodapoSettings
@@ -70,6 +71,8 @@ def validate_recipe_config(config: Any, rehearsal: bool = False) -> None:
 
     import recipe_apo  # noqa: F401  (registers apo in this process even with VERL_USE_EXTERNAL_PLUGINS=none)
 
+    # First: every later check reads these flags with Python's truth, which takes 'false' for true.
+    check_flags(config)
     algorithm = config.algorithm
     actor = config.actor_rollout_ref.actor
     estimator = str(algorithm.adv_estimator)
@@ -87,7 +90,7 @@ def validate_recipe_config(config: Any, rehearsal: bool = False) -> None:
             "actor does not expose): use algorithm.zero_variance=exclude"
         )
     try:
-        check_zero_variance(zero_variance, str(actor.loss_agg_mode))
+        check_zero_variance(zero_variance, str(actor.loss_agg_mode), algorithm.get("use_kl_in_reward", False))
     except ValueError as exc:
         raise RecipeConfigError(str(exc)) from None
     if zero_variance == "exclude" and mode != "apo_sync":
@@ -184,8 +187,14 @@ def validate_recipe_config(config: Any, rehearsal: bool = False) -> None:
 
 
 def config_warnings(config: Any) -> list[str]:
-    """Settings that run but probably skew a comparison of methods; one line each, printed before Ray starts."""
+    """Settings that run but probably skew a comparison of methods, or a method's own balance; one line each,
+    printed once before Ray starts (``validate_recipe_config`` has accepted ``config``)."""
     warnings = []
+    algorithm = config.algorithm
+    if str(algorithm.adv_estimator) == "codapo":
+        codapo = CodapoSettings.from_algorithm_config(algorithm)
+        if codapo.resample and codapo.tiling_warning():
+            warnings.append(codapo.tiling_warning())
     actor = config.actor_rollout_ref.actor
     prompts, per_update = config.data.get("train_batch_size"), actor.get("ppo_mini_batch_size")
     if _positive_number(prompts) and _positive_number(per_update) and prompts > per_update and not actor.get("shuffle"):

@@ -29,6 +29,7 @@ from typing import Any, Iterator, Optional
 import numpy as np
 
 from recipe_apo.methods.apo_settings import MAX_HISTORY
+from recipe_apo.methods.errors import BatchInputError, MethodConfigError, MethodStateError
 
 STATE_VERSION = 1
 
@@ -45,12 +46,14 @@ def _is_rate(value: Any) -> bool:
 
 def _check_version(state: Any) -> None:
     if not isinstance(state, dict) or "version" not in state:
-        raise ValueError("malformed anchor state: not a mapping with a version")
+        raise MethodStateError("malformed anchor state: not a mapping with a version")
     version = state["version"]
     if not _is_int(version):
-        raise ValueError(f"malformed anchor state: version must be the integer {STATE_VERSION}, got {version!r}")
+        raise MethodStateError(
+            f"malformed anchor state: version must be the integer {STATE_VERSION}, got {version!r}"
+        )
     if version != STATE_VERSION:
-        raise ValueError(f"anchor state version {version} is not supported (expected {STATE_VERSION})")
+        raise MethodStateError(f"anchor state version {version} is not supported (expected {STATE_VERSION})")
 
 
 class CapabilityAnchor:
@@ -58,7 +61,7 @@ class CapabilityAnchor:
 
     def __init__(self, init: Optional[float] = None, history: int = 20) -> None:
         if history < 1:
-            raise ValueError(f"anchor history length must be >= 1, got {history}")
+            raise MethodConfigError(f"algorithm.apo.history (the anchor's history length) must be >= 1, got {history}")
         self.value: Optional[float] = None if init is None else float(init)
         self.history: deque[float] = deque([] if init is None else [float(init)], maxlen=history)
         self.steps = 0
@@ -74,7 +77,7 @@ class CapabilityAnchor:
         The first update of an anchor without a start value is a warm start: C_1 = y_1, eta_1 = 1.
         """
         if not (math.isfinite(batch_success) and 0.0 <= batch_success <= 1.0):
-            raise ValueError(f"batch success rate must lie in [0, 1], got {batch_success!r}")
+            raise BatchInputError(f"batch success rate must lie in [0, 1], got {batch_success!r}")
         if self.history.maxlen != history:
             self.history = deque(self.history, maxlen=history)
         if self.value is None:
@@ -98,7 +101,8 @@ class CapabilityAnchor:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a state from ``state_dict``; a malformed state raises and leaves this anchor unchanged.
+        """Restore a state from ``state_dict``; a malformed state raises ``MethodStateError`` (a ``RecipeError``
+        and a ``ValueError``) and leaves this anchor unchanged.
 
         Types are checked, not coerced: ``"1"``, ``1.9`` or ``true`` where an integer or a rate belongs means
         the file is not what this code wrote, and restoring it would run on made-up numbers.
@@ -106,18 +110,18 @@ class CapabilityAnchor:
         _check_version(state)
         missing = [key for key in ("value", "history", "history_len", "steps") if key not in state]
         if missing:
-            raise ValueError(f"malformed anchor state: missing {', '.join(missing)}")
+            raise MethodStateError(f"malformed anchor state: missing {', '.join(missing)}")
         value, history, history_len, steps = state["value"], state["history"], state["history_len"], state["steps"]
         if value is not None and not _is_rate(value):
-            raise ValueError(f"malformed anchor state: value must be null or a number in [0, 1], got {value!r}")
+            raise MethodStateError(f"malformed anchor state: value must be null or a number in [0, 1], got {value!r}")
         if not isinstance(history, list) or not all(_is_rate(v) for v in history):
-            raise ValueError("malformed anchor state: history must be a list of numbers in [0, 1]")
+            raise MethodStateError("malformed anchor state: history must be a list of numbers in [0, 1]")
         if not _is_int(history_len) or not 1 <= history_len <= MAX_HISTORY:
-            raise ValueError(
+            raise MethodStateError(
                 f"malformed anchor state: history_len must be an integer in [1, {MAX_HISTORY}], got {history_len!r}"
             )
         if not _is_int(steps) or steps < 0:
-            raise ValueError(f"malformed anchor state: steps must be an integer >= 0, got {steps!r}")
+            raise MethodStateError(f"malformed anchor state: steps must be an integer >= 0, got {steps!r}")
         self.value = None if value is None else float(value)
         self.history = deque((float(v) for v in history), maxlen=history_len)
         self.steps = steps
@@ -155,7 +159,9 @@ class AnchorBook:
         _check_version(state)
         items = state.get("anchors")
         if not isinstance(items, dict) or not all(isinstance(scope, str) for scope in items):
-            raise ValueError("malformed anchor state: anchors must be a mapping from scope names to anchor states")
+            raise MethodStateError(
+                "malformed anchor state: anchors must be a mapping from scope names to anchor states"
+            )
         restored = {}
         for scope, anchor_state in items.items():
             anchor = CapabilityAnchor(history=self.history)

@@ -21,12 +21,15 @@ s(.)                    ``success``         how a reward R_i maps to a success s
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Optional
 
 from recipe_apo.methods.errors import MethodConfigError
-from recipe_apo.methods.settings import read_settings  # its home since issue 19; importable from here too
+from recipe_apo.methods.settings import (
+    check_flag,
+    check_number,
+    read_settings,  # its home since issue 19; importable from here too
+)
 
 SUCCESS_MODES = ("binary", "threshold", "minmax")
 # Upper bounds far beyond the paper's ranges (lambda_scale 1.1-2.0, m 10-50), there so that no accepted value
@@ -102,8 +105,7 @@ class ApoSettings:
                 "algorithm.apo.success_max must be greater than algorithm.apo.success_min for success=minmax, "
                 f"got min={self.success_min!r}, max={self.success_max!r}"
             )
-        if not isinstance(self.reweight, bool):
-            raise ApoConfigError(f"algorithm.apo.reweight must be true or false, got {self.reweight!r}")
+        check_flag("algorithm.apo.reweight", self.reweight, ApoConfigError)
         if self.anchor_scope not in ANCHOR_SCOPES:
             raise ApoConfigError(
                 f"algorithm.apo.anchor_scope must be one of {', '.join(ANCHOR_SCOPES)}, got {self.anchor_scope!r}"
@@ -130,9 +132,4 @@ def _check_number(
     high: Optional[float] = None,
     low_open: bool = False,
 ) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ApoConfigError(f"algorithm.apo.{key} must be a finite number, got {value!r}")
-    if low is not None and (value <= low if low_open else value < low):
-        raise ApoConfigError(f"algorithm.apo.{key} must be {'>' if low_open else '>='} {low}, got {value!r}")
-    if high is not None and value > high:
-        raise ApoConfigError(f"algorithm.apo.{key} must be <= {high}, got {value!r}")
+    check_number(f"algorithm.apo.{key}", value, ApoConfigError, low=low, high=high, low_open=low_open)

@@ -28,7 +28,6 @@ Needs torch, numpy and pandas only; no Ray, no Hydra.
 
 from __future__ import annotations
 
-import math
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional
@@ -39,7 +38,7 @@ import torch
 
 from recipe_apo.methods.errors import BatchInputError, MethodConfigError
 from recipe_apo.methods.groups import group_ids, group_mean, response_rewards
-from recipe_apo.methods.settings import read_settings
+from recipe_apo.methods.settings import check_flag, check_number, read_flag, read_settings
 from recipe_apo.methods.tensors import empty_like, from_float64, to_numpy
 
 EPSILON = 1e-6
@@ -49,9 +48,16 @@ class CodapoConfigError(MethodConfigError):
     """A setting under ``algorithm.codapo`` is invalid; the message names the key."""
 
 
+# Upper bounds far beyond CoDaPO's values (0.1 and 4), there so that no accepted value overflows or exhausts
+# memory: w_g = c_g d_w + weight_offset multiplies every advantage, so an offset of 1e39 made them inf; a count
+# of copies past any batch of prompts only fills the batch with the first kept prompt.
+MAX_WEIGHT_OFFSET = 1e3
+MAX_REPEAT_COUNT = 100_000
+
+
 @dataclass(frozen=True)
 class CodapoSettings:
-    """The ``algorithm.codapo`` settings (CoDaPO's defaults)."""
+    """The ``algorithm.codapo`` settings (CoDaPO's defaults), each checked for its type and bounds."""
 
     # Floor of w_g = c_g d_w + weight_offset (CoDaPO's `weight_offset`, 0.1).
     weight_offset: float = 0.1
@@ -63,36 +69,65 @@ class CodapoSettings:
     resample: bool = True
 
     def __post_init__(self) -> None:
-        offset = self.weight_offset
-        if isinstance(offset, bool) or not isinstance(offset, (int, float)) or not math.isfinite(offset) or offset < 0:
-            raise CodapoConfigError(f"algorithm.codapo.weight_offset must be a finite number >= 0, got {offset!r}")
+        check_number("algorithm.codapo.weight_offset", self.weight_offset, CodapoConfigError, low=0.0,
+                     high=MAX_WEIGHT_OFFSET)
         p = self.percentile
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 < p < 1.0:
             raise CodapoConfigError(f"algorithm.codapo.percentile must be a number in (0, 1), got {p!r}")
         r = self.repeat_count
-        if isinstance(r, bool) or not isinstance(r, int) or r < 1:
-            raise CodapoConfigError(f"algorithm.codapo.repeat_count must be an integer >= 1, got {r!r}")
-        if not isinstance(self.resample, bool):
-            raise CodapoConfigError(f"algorithm.codapo.resample must be true or false, got {self.resample!r}")
+        if isinstance(r, bool) or not isinstance(r, int) or not 1 <= r <= MAX_REPEAT_COUNT:
+            raise CodapoConfigError(
+                f"algorithm.codapo.repeat_count must be an integer in [1, {MAX_REPEAT_COUNT}], got {r!r}"
+            )
+        check_flag("algorithm.codapo.resample", self.resample, CodapoConfigError)
 
     @classmethod
     def from_algorithm_config(cls, algorithm_config: Any) -> "CodapoSettings":
         """Read ``algorithm_config.codapo`` (an OmegaConf node, a dict, or absent); unknown keys are refused."""
         return read_settings(cls, algorithm_config, "codapo", CodapoConfigError)
 
+    def recommended_repeat_count(self) -> float:
+        """1 / (1 - percentile): the copies that refill the batch from the kept share of its prompts evenly."""
+        return 1.0 / (1.0 - self.percentile)
+
+    def tiling_warning(self) -> Optional[str]:
+        """CoDaPO's own warning (its trainer's ``_create_dataloader``) when repeat_count is more than 0.5 away
+        from ``recommended_repeat_count``, as one line; None when the two agree."""
+        recommended = self.recommended_repeat_count()
+        if abs(self.repeat_count - recommended) <= 0.5:
+            return None
+        return (
+            f"algorithm.codapo.repeat_count={self.repeat_count} is more than 0.5 away from 1 / (1 - "
+            f"algorithm.codapo.percentile) = {recommended:.2f} (percentile {self.percentile:g}): the resampled step "
+            "will not tile the batch evenly, so the kept prompts are over- or under-sampled unevenly (CoDaPO's "
+            f"code warns the same); consider repeat_count={round(recommended)}"
+        )
+
 
 # Rows per chunk of the masked log-prob sum: about 4M elements (16 MiB of float32) per temporary.
 _CHUNK_ELEMENTS = 1 << 22
 
 
-def _masked_row_sums(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """sum_t values * mask per row, in chunks of rows whose product stays in cache: one (batch, length)
-    product, or a bmm, would write a batch-sized temporary out to memory and read it back."""
+def _masked_row_sums_and_maxima(values: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """sum_t values * mask and max_t values * mask per row, in chunks of rows whose product stays in cache: one
+    (batch, length) product, or a bmm, would write a batch-sized temporary out to memory and read it back. The
+    maximum is 0 on a row with padding, so it only tells whether a valid value is above 0."""
     rows = max(1, _CHUNK_ELEMENTS // max(1, values.shape[1]))
-    out = torch.empty(values.shape[0], dtype=values.dtype, device=values.device)
+    sums = torch.empty(values.shape[0], dtype=values.dtype, device=values.device)
+    maxima = torch.zeros_like(sums)
+    if values.shape[1] == 0:
+        return sums.zero_(), maxima
     for start in range(0, values.shape[0], rows):
-        torch.sum(values[start:start + rows] * mask[start:start + rows], dim=-1, out=out[start:start + rows])
-    return out
+        product = values[start:start + rows] * mask[start:start + rows]
+        torch.sum(product, dim=-1, out=sums[start:start + rows])
+        torch.amax(product, dim=-1, out=maxima[start:start + rows])
+    return sums, maxima
+
+
+# A log-softmax is <= 0 in exact arithmetic, and its float rounding near 0 is ~1e-7 (float32 at logits ~30): a
+# token log-prob above this is not a rounding but a broken rollout or actor, which would make c_g = exp(...)
+# overflow (+800 gave inf weights and NaN advantages).
+LOG_PROB_TOLERANCE = 1e-3
 
 
 def compute_codapo_advantage(
@@ -125,14 +160,9 @@ def compute_codapo_advantage(
     tokens = to_numpy(mask.sum(dim=-1)).astype(np.float64)  # exact: counts far below 2^24
     valid = tokens > 0
     scores = response_rewards(token_level_rewards)
-    log_prob_sum = to_numpy(_masked_row_sums(old_log_probs.detach().to(torch.float32), mask)).astype(np.float64)
-    bad = valid & ~(np.isfinite(scores) & np.isfinite(log_prob_sum))
-    if bad.any():
-        rows = np.flatnonzero(bad)
-        raise BatchInputError(
-            f"codapo: {rows.size} of {batch_size} responses have NaN/inf rewards or old log-probs, "
-            f"first rows {rows[:5].tolist()}"
-        )
+    sums, maxima = _masked_row_sums_and_maxima(old_log_probs.detach().to(torch.float32), mask)
+    log_prob_sum = to_numpy(sums).astype(np.float64)
+    _check_inputs(valid, scores, log_prob_sum, to_numpy(maxima).astype(np.float64))
     mean_log_prob = np.divide(log_prob_sum, tokens, out=np.zeros(batch_size), where=valid)
 
     w = valid.astype(np.float64)
@@ -152,6 +182,7 @@ def compute_codapo_advantage(
     group_weight = confidence * difficulty_weight + weight_offset
     weight = np.where(valid, group_weight[codes], 0.0)
     scalar = np.where(valid, centered * weight, 0.0)
+    _check_no_overflow(scalar, centered, weight, weight_offset, out_dtype)
     out = mask if out_dtype == torch.float32 else empty_like(response_mask, out_dtype).copy_(response_mask)
     advantages = out.mul_(from_float64(scalar, out_dtype, out.device).unsqueeze(-1))
     observed = counts > 0
@@ -164,6 +195,41 @@ def compute_codapo_advantage(
             "codapo/accuracy_mean": float(accuracy[observed].mean()),
         }
     return advantages, weight, metrics
+
+
+def _check_inputs(valid: np.ndarray, scores: np.ndarray, log_prob_sum: np.ndarray, log_prob_max: np.ndarray) -> None:
+    """Refuse rewards or old log-probs the maths cannot use, naming the field and the first rows."""
+    batch_size = valid.size
+    bad = valid & ~(np.isfinite(scores) & np.isfinite(log_prob_sum))
+    if bad.any():
+        rows = np.flatnonzero(bad)
+        raise BatchInputError(
+            f"codapo: {rows.size} of {batch_size} responses have NaN/inf rewards or old log-probs, "
+            f"first rows {rows[:5].tolist()}"
+        )
+    positive = valid & (log_prob_max > LOG_PROB_TOLERANCE)
+    if positive.any():
+        rows = np.flatnonzero(positive)
+        raise BatchInputError(
+            f"old_log_probs: {rows.size} of {batch_size} responses have a token log-prob above 0 (largest "
+            f"{log_prob_max[rows].max():.3g}; a log-probability is <= 0), first rows {rows[:5].tolist()}: the old "
+            "policy's log-probs are broken (rollout or actor)"
+        )
+
+
+def _check_no_overflow(scalar: np.ndarray, centered: np.ndarray, weight: np.ndarray, weight_offset: float,
+                       dtype: torch.dtype) -> None:
+    """Refuse advantages that would leave ``dtype``'s range (inf, or NaN from inf - inf), naming the response and
+    its two factors: the bounded settings keep w_g <= 1 + 1e3, but rewards of any finite size still get here."""
+    magnitude = np.where(np.isnan(scalar), np.inf, np.abs(scalar))
+    limit = float(torch.finfo(dtype).max)
+    if magnitude.size and not magnitude.max() <= limit:
+        row = int(np.argmax(magnitude))
+        raise BatchInputError(
+            f"codapo: advantages would overflow {str(dtype).removeprefix('torch.')} (max {limit:.3g}): response "
+            f"{row}'s group-centered reward {centered[row]:.3g} x w_g {weight[row]:.3g} "
+            f"(algorithm.codapo.weight_offset={weight_offset:g}); rescale the rewards or lower weight_offset"
+        )
 
 
 def select_prompts(prompt_uids: Any, response_uids: Any, response_weights: np.ndarray, percentile: float) -> np.ndarray:
@@ -189,13 +255,20 @@ def select_prompts(prompt_uids: Any, response_uids: Any, response_weights: np.nd
 
 def resample_order(kept: np.ndarray, batch_size: int, repeat_count: int) -> np.ndarray:
     """The second step's prompts, as positions: each kept prompt ``repeat_count`` times in place, starting over
-    from the first kept prompt until ``batch_size`` are filled (CoDaPO's loop, vectorized)."""
+    from the first kept prompt until ``batch_size`` are filled (CoDaPO's loop, which stops when the batch is full).
+
+    Slot j of that list is copy j mod (k r) of one pass [a] * r + [b] * r + ..., i.e. kept prompt
+    (j mod (k r)) // r: only the ``batch_size`` slots kept are built, whatever r. A count past the batch size
+    fills it with the first kept prompt, as a count equal to it does, so r is capped there (k r then fits int64).
+    """
     kept = np.asarray(kept, dtype=np.int64)
     if kept.size == 0:
         raise BatchInputError("codapo: no prompt kept to resample from")
-    one_pass = np.repeat(kept, repeat_count)
-    passes = -(-batch_size // one_pass.size)
-    return np.tile(one_pass, passes)[:batch_size]
+    if isinstance(repeat_count, bool) or not isinstance(repeat_count, (int, np.integer)) or repeat_count < 1:
+        raise BatchInputError(f"codapo: repeat_count must be an integer >= 1, got {repeat_count!r}")
+    copies = max(1, min(int(repeat_count), int(batch_size)))
+    slots = np.arange(batch_size, dtype=np.int64)
+    return kept[slots % (kept.size * copies) // copies]
 
 
 class CodapoBook:
@@ -244,7 +317,7 @@ def codapo_outcome_advantage(
             "algorithm.adv_estimator=codapo needs the old policy's log-probs, which verl 0.9.1 does not pass to "
             "estimators: train with `python -m recipe_apo.main` (trainer.v1.trainer_mode=apo_sync)"
         )
-    norm = bool(config.get("norm_adv_by_std_in_grpo", True)) if config is not None else True
+    norm = read_flag(config, "norm_adv_by_std_in_grpo", True, MethodConfigError)
     advantages, weights, metrics = compute_codapo_advantage(
         token_level_rewards, response_mask, log_probs, index, norm, settings.weight_offset
     )

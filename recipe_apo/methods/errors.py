@@ -1,4 +1,5 @@
-"""The methods' errors: a batch an estimator cannot use, and a method setting it refuses.
+"""The methods' errors: a batch an estimator cannot use, a method setting it refuses, a saved state it cannot
+restore.
 
 Each message is one line naming the data or the ``algorithm.<method>.<key>`` at fault. Both are ``ValueError``s
 too, so code written against the plain ``ValueError`` keeps catching them.
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 from recipe_apo.errors import RecipeError
 
-__all__ = ["ApoInputError", "BatchInputError", "MethodConfigError"]
+__all__ = ["ApoInputError", "BatchInputError", "MethodConfigError", "MethodStateError"]
 
 
 class BatchInputError(RecipeError, ValueError):
@@ -19,6 +20,11 @@ class BatchInputError(RecipeError, ValueError):
 class MethodConfigError(RecipeError, ValueError):
     """A setting under ``algorithm.<method>`` is invalid; the message names the key. Each method subclasses it
     (``ApoConfigError``, ``CodapoConfigError``)."""
+
+
+class MethodStateError(RecipeError, ValueError):
+    """A method's saved state (the APO anchor's ``state_dict``) is not what this code writes; the message says
+    which part. The file that held it is named by the caller (``integration.checkpoint``)."""
 
 
 # The name users and tests catch since the first release; the same class.

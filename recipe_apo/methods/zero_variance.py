@@ -19,7 +19,8 @@ act on the ratio; the branch depends on the sign of A only), so this is the loss
 the denominator: exactly so when a step is one mini-batch, and when every mini-batch has the step's live share;
 otherwise mini-batch j's loss is off by the factor (live share of mini-batch j) / (live share of the step)
 (``denominator_ratio``; the testbed measures it).
-``token-sum`` has no denominator, so it has nothing to exclude (refused by the recipe's checks).
+``token-sum`` has no denominator, so it has nothing to exclude; and with ``algorithm.use_kl_in_reward=true`` the
+estimator centres KL-penalised rewards, not the scores "dead" is decided on (both refused by ``check_mode``).
 
 Symbols: B, B_live, T, T_live above; "live" groups have at least two distinct rewards among their valid
 responses. Needs torch, numpy and pandas only (group ids from ``recipe_apo.methods.groups``).
@@ -38,16 +39,37 @@ from recipe_apo.methods.groups import group_ids
 MODES = ("keep", "exclude")
 SEQUENCE_MODES = ("seq-mean-token-sum-norm", "seq-mean-token-mean", "seq-mean-token-sum")
 TOKEN_MODES = ("token-mean",)
+# verl 0.9.1's aggregation modes (core_algos.agg_loss), in its own order; token-sum has no denominator.
+VERL_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
-def check_mode(mode: Any, loss_agg_mode: str) -> str:
-    """The validated ``algorithm.zero_variance`` value; a ``ValueError`` names the setting at fault."""
+def check_mode(mode: Any, loss_agg_mode: Any, use_kl_in_reward: bool = False) -> str:
+    """The validated ``algorithm.zero_variance`` value; a ``MethodConfigError`` names the setting at fault.
+
+    ``exclude`` decides which groups are dead on the rewards verl scored (``rm_scores``). With
+    ``algorithm.use_kl_in_reward=true`` the estimator centres other rewards, score - beta KL (verl's
+    ``apply_kl_penalty``), so a group of equal scores still carries advantages: refused, not guessed at.
+    """
     if mode not in MODES:
         raise MethodConfigError(f"algorithm.zero_variance must be one of {', '.join(MODES)}, got {mode!r}")
-    if mode == "exclude" and loss_agg_mode not in SEQUENCE_MODES + TOKEN_MODES:
+    if mode != "exclude":
+        return mode
+    if loss_agg_mode not in VERL_AGG_MODES:
+        raise MethodConfigError(
+            f"actor_rollout_ref.actor.loss_agg_mode={loss_agg_mode} is not one of verl's modes: "
+            f"{', '.join(VERL_AGG_MODES)}"
+        )
+    if loss_agg_mode not in SEQUENCE_MODES + TOKEN_MODES:
         raise MethodConfigError(
             f"algorithm.zero_variance=exclude with actor_rollout_ref.actor.loss_agg_mode={loss_agg_mode}: that "
             f"mode has no denominator to exclude from; use one of {', '.join(SEQUENCE_MODES + TOKEN_MODES)}"
+        )
+    if use_kl_in_reward:
+        raise MethodConfigError(
+            "algorithm.zero_variance=exclude with algorithm.use_kl_in_reward=true: the estimator centres the "
+            "KL-penalised rewards (score - beta KL), so a group of equal scores still has advantages and no group "
+            "is ever dead on those rewards; put the KL in the loss (actor_rollout_ref.actor.use_kl_loss=true) or "
+            "set algorithm.zero_variance=keep"
         )
     return mode
 

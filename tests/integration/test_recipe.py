@@ -144,12 +144,56 @@ def test_kl_in_reward_is_fine_with_a_threshold_success_and_data_sources_with_the
         # The type, not the count, is at fault:
         (["actor_rollout_ref.rollout.n='8'"], "actor_rollout_ref.rollout.n must be an integer"),
         (["actor_rollout_ref.rollout.n=2.5"], "actor_rollout_ref.rollout.n must be an integer"),
+        # Quoted booleans: a non-empty string is true to Python, whatever it says (issue 20).
+        (["method=grpo", "algorithm.norm_adv_by_std_in_grpo='false'"],
+         "algorithm.norm_adv_by_std_in_grpo must be true or false, got 'false' (a string: drop the quotes)"),
+        (["method=codapo", "algorithm.norm_adv_by_std_in_grpo='true'"], "algorithm.norm_adv_by_std_in_grpo must be"),
+        (["algorithm.use_kl_in_reward='false'"], "algorithm.use_kl_in_reward must be true or false, got 'false'"),
+        (["algorithm.use_pf_ppo=0"], "algorithm.use_pf_ppo must be true or false, got 0"),
+        (["algorithm.filter_groups.enable='false'"], "algorithm.filter_groups.enable must be true or false"),
+        (["algorithm.rollout_correction.bypass_mode='no'"], "algorithm.rollout_correction.bypass_mode must be"),
+        (["algorithm.apo.reweight='false'"], "algorithm.apo.reweight must be true or false"),
+        (["method=codapo", "algorithm.codapo.resample='false'"], "algorithm.codapo.resample must be true or false"),
+        (["trainer.use_v1='true'"], "trainer.use_v1 must be true or false"),
+        (["actor_rollout_ref.actor.shuffle='true'"], "actor_rollout_ref.actor.shuffle must be true or false"),
+        (["dry_run='false'"], "dry_run must be true or false, got 'false'"),
+        # CoDaPO's settings that passed and then overflowed or exhausted memory:
+        (["method=codapo", "algorithm.codapo.weight_offset=1e39"], "algorithm.codapo.weight_offset must be <="),
+        (["method=codapo", "algorithm.codapo.repeat_count=1000000000000"],
+         "algorithm.codapo.repeat_count must be an integer in [1, "),
+        # The zero-variance denominator: a misspelt mode, and the KL penalty in the reward.
+        (["algorithm.zero_variance=exclude", "actor_rollout_ref.actor.loss_agg_mode=tokenmean"],
+         "actor_rollout_ref.actor.loss_agg_mode=tokenmean is not one of verl's modes: token-mean, token-sum"),
+        (["method=grpo", "algorithm.zero_variance=exclude", "algorithm.use_kl_in_reward=true"],
+         "algorithm.zero_variance=exclude with algorithm.use_kl_in_reward=true"),
+        (["method=codapo", "algorithm.zero_variance=exclude", "algorithm.use_kl_in_reward=true"],
+         "algorithm.zero_variance=exclude with algorithm.use_kl_in_reward=true"),
     ],
 )
 def test_invalid_settings_fail_validation_naming_the_key(overrides, key):
     with pytest.raises(RecipeConfigError) as info:
         validate_recipe_config(valid(*overrides))
     assert key in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_repeat_count_off_codapos_tiling_is_warned_about_as_codapos_code_does():
+    from recipe_apo.integration.validation import config_warnings
+
+    def codapo_lines(*overrides):
+        return [w for w in config_warnings(valid("method=codapo", *overrides)) if "algorithm.codapo" in w]
+
+    # 1 / (1 - 0.75) = 4: the default tiles the batch evenly; so do 3 and 5 within 0.5 of 1 / (1 - 0.7) = 3.33.
+    assert codapo_lines() == []
+    assert codapo_lines("algorithm.codapo.percentile=0.7", "algorithm.codapo.repeat_count=3") == []
+    assert codapo_lines("algorithm.codapo.repeat_count=2") == [
+        "algorithm.codapo.repeat_count=2 is more than 0.5 away from 1 / (1 - algorithm.codapo.percentile) = 4.00 "
+        "(percentile 0.75): the resampled step will not tile the batch evenly, so the kept prompts are over- or "
+        "under-sampled unevenly (CoDaPO's code warns the same); consider repeat_count=4"
+    ]
+    # Without resampling the two settings are not used.
+    assert codapo_lines("algorithm.codapo.repeat_count=2", "algorithm.codapo.resample=false") == []
+    assert [w for w in config_warnings(valid("method=apo", "algorithm.codapo.repeat_count=2"))
+            if "algorithm.codapo" in w] == []
 
 
 def test_experiment_names_are_deterministic_distinct_and_leave_out_paths():
@@ -194,6 +238,20 @@ def test_a_bad_setting_stops_the_launch_with_one_line(tmp_path):
     errors = [line for line in result.stderr.splitlines() if line.startswith("recipe-apo: error:")]
     assert errors == ["recipe-apo: error: algorithm.apo.lambda_scale must be > 0.0, got -1"]
     assert "Traceback" not in result.stderr
+
+
+def test_a_quoted_boolean_stops_a_dry_run_and_the_codapo_warning_is_said_once(tmp_path):
+    result = run_main("method=grpo", "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.n=8",
+                      "algorithm.norm_adv_by_std_in_grpo='false'", "dry_run=true", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == (
+        "recipe-apo: error: algorithm.norm_adv_by_std_in_grpo must be true or false, got 'false' "
+        "(a string: drop the quotes)")
+    result = run_main("method=codapo", "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.n=8",
+                      "algorithm.codapo.repeat_count=2", "dry_run=true", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    warned = [line for line in result.stderr.splitlines() if "algorithm.codapo.repeat_count=2" in line]
+    assert len(warned) == 1 and warned[0].startswith("recipe-apo: warning: ")
 
 
 def test_multirun_dry_run_gives_each_job_its_own_name_folders_and_method(tmp_path):

@@ -230,3 +230,52 @@ def test_node_check_names_a_node_without_the_plugin():
         result.stdout + result.stderr[-2000:])
     assert "missing estimator apo, estimator codapo, loss apo" in result.stdout
     assert "install recipe-apo in every node's environment" in result.stdout
+
+
+@pytest.mark.parametrize("broken", ["missing", "corrupt"])
+def test_a_codapo_resume_without_its_kept_prompts_is_said_as_one_line_naming_the_file_and_the_way_out(
+        tmp_path, monkeypatch, capsys, broken):
+    """The trainer's restore of an odd step whose codapo_state.pt is missing or corrupt, raised in the task
+    runner and carried through Ray's wrappers as ``python -m recipe_apo.main`` meets it: exit 1, one last line."""
+    import verl.trainer.main_ppo as main_ppo
+    from ray.exceptions import RayTaskError
+
+    from recipe_apo import main as recipe_main
+    from recipe_apo.integration.errors import ResamplingStateError
+    from recipe_apo.integration.resampling import STATE_FILE as CODAPO_STATE
+
+    config = recipe_config(tmp_path, "trainer.resume_mode=resume_path",
+                           f"trainer.resume_from_path={tmp_path}/ckpt/global_step_3", method="codapo")
+    folder = tmp_path / "ckpt" / "global_step_3"
+    folder.mkdir(parents=True)
+    if broken == "corrupt":
+        (folder / CODAPO_STATE).write_bytes(b"PK\x03\x04 not a checkpoint\n")
+    trainer = bare_trainer(config)
+    monkeypatch.setattr(PPOTrainerSync, "_load_checkpoint", lambda self: setattr(self, "global_steps", 3))
+    with pytest.raises(ResamplingStateError) as info:
+        trainer._load_checkpoint()
+    message = str(info.value)
+    assert message.startswith(f"{folder / CODAPO_STATE} ") and "\n" not in message
+    assert "algorithm.codapo.resample=false" in message
+
+    remote = RayTaskError("TaskRunner.run", "Traceback ...", info.value).as_instanceof_cause()
+
+    def failing_run_ppo(config, task_runner_class):
+        raise remote
+
+    monkeypatch.setattr(main_ppo, "run_ppo", failing_run_ppo)
+    monkeypatch.setattr("verl.utils.config.validate_config", lambda **kwargs: None)
+    monkeypatch.setattr("verl.utils.device.auto_set_device", lambda config: None)
+    with pytest.raises(SystemExit) as exit_info:
+        recipe_main.run(config)
+    assert exit_info.value.code == 1
+    assert capsys.readouterr().err.strip().splitlines()[-1] == f"recipe-apo: error: {message}"
+
+
+def test_the_zero_variance_hook_refuses_the_kl_penalty_in_the_reward_even_without_the_launch_checks(tmp_path):
+    from recipe_apo.methods.errors import MethodConfigError
+
+    config = recipe_config(tmp_path, "algorithm.zero_variance=exclude", "algorithm.use_kl_in_reward=true",
+                           method="grpo")
+    with pytest.raises(MethodConfigError, match="algorithm.zero_variance=exclude with algorithm.use_kl_in_reward"):
+        bare_trainer(config)

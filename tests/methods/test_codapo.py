@@ -11,9 +11,13 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tensordict import TensorDict
 
+from recipe_apo.errors import RecipeError
 from recipe_apo.integration.resampling import STATE_FILE, PromptResampler, ResamplingStateError
 from recipe_apo.methods.codapo import (
+    MAX_REPEAT_COUNT,
+    MAX_WEIGHT_OFFSET,
     CodapoConfigError,
     CodapoSettings,
     codapo_book,
@@ -235,3 +239,197 @@ def test_the_resampler_refuses_a_missing_state_or_the_wrong_step(tmp_path):
     sampler.save(str(tmp_path), step=5)
     with pytest.raises(ResamplingStateError, match="not the kept prompts of step 7"):
         PromptResampler(CodapoSettings()).load(str(tmp_path), step=7)
+
+
+# ---- hostile inputs (issue 20): overflow, broken log-probs, huge repeat counts, quoted booleans ----------------
+def test_settings_that_could_overflow_or_exhaust_memory_are_refused_naming_the_key():
+    for node, message in [
+        ({"weight_offset": 1e39}, f"algorithm.codapo.weight_offset must be <= {MAX_WEIGHT_OFFSET}, got 1e+39"),
+        ({"weight_offset": float("inf")}, "algorithm.codapo.weight_offset must be a finite number, got inf"),
+        ({"repeat_count": 1_000_000_000_000},
+         f"algorithm.codapo.repeat_count must be an integer in [1, {MAX_REPEAT_COUNT}], got 1000000000000"),
+        ({"percentile": float("nan")}, "algorithm.codapo.percentile must be a number in (0, 1), got nan"),
+        ({"resample": "false"},
+         "algorithm.codapo.resample must be true or false, got 'false' (a string: drop the quotes)"),
+    ]:
+        with pytest.raises(CodapoConfigError) as info:
+            CodapoSettings.from_algorithm_config({"codapo": node})
+        assert str(info.value) == message
+    # The bounds themselves are accepted.
+    CodapoSettings(weight_offset=MAX_WEIGHT_OFFSET, repeat_count=MAX_REPEAT_COUNT)
+
+
+def test_an_advantage_that_would_overflow_is_refused_naming_the_cause():
+    # One group of two: rewards +-3e38 (finite in float32), neither 1.0, so acc 0, d_w 0 and w = weight_offset = 2:
+    # A = +-3e38 without std, A * w = +-6e38, past float32's 3.4e38. Today's code returned [inf, -inf].
+    rewards = torch.tensor([[3e38], [-3e38]])
+    mask, log_probs = torch.ones(2, 1), torch.zeros(2, 1)
+    with pytest.raises(ApoInputError) as info:
+        compute_codapo_advantage(rewards, mask, log_probs, np.array(["a", "a"]), False, weight_offset=2.0)
+    message = str(info.value)
+    assert message.startswith("codapo: advantages would overflow float32 (max 3.4e+38): response 0's")
+    assert "x w_g 2" in message and "algorithm.codapo.weight_offset=2" in message and "\n" not in message
+    # Half the offset fits: exactly +-3e38 (float32 rounding of 3e38 * 1.0).
+    advantages, _, _ = compute_codapo_advantage(rewards, mask, log_probs, np.array(["a", "a"]), False, 1.0)
+    assert advantages[:, 0].tolist() == [rewards[0, 0].item(), rewards[1, 0].item()]
+
+
+finite_float32 = st.floats(allow_nan=False, allow_infinity=False, width=32)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    rewards=st.lists(finite_float32, min_size=1, max_size=8),
+    offset=st.floats(0.0, MAX_WEIGHT_OFFSET),
+    norm=st.booleans(),
+    log_prob=st.floats(-1e30, 0.0),
+)
+def test_accepted_settings_on_finite_inputs_give_finite_advantages_or_a_clear_error(rewards, offset, norm, log_prob):
+    """Every setting the checks accept, any finite float32 rewards and any old log-probs <= 0: the advantages are
+    finite, or the batch is refused with one line; never inf or NaN."""
+    n = len(rewards)
+    token_rewards = torch.tensor(rewards, dtype=torch.float32).unsqueeze(-1)
+    index = np.array([i % 2 for i in range(n)], dtype=object)
+    settings_ = CodapoSettings(weight_offset=offset)
+    try:
+        advantages, weights, _ = compute_codapo_advantage(token_rewards, torch.ones(n, 1), torch.full((n, 1), log_prob),
+                                                          index, norm, settings_.weight_offset)
+    except ApoInputError as exc:
+        assert "would overflow" in str(exc) and "\n" not in str(exc)
+        return
+    assert torch.isfinite(advantages).all() and np.isfinite(weights).all()
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rewards=st.lists(st.floats(-1e3, 1e3), min_size=1, max_size=8),
+    offset=st.floats(0.0, MAX_WEIGHT_OFFSET),
+    norm=st.booleans(),
+    log_probs=st.lists(st.floats(-50.0, 0.0), min_size=8, max_size=8),
+)
+def test_rewards_of_a_usual_range_always_give_finite_advantages(rewards, offset, norm, log_probs):
+    n = len(rewards)
+    token_rewards = torch.tensor(rewards, dtype=torch.float32).unsqueeze(-1)
+    old_log_probs = torch.tensor(log_probs[:n]).unsqueeze(-1)
+    advantages, _, _ = compute_codapo_advantage(token_rewards, torch.ones(n, 1), old_log_probs,
+                                                np.zeros(n, dtype=object), norm, offset)
+    assert torch.isfinite(advantages).all()
+
+
+def test_positive_old_log_probs_are_refused_naming_the_field_and_rows():
+    rewards, mask, log_probs, uid = hand_batch()
+    log_probs[0, 1] = 100.0  # a valid token of row 0
+    log_probs[3, 0] = 800.0
+    with pytest.raises(ApoInputError) as info:
+        compute_codapo_advantage(rewards, mask, log_probs, uid)
+    assert str(info.value) == (
+        "old_log_probs: 2 of 9 responses have a token log-prob above 0 (largest 800; a log-probability is <= 0), "
+        "first rows [0, 3]: the old policy's log-probs are broken (rollout or actor)"
+    )
+    # On padding positions anything goes: row 6's third position is padding.
+    rewards, mask, log_probs, uid = hand_batch()
+    log_probs[6, 2] = 800.0
+    compute_codapo_advantage(rewards, mask, log_probs, uid)
+    # Rounding of a log-softmax near 0 stays within the tolerance: c_g = exp(1e-6) is still a confidence.
+    log_probs[:4] = 1e-6
+    _, weights, _ = compute_codapo_advantage(rewards, mask, log_probs, uid)
+    assert weights[0] == pytest.approx(math.exp(1e-6) * 0.75 + 0.1)
+
+
+def test_a_refused_batch_leaves_the_book_as_the_last_good_batch_left_it():
+    rewards, mask, log_probs, uid = hand_batch()
+    config = {"norm_adv_by_std_in_grpo": True}
+    with handed_log_probs(log_probs):
+        codapo_outcome_advantage(rewards, mask, config=config, index=uid)
+    book = codapo_book()
+    before = (book.last_uids.copy(), book.last_weights.copy(), dict(book.last_metrics))
+    broken = log_probs.clone()
+    broken[2, 0] = 800.0
+    for bad_log_probs, bad_config in [(broken, config), (log_probs, {"norm_adv_by_std_in_grpo": "false"}),
+                                      (log_probs, {**config, "codapo": {"weight_offset": 1e39}})]:
+        with handed_log_probs(bad_log_probs), pytest.raises(RecipeError):
+            codapo_outcome_advantage(rewards, mask, config=bad_config, index=uid)
+        assert book.last_uids.tolist() == before[0].tolist()
+        np.testing.assert_array_equal(book.last_weights, before[1])
+        assert book.last_metrics == before[2]
+
+
+def test_a_quoted_boolean_is_refused_by_the_estimator_itself():
+    """Plain verl hands the estimator its algorithm node as is: 'false' is a non-empty string, read as true."""
+    rewards, mask, log_probs, uid = hand_batch()
+    for value in ("false", "true", 0, None):
+        with handed_log_probs(log_probs), pytest.raises(RecipeError) as info:
+            codapo_outcome_advantage(rewards, mask, config={"norm_adv_by_std_in_grpo": value}, index=uid)
+        assert str(info.value) == f"algorithm.norm_adv_by_std_in_grpo must be true or false, got {value!r}" + (
+            " (a string: drop the quotes)" if isinstance(value, str) else "")
+
+
+def naive_resample_order(kept, batch_size, repeat_count):
+    """CoDaPO's loop as its code reads: append each kept prompt repeat_count times, in turn, until full; cut."""
+    order = []
+    position = 0
+    while len(order) < batch_size:
+        for _ in range(repeat_count):
+            if len(order) < batch_size:
+                order.append(kept[position])
+        position = (position + 1) % len(kept)
+    return order
+
+
+@settings(max_examples=150, deadline=None)
+@given(kept=st.lists(st.integers(0, 50), min_size=1, max_size=6), batch_size=st.integers(0, 40),
+       repeat_count=st.integers(1, 12))
+def test_the_resampled_order_is_codapos_loop(kept, batch_size, repeat_count):
+    assert resample_order(np.array(kept), batch_size, repeat_count).tolist() == naive_resample_order(
+        kept, batch_size, repeat_count)
+
+
+@settings(max_examples=40, deadline=None)
+@given(kept=st.lists(st.integers(0, 50), min_size=1, max_size=6), batch_size=st.integers(1, 64),
+       repeat_count=st.integers(1, 10**30))
+def test_the_resampled_order_uses_memory_of_the_batch_whatever_the_repeat_count(kept, batch_size, repeat_count):
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        order = resample_order(np.array(kept), batch_size, repeat_count)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    # A count past the batch fills it with the first kept prompt; below it, CoDaPO's loop.
+    expected = naive_resample_order(kept, batch_size, min(repeat_count, batch_size))
+    assert order.tolist() == expected
+    assert peak < 64 * 1024  # a few arrays of batch_size int64s; 10**7 copies of 8 prompts took 580 MB before
+
+
+def test_a_broken_codapo_state_stops_the_resume_naming_the_file_and_the_way_out(tmp_path):
+    path = tmp_path / STATE_FILE
+    cases = {
+        "missing": None,
+        "not a pickle": b"\x00\x01garbage\n\nmore",
+        "truncated": None,  # filled below from a good file
+        "kept is not a batch": {"version": 1, "step": 5, "kept": ["q1", "q2"]},
+        "no kept prompt": {"version": 1, "step": 5, "kept": TensorDict({}, batch_size=[0])},
+        "a list": [1, 2, 3],
+    }
+    sampler = PromptResampler(CodapoSettings())
+    sampler.start_pair(loader_batch(2), step=5)
+    sampler.add_weights(np.array(["u0", "u1"], dtype=object), np.array([0.2, 0.3]))
+    sampler.save(str(tmp_path), step=5)
+    good = path.read_bytes()
+    for case, content in cases.items():
+        if path.exists():
+            path.unlink()
+        if case == "truncated":
+            path.write_bytes(good[: len(good) // 2])
+        elif isinstance(content, bytes):
+            path.write_bytes(content)
+        elif content is not None:
+            torch.save(content, path)
+        fresh = PromptResampler(CodapoSettings())
+        with pytest.raises(ResamplingStateError) as info:
+            fresh.load(str(tmp_path), step=5)
+        message = str(info.value)
+        assert message.startswith(str(path)), case
+        assert "algorithm.codapo.resample=false" in message and "\n" not in message, (case, message)
+        assert fresh.kept is None and fresh.kept_step is None  # nothing restored

@@ -253,6 +253,24 @@ def test_malformed_state_is_refused_and_changes_nothing():
         assert anchor.state_dict() == before
 
 
+def test_a_malformed_anchor_state_is_a_recipe_error_of_one_line():
+    """Said as one line by ``python -m recipe_apo.main`` wherever it is raised (a ``RecipeError``), and still a
+    ``ValueError`` for code written against the first release."""
+    from recipe_apo.errors import RecipeError
+    from recipe_apo.methods.errors import MethodStateError
+
+    for anchor in (CapabilityAnchor(0.3), AnchorBook(init=0.3)):
+        before = anchor.state_dict()
+        for bad in ({}, [], {"version": 1, "anchors": {"global": {"version": 1, "value": "x"}}},
+                    {**CapabilityAnchor(0.3).state_dict(), "steps": -1}):
+            with pytest.raises(MethodStateError) as info:
+                anchor.load_state_dict(bad)
+            assert isinstance(info.value, RecipeError) and isinstance(info.value, ValueError)
+            message = str(info.value)
+            assert "\n" not in message and message.startswith(("malformed anchor state", "anchor state"))
+            assert anchor.state_dict() == before
+
+
 def assert_anchor_untouched(call):
     anchor = CapabilityAnchor(0.4)
     run_steps(anchor, ApoSettings(), 0.6, 3)

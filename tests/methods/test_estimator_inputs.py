@@ -127,3 +127,31 @@ def test_a_missing_data_source_is_named_with_its_rows(missing):
         compute_apo_advantage(token_rewards, mask, np.array(["a", "a", "b", "b"]), ApoSettings(), book,
                               scopes=np.array(["math", "math", missing, missing], dtype=object))
     assert book.anchors == {}
+
+
+def test_every_refused_batch_leaves_every_anchor_of_the_book_as_it_was():
+    """A refusal comes before any anchor moves, with one anchor per data source too: the book's whole state is
+    equal before and after, and a scope the refused batch named is not created."""
+    from recipe_apo.methods.anchor import AnchorBook
+
+    settings = ApoSettings(anchor_scope="data_source", history=5)
+    book = AnchorBook(init=0.3, history=5)
+    good, mask = token_rewards_of([1, 0, 0, 0], [2, 2, 2, 2], torch.float32)
+    compute_apo_advantage(good, mask, np.array([0, 0, 1, 1]), settings, book, np.array(["x", "x", "y", "y"]))
+    before = book.state_dict()
+    nan = good.clone()
+    nan[1, 0] = float("nan")
+    out_of_range = good * 2.0  # binary success needs rewards in [0, 1]
+    huge = torch.tensor([[3e38, 0.0], [-3e38, 0.0], [0.0, 0.0], [0.0, 0.0]])
+    refusals = [
+        (nan, np.array([0, 0, 1, 1]), ["x", "x", "z", "z"]),
+        (out_of_range, np.array([0, 0, 1, 1]), ["x", "x", "z", "z"]),
+        (huge, np.array([0, 0, 1, 1]), ["z", "z", "y", "y"]),
+        (good, np.array([0, 0, 0, 1]), ["x", "x", "z", "z"]),  # a group across two sources
+        (good, np.array([0, 0, None, 1], dtype=object), ["x", "x", "z", "z"]),  # a missing uid
+        (good, np.array([0, 0, 1, 1]), ["x", None, "z", "z"]),  # a missing data source
+    ]
+    for rewards, index, scopes in refusals:
+        with pytest.raises(ApoInputError):
+            compute_apo_advantage(rewards, mask, index, settings, book, np.array(scopes, dtype=object))
+        assert book.state_dict() == before and "z" not in book.anchors

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from verl.trainer.ppo.core_algos import agg_loss
 
+from recipe_apo.methods.errors import BatchInputError, MethodConfigError
 from recipe_apo.methods.zero_variance import (
     check_mode,
     denominator_ratio,
@@ -152,3 +153,41 @@ def test_off_policy_the_registered_losses_see_the_scale_as_the_exact_denominator
     exact = loss(advantages, live_mask, 2, int(live_mask.sum()))
     torch.testing.assert_close(ours[0], exact[0])
     torch.testing.assert_close(ours[1], exact[1])
+
+
+# ---- settings and refusals (issue 20) ----------------------------------------------------------------------------
+def test_a_misspelt_aggregation_mode_is_named_with_verls_modes():
+    with pytest.raises(MethodConfigError) as info:
+        check_mode("exclude", "tokenmean")
+    assert str(info.value) == (
+        "actor_rollout_ref.actor.loss_agg_mode=tokenmean is not one of verl's modes: token-mean, token-sum, "
+        "seq-mean-token-sum, seq-mean-token-mean, seq-mean-token-sum-norm"
+    )
+
+
+@pytest.mark.parametrize("mode", [True, None, "Exclude", 1, ["exclude"]])
+def test_every_value_of_the_setting_is_checked_with_its_type(mode):
+    with pytest.raises(MethodConfigError, match=r"^algorithm.zero_variance must be one of keep, exclude, got "):
+        check_mode(mode, "token-mean")
+
+
+def test_exclude_with_the_kl_penalty_in_the_reward_is_refused():
+    """verl's apply_kl_penalty centres score - beta * KL: a group whose scores are all equal still carries
+    advantages, so deciding "dead" on the scores would rescale the wrong responses (and on the penalised rewards
+    no group would ever be dead)."""
+    with pytest.raises(MethodConfigError) as info:
+        check_mode("exclude", "token-mean", use_kl_in_reward=True)
+    message = str(info.value)
+    assert message.startswith("algorithm.zero_variance=exclude with algorithm.use_kl_in_reward=true: ")
+    assert "actor_rollout_ref.actor.use_kl_loss=true" in message and "\n" not in message
+    assert check_mode("keep", "token-mean", use_kl_in_reward=True) == "keep"
+    assert check_mode("exclude", "token-mean", use_kl_in_reward=False) == "exclude"
+
+
+def test_a_refused_batch_leaves_the_callers_advantages_as_they_were():
+    advantages, rewards, mask, uid = hand_batch()
+    before = advantages.clone()
+    rewards[0, 0] = float("nan")
+    with pytest.raises(BatchInputError, match="NaN/inf rewards"):
+        exclude_zero_variance(advantages, rewards, mask, uid, "token-mean")
+    assert torch.equal(advantages, before)

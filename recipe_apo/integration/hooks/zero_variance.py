@@ -10,13 +10,21 @@ import numpy as np
 
 from recipe_apo.integration import batch_fields
 from recipe_apo.integration.hooks.base import TrainerHook
-from recipe_apo.methods.zero_variance import exclude_zero_variance
+from recipe_apo.methods.zero_variance import check_mode, exclude_zero_variance
 
 
 class ZeroVarianceHook(TrainerHook):
     @classmethod
     def wanted(cls, config: Any) -> bool:
         return str(config.algorithm.get("zero_variance", "keep")) == "exclude"
+
+    def __init__(self, trainer: Any, config: Any) -> None:
+        super().__init__(trainer, config)
+        # The launch checks ran this already; a trainer started another way (plain verl with this trainer's
+        # mode) must not rescale on rewards the estimator does not centre either.
+        algorithm = self.config.algorithm
+        check_mode(algorithm.get("zero_variance"), str(self.config.actor_rollout_ref.actor.loss_agg_mode),
+                   algorithm.get("use_kl_in_reward", False))
 
     def after_advantage(self, batch: Any, metrics: dict) -> None:
         data = batch_fields.read(batch, ["uid", "response_mask", "rm_scores", "advantages"])
