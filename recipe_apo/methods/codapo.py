@@ -104,7 +104,7 @@ class CodapoSettings:
         )
 
 
-# Rows per chunk of the masked log-prob sum: about 4M elements (16 MiB of float32) per temporary.
+# Rows per chunk of the masked log-prob sums and maxima: about 4M elements (16 MiB of float32) per temporary.
 _CHUNK_ELEMENTS = 1 << 22
 
 
@@ -124,9 +124,9 @@ def _masked_row_sums_and_maxima(values: torch.Tensor, mask: torch.Tensor) -> tup
     return sums, maxima
 
 
-# A log-softmax is <= 0 in exact arithmetic, and its float rounding near 0 is ~1e-7 (float32 at logits ~30): a
-# token log-prob above this is not a rounding but a broken rollout or actor, which would make c_g = exp(...)
-# overflow (+800 gave inf weights and NaN advantages).
+# A log-softmax is <= 0; the slack leaves room for a kernel that rounds near 0 (float32 rounds logits of ~30 by
+# ~2e-6). A token log-prob above it is a broken rollout or actor, whose c_g = exp(...) overflows (+800 gave inf
+# weights and NaN advantages) or silently outweighs every other group.
 LOG_PROB_TOLERANCE = 1e-3
 
 

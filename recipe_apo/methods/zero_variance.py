@@ -130,8 +130,25 @@ def exclude_zero_variance(
             f"advantages {tuple(advantages.shape)} and response_mask {tuple(response_mask.shape)} differ in shape"
         )
     scale, live, metrics = zero_variance_scale(token_level_rewards, response_mask, index, loss_agg_mode)
+    _check_no_overflow(advantages, scale)
     factor = torch.from_numpy(np.where(live, scale, 1.0)).to(device=advantages.device, dtype=advantages.dtype)
     return advantages * factor.unsqueeze(-1), metrics
+
+
+def _check_no_overflow(advantages: torch.Tensor, scale: float) -> None:
+    """Refuse a step whose scaled advantages would leave their dtype's range: the scale reaches B (or T) when
+    one response is live, and the estimators only bound the advantages they return."""
+    if not advantages.is_floating_point() or advantages.numel() == 0 or scale <= 1.0:
+        return
+    low, high = torch.aminmax(advantages.detach())  # no (n, T) temporary, unlike abs().amax()
+    largest = max(-float(low), float(high))
+    limit = float(torch.finfo(advantages.dtype).max)
+    if not largest * scale <= limit:
+        raise BatchInputError(
+            f"algorithm.zero_variance=exclude: the scaled advantages would overflow "
+            f"{str(advantages.dtype).removeprefix('torch.')} (max {limit:.3g}): the largest advantage {largest:.3g} x "
+            f"the step's scale {scale:.3g}; rescale the rewards"
+        )
 
 
 def denominator_ratio(live: np.ndarray, rows: np.ndarray, tokens: np.ndarray, loss_agg_mode: str) -> float:

@@ -176,6 +176,25 @@ def test_invalid_settings_fail_validation_naming_the_key(overrides, key):
     assert key in str(info.value) and "\n" not in str(info.value)
 
 
+@pytest.mark.parametrize("method", ["grpo", "drgrpo", "apo", "codapo"])
+def test_every_boolean_of_the_composed_algorithm_node_is_a_checked_flag(method):
+    """The flags come from verl's typed AlgoConfig; every boolean the composed config holds under algorithm (verl's
+    yaml, the recipe's nodes) must be among them or be a method setting that checks its own."""
+    from recipe_apo.integration.flags import boolean_settings
+
+    def booleans(node, prefix):
+        for key, value in node.items():
+            if isinstance(value, dict):
+                yield from booleans(value, f"{prefix}{key}.")
+            elif isinstance(value, bool):
+                yield prefix + key
+
+    composed_flags = set(booleans(OmegaConf.to_container(valid(f"method={method}").algorithm), "algorithm."))
+    checked = {key for key, _ in boolean_settings()} | {"algorithm.apo.reweight", "algorithm.codapo.resample"}
+    assert composed_flags and composed_flags <= checked
+    assert {"dry_run", "trainer.use_v1", "algorithm.norm_adv_by_std_in_grpo"} <= checked
+
+
 def test_a_repeat_count_off_codapos_tiling_is_warned_about_as_codapos_code_does():
     from recipe_apo.integration.validation import config_warnings
 

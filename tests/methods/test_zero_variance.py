@@ -191,3 +191,19 @@ def test_a_refused_batch_leaves_the_callers_advantages_as_they_were():
     with pytest.raises(BatchInputError, match="NaN/inf rewards"):
         exclude_zero_variance(advantages, rewards, mask, uid, "token-mean")
     assert torch.equal(advantages, before)
+
+
+def test_scaled_advantages_that_would_overflow_are_refused_naming_the_scale():
+    # Group a live (+-2e38, finite in float32), group b dead: seq-mean scale 4 / 2 = 2, and 4e38 is past float32's
+    # 3.4e38. Today's code returned inf.
+    advantages, rewards, mask, uid = hand_batch()
+    advantages = torch.tensor([2e38, -2e38, 0.0, 0.0, 0.0]).unsqueeze(-1) * mask
+    with pytest.raises(BatchInputError) as info:
+        exclude_zero_variance(advantages, rewards, mask, uid, "seq-mean-token-mean")
+    assert str(info.value) == (
+        "algorithm.zero_variance=exclude: the scaled advantages would overflow float32 (max 3.4e+38): the largest "
+        "advantage 2e+38 x the step's scale 2; rescale the rewards"
+    )
+    # Half of it fits exactly.
+    scaled, _ = exclude_zero_variance(advantages / 2, rewards, mask, uid, "seq-mean-token-mean")
+    assert scaled[0, 0].item() == advantages[0, 0].item()
