@@ -109,30 +109,3 @@ def test_codapo_advantages_in_the_real_loop_are_weight_times_normalized_reward_t
             assert row_metrics["zero_variance/scale"] == pytest.approx(total_tokens / live_tokens)
         assert row_metrics["codapo/weight_mean"] == pytest.approx(np.mean(group_weights))
 
-
-def test_a_resume_whose_kept_prompts_are_corrupt_or_missing_stops_with_one_line_naming_the_file(codapo_runs):
-    """The real loop (Ray, the task runner, verl's restore of the actor): the trainer's restore raises in the task
-    runner, and ``python -m recipe_apo.main`` says it as its one error line instead of Ray's traceback alone."""
-    import shutil
-
-    from recipe_apo.integration.resampling import STATE_FILE as CODAPO_STATE
-
-    workdir = codapo_runs["workdir"]
-    # A copy of step 3 (odd: step 4 would train on its kept prompts), so that the run's own folders stay intact.
-    broken = workdir / "broken" / "global_step_3"
-    shutil.copytree(codapo_runs["ckpt"] / "global_step_3", broken)
-    state_file = broken / CODAPO_STATE
-    way_out = ("step 3 is the first of a CoDaPO pair and step 4 trains on its kept prompts; resume from an even "
-               "step's checkpoint (trainer.resume_mode=resume_path), or set algorithm.codapo.resample=false")
-    state_file.write_bytes(state_file.read_bytes()[:100])  # cut short, as by a full disk
-    for case, expected in [("corrupt", f"{state_file} is unreadable ("), ("missing", f"{state_file} is missing: ")]:
-        if case == "missing":
-            state_file.unlink()
-        result = run(rehearse.recipe_command(["codapo"], codapo_runs["tiny"], *CODAPO_ARGS,
-                                             "trainer.total_training_steps=5", "trainer.resume_mode=resume_path",
-                                             f"trainer.resume_from_path={broken}"),
-                     workdir, f"resume_{case}", workdir / "metrics" / f"resume_{case}")
-        assert result.returncode == 1, tail(result)
-        said = [line for line in result.log.read_text().splitlines() if line.startswith("recipe-apo: error:")]
-        assert len(said) == 1, tail(result)
-        assert said[0].startswith(f"recipe-apo: error: {expected}") and said[0].endswith(way_out), said[0]
