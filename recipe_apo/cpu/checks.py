@@ -31,10 +31,15 @@ def check_rehearsal_config(config: Any) -> None:
             )
     if int(config.trainer.nnodes) != 1:
         raise RecipeConfigError(f"trainer.nnodes={config.trainer.nnodes}: the CPU rehearsal runs on one machine")
-    if int(config.trainer.n_gpus_per_node) != 1:
+    workers = int(config.trainer.n_gpus_per_node)
+    if workers < 1:
+        raise RecipeConfigError(f"trainer.n_gpus_per_node={workers}: the rehearsal needs at least one FSDP worker")
+    # Each FSDP worker is one Ray worker holding one "GPU" of the CPU platform: Ray must be told there are as many.
+    ray_gpus = _get(config, "ray_kwargs.ray_init.num_gpus", 0)
+    if int(ray_gpus) < workers:
         raise RecipeConfigError(
-            f"trainer.n_gpus_per_node={config.trainer.n_gpus_per_node}: the CPU rehearsal trains with one FSDP "
-            "worker; set it to 1"
+            f"ray_kwargs.ray_init.num_gpus={ray_gpus} is below trainer.n_gpus_per_node={workers}: the CPU platform "
+            "counts one GPU per FSDP worker; leave num_gpus to rehearsal=cpu (it follows n_gpus_per_node)"
         )
     if str(config.trainer.device) != "cpu":
         raise RecipeConfigError(f"trainer.device={config.trainer.device}: the CPU rehearsal needs trainer.device=cpu")
@@ -66,8 +71,4 @@ def check_rehearsal_config(config: Any) -> None:
         raise RecipeConfigError(
             "reward.reward_model.enable=true: a model-based reward needs its own vLLM/SGLang server, which the "
             "CPU rehearsal does not run; use a rule-based reward (reward.custom_reward_function)"
-        )
-    if bool(_get(config, "actor_rollout_ref.rollout.multi_turn.enable", False)):
-        raise RecipeConfigError(
-            "actor_rollout_ref.rollout.multi_turn.enable=true: the CPU rehearsal covers single-turn generation only"
         )

@@ -10,6 +10,11 @@ prompt budget as in verl's vLLM server). ``logprobs`` returns, per generated tok
 ``softmax(logits / temperature)`` before top-k/top-p truncation (raw logits when greedy): what verl's actor
 computes for the same token, so ``rollout_log_probs`` and the actor's old log-probs are comparable.
 
+With verl's ``actor_rollout_ref.rollout.full_determinism=true`` each request is generated on its own, its
+sampling seeded from the rollout seed, the weights' step, its prompt and how many identical prompts came before it
+in that step: the samples no longer depend on which requests were batched together, nor (verl then routes every
+request of its single-turn loop to one replica) on how many replicas there are. Slower: no batching.
+
 Standalone (verl's ``main_generation_server``), the server also answers OpenAI chat completions over HTTP
 (``serve_http``, ``chat_completion``; the HTTP side is ``chat_http``), through the same batching queue.
 """
@@ -17,6 +22,7 @@ Standalone (verl's ``main_generation_server``), the server also answers OpenAI c
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -138,6 +144,21 @@ def generate_batch(model, prompts: list[list[int]], sampling: Sampling, eos_ids:
     return results
 
 
+def request_seed(seed: int, global_steps: Optional[int], prompt_ids: list[int], occurrence: int) -> int:
+    """The sampling seed of one request under full determinism: a stable hash (not Python's, which is salted per
+    process) of the rollout seed, the weights' step, the prompt and the prompt's occurrence in that step."""
+    text = f"{seed}|{global_steps}|{occurrence}|{','.join(map(str, prompt_ids))}"
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") & (2**63 - 1)
+
+
+def generate_seeded(model, prompt_ids: list[int], sampling: Sampling, seed: int, eos_ids: list[int], pad_id: int
+                    ) -> tuple[list[int], Optional[list[float]]]:
+    """One request alone (no padding, so its numbers do not depend on other requests), sampled from ``seed``."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return generate_batch(model, [prompt_ids], sampling, eos_ids, pad_id)[0]
+
+
 class HFGenerationServer:
     """The server actor: one model in CPU memory, weights replaced by the trainer after each update.
 
@@ -155,8 +176,11 @@ class HFGenerationServer:
         self.config = config
         self.model_config = omega_conf_to_dataclass(model_config, dataclass_type=HFModelConfig)
         self.replica_rank = replica_rank
+        self.seed = int(getattr(config, "seed", 0) or 0)
+        self.full_determinism = bool(getattr(config, "full_determinism", False))
+        self._occurrences: dict[tuple[int, ...], int] = {}  # full determinism: prompts seen at this weights' step
         hf_config = self.model_config.hf_config
-        torch.manual_seed(int(getattr(config, "seed", 0) or 0) + replica_rank)
+        torch.manual_seed(self.seed + replica_rank)
         if "dummy" in str(config.load_format):
             # verl's default: random weights until the trainer's first weight sync, exactly as vLLM starts.
             self.model = AutoModelForCausalLM.from_config(hf_config, torch_dtype=torch.float32)
@@ -231,6 +255,9 @@ class HFGenerationServer:
             await asyncio.sleep(0.01)
             self._arrived.clear()
             batch, self._pending = self._pending, []
+            if self.full_determinism:
+                await self._serve_one_by_one(batch)
+                continue
             groups: dict[Sampling, list[_Request]] = {}
             for request in batch:
                 groups.setdefault(request.sampling, []).append(request)
@@ -249,6 +276,27 @@ class HFGenerationServer:
                     if not request.done.done():
                         request.done.set_result(result)
 
+    async def _serve_one_by_one(self, batch: list[_Request]) -> None:
+        for request in batch:
+            key = tuple(request.prompt_ids)
+            occurrence = self._occurrences.get(key, 0)
+            self._occurrences[key] = occurrence + 1
+            seed = request_seed(self.seed, self.global_steps, request.prompt_ids, occurrence)
+            try:
+                result = await asyncio.to_thread(generate_seeded, self.model, request.prompt_ids, request.sampling,
+                                                 seed, self.eos_ids, self.pad_id)
+            except Exception as exc:
+                if not request.done.done():
+                    request.done.set_exception(exc)
+                continue
+            if not request.done.done():
+                request.done.set_result(result)
+
+    def _set_step(self, global_steps: Optional[int]) -> None:
+        if global_steps is not None and global_steps != self.global_steps:
+            self._occurrences.clear()
+            self.global_steps = global_steps
+
     # ---- weights ------------------------------------------------------------------------------------------
     async def update_weights(self, state: dict[str, torch.Tensor], global_steps: Optional[int] = None) -> None:
         """Load the trainer's weights (HF parameter names); refuse names the model does not have."""
@@ -261,11 +309,10 @@ class HFGenerationServer:
             )
         if tied:
             self.model.tie_weights()
-        if global_steps is not None:
-            self.global_steps = global_steps
+        self._set_step(global_steps)
 
     async def set_global_steps(self, global_steps: int) -> None:
-        self.global_steps = global_steps
+        self._set_step(global_steps)
 
     # ---- the rest of verl's server interface: the model lives in CPU memory and is never released ----------
     async def wake_up(self, tags: Optional[list[str]] = None) -> None:

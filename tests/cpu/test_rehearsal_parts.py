@@ -16,7 +16,8 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from recipe_apo.cpu import rehearse
 from recipe_apo.cpu.checks import check_rehearsal_config
-from recipe_apo.cpu.hf_server import RehearsalUnsupported, Sampling, generate_batch
+from recipe_apo.cpu.hf_server import RehearsalUnsupported, Sampling, generate_batch, generate_seeded
+from recipe_apo.cpu.hf_server import request_seed as hf_server_seed
 from recipe_apo.integration.validation import RecipeConfigError, validate_recipe_config
 from recipe_apo.main import recipe_error
 from recipe_apo.methods.success import ApoInputError
@@ -103,6 +104,47 @@ def test_sampling_settings_from_verl():
         Sampling.from_verl({}, prompt_len=80, response_length=16, prompt_length=64, max_model_len=None)
 
 
+
+def serve_in_order(model, requests, global_steps=3):
+    """The server's full-determinism path on ``requests`` (prompts, in arrival order): each one's tokens."""
+    import asyncio
+
+    from recipe_apo.cpu import hf_server
+
+    server = object.__new__(hf_server.HFGenerationServer)
+    server.model, server.eos_ids, server.pad_id, server.seed = model, [1], PAD, 7
+    server.global_steps, server._occurrences = global_steps, {}
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        batch = [hf_server._Request(list(p), sampling(), loop.create_future()) for p in requests]
+        await server._serve_one_by_one(batch)
+        return [r.done.result()[0] for r in batch]
+
+    return asyncio.run(scenario())
+
+
+def test_full_determinism_samples_do_not_depend_on_arrival_order_or_batching(model):
+    a, b = PROMPTS[0], PROMPTS[1]
+    first = serve_in_order(model, [a, b, a, a])
+    again = serve_in_order(model, [a, a, b, a])
+    # The k-th copy of a prompt in a step gets the same sample, wherever the other requests fall.
+    assert [first[0], first[2], first[3]] == [again[0], again[1], again[3]] and first[1] == again[2]
+    # Copies of one prompt are different draws (a group must not be n copies of one response).
+    assert len({tuple(t) for t in (first[0], first[2], first[3])}) > 1
+    # A request alone is the request in a batch: no padding from its neighbours.
+    seed = hf_server_seed(7, 3, a, 0)
+    assert generate_seeded(model, a, sampling(), seed, eos_ids=[1], pad_id=PAD)[0] == first[0]
+    # A new weights' step draws anew.
+    assert serve_in_order(model, [a, a, a], global_steps=4) != [first[0], first[2], first[3]]
+
+
+def test_request_seeds_are_stable_hashes():
+    # sha256-based: the same in every process (Python's hash() of a str is salted per process).
+    assert hf_server_seed(0, None, [1, 2], 0) == hf_server_seed(0, None, [1, 2], 0)
+    assert len({hf_server_seed(0, 1, [1, 2], k) for k in range(4)} | {hf_server_seed(1, 1, [1, 2], 0)}) == 5
+
+
 # ---- what the rehearsal refuses ------------------------------------------------------------------------------
 def rehearsal_config(*overrides):
     with initialize_config_module(config_module="recipe_apo.conf", version_base=None):
@@ -128,7 +170,8 @@ def test_the_rehearsal_config_passes_its_checks_and_the_recipes():
      "actor_rollout_ref.rollout.tensor_model_parallel_size=2"),
     ("actor_rollout_ref.rollout.data_parallel_size=2", "actor_rollout_ref.rollout.data_parallel_size=2"),
     ("trainer.nnodes=2", "trainer.nnodes=2"),
-    ("trainer.n_gpus_per_node=2", "trainer.n_gpus_per_node=2"),
+    ("trainer.n_gpus_per_node=0", "trainer.n_gpus_per_node=0"),
+    ("ray_kwargs.ray_init.num_gpus=1 trainer.n_gpus_per_node=2", "ray_kwargs.ray_init.num_gpus=1 is below"),
     ("actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.name=vllm"),
     ("actor_rollout_ref.actor.strategy=fsdp", "actor_rollout_ref.actor.strategy=fsdp"),
     ("actor_rollout_ref.model.override_config.attn_implementation=flash_attention_2", "attn_implementation"),
@@ -140,7 +183,7 @@ def test_the_rehearsal_config_passes_its_checks_and_the_recipes():
 ])
 def test_what_a_cpu_cannot_do_is_refused_naming_the_setting(override, key):
     with pytest.raises(RecipeConfigError) as error:
-        check_rehearsal_config(rehearsal_config(override))
+        check_rehearsal_config(rehearsal_config(*override.split()))
     message = str(error.value)
     assert key in message and "\n" not in message
 
@@ -339,3 +382,12 @@ def test_check_steps_names_the_method_phase_and_step():
     rehearse.check_steps("apo", "resume", [{"training/global_step": 3}], 3, Path("log"))
     with pytest.raises(rehearse.RehearsalError, match="^grpo's resume run ended at step 2, expected to end at step 3"):
         rehearse.check_steps("grpo", "resume", [{"training/global_step": 2}], 3, Path("log"))
+
+
+def test_data_parallel_workers_are_allowed_and_ray_counts_one_gpu_each():
+    config = rehearsal_config("trainer.n_gpus_per_node=2")
+    check_rehearsal_config(config)
+    validate_recipe_config(config, rehearsal=True)
+    assert config.ray_kwargs.ray_init.num_gpus == 2
+    # The multi_turn.enable key is not read by verl's V1 trainer: the rehearsal no longer refuses it.
+    check_rehearsal_config(rehearsal_config("actor_rollout_ref.rollout.multi_turn.enable=true"))
