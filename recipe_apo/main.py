@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from recipe_apo.errors import RecipeError
 from recipe_apo.integration.errors import RecipeConfigError
-from recipe_apo.integration.naming import experiment_name
+from recipe_apo.integration.naming import experiment_name, swept_keys
 from recipe_apo.integration.validation import config_warnings, validate_recipe_config
 
 
@@ -36,9 +36,14 @@ def name_the_run(config: DictConfig) -> None:
     script_overrides = run_name.get("script_overrides", 0)
     if not isinstance(script_overrides, int) or isinstance(script_overrides, bool):
         raise RecipeConfigError(f"run_name.script_overrides={script_overrides!r}: must be a whole number")
+    from hydra.types import RunMode
+
+    # The sweep is on the multirun's command line; Hydra hands each job only its own values.
+    swept = swept_keys(sys.argv[1:]) if hydra_config.mode == RunMode.MULTIRUN else ()
     with open_dict(config):
         config.trainer.experiment_name = experiment_name(
-            method, list(hydra_config.overrides.task), prefix=run_name.get("prefix"), script_overrides=script_overrides
+            method, list(hydra_config.overrides.task), prefix=run_name.get("prefix"), script_overrides=script_overrides,
+            swept=swept,
         )
 
 

@@ -14,6 +14,7 @@ rounds' steps (tokens per second: all tokens over all seconds). Target: APO's th
 Run from the repository root::
 
     .venv/bin/python scripts/bench_e2e.py --steps 30 --rounds 2   # about 9 minutes on 2 cores
+    .venv/bin/python scripts/bench_e2e.py --workers 2 --dynamic-bsz 80   # data parallel, micro-batches by tokens
 """
 
 from __future__ import annotations
@@ -43,10 +44,18 @@ def main() -> int:
                         help="multiruns of all methods, each in a rotated order, so drift falls on all (default 2)")
     parser.add_argument("--lr", type=float, default=0.0, help="actor learning rate (default 0: a fixed policy)")
     parser.add_argument("--methods", default="grpo,drgrpo,apo", help="presets, the first is the baseline")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="data-parallel FSDP workers (trainer.n_gpus_per_node; default 1)")
+    parser.add_argument("--dynamic-bsz", type=int, default=None, metavar="TOKENS",
+                        help="use_dynamic_bsz with this ppo_max_token_len_per_gpu (default: fixed micro-batches)")
     parser.add_argument("--out", type=Path, default=None, help="work folder (default: a temporary one)")
     args = parser.parse_args()
-    if args.steps < 2 or args.rounds < 1:
-        parser.error("--steps must be >= 2 (the first step of each run is left out) and --rounds >= 1")
+    if args.steps < 2 or args.rounds < 1 or args.workers < 1:
+        parser.error("--steps must be >= 2 (the first step of each run is left out), --rounds and --workers >= 1")
+    shape = [f"trainer.n_gpus_per_node={args.workers}"]
+    if args.dynamic_bsz is not None:
+        shape += ["actor_rollout_ref.actor.use_dynamic_bsz=true",
+                  f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={args.dynamic_bsz}"]
     methods = [m for m in args.methods.split(",") if m]
     out = (args.out or Path(tempfile.mkdtemp(prefix="bench_e2e_"))).resolve()
     paths = make_tiny(out / "tiny", progress=None)
@@ -58,7 +67,7 @@ def main() -> int:
             order, paths, f"trainer.total_training_steps={args.steps}", "trainer.save_freq=-1",
             "trainer.val_before_train=false", f"actor_rollout_ref.actor.optim.lr={args.lr}",
             # Each round a fresh start: another experiment name, hence no resume of the previous round.
-            f"+bench_round={round_}",
+            f"+bench_round={round_}", *shape,
         )
         if len(order) == 1:
             command.insert(3, "-m")
@@ -81,7 +90,9 @@ def main() -> int:
         rows[method]["compute"] = sum(rows[method][s] for s in ("old_log_prob", "adv", "update_actor"))
     base = methods[0]
     print(f"\n{len(steps[base])} steps per method ({args.rounds} rounds x {args.steps - 1} after each run's first), "
-          f"lr {args.lr}; medians of verl's timing_s/*; ratios are to {base}\n")
+          f"lr {args.lr}, {args.workers} FSDP worker(s), "
+          f"{'dynamic micro-batches of <= %d tokens' % args.dynamic_bsz if args.dynamic_bsz else 'fixed micro-batches'}"
+          f"; medians of verl's timing_s/*; ratios are to {base}\n")
     head = ["method", *(f"s/{s}" for s in STAGES), "tokens/s", f"throughput / {base}",
             f"old_log_prob+adv+update / {base}"]
     print("| " + " | ".join(head) + " |")

@@ -15,6 +15,10 @@ whenever two runs train differently, so no run resumes another's. What counts:
 - the model by its last path component (``model=Qwen2.5-Math-1.5B``) in the readable part, and in full in
   the hash the name then ends in.
 
+In a Hydra multirun, a swept key is spelled out even where it does not change what is trained
+(``trainer.n_gpus_per_node=4,8``, ``trainer.total_training_steps=100,200``): jobs of one sweep that shared a name
+would share a checkpoint folder, and the second would resume the first.
+
 A script's own settings (the first ``run_name.script_overrides`` overrides) would spell out the whole script, so
 they count through a hash at the end of the name; the user's overrides are spelled out after
 ``run_name.prefix`` and the method (``qwen2.5-math-1.5b-apo-data.max_response_length=2048-1f0c2d3e``). The hash
@@ -37,6 +41,8 @@ LOCATION_KEYS = ("method", "dry_run", "run_name.", "data.val_files", "trainer.",
                  "actor_rollout_ref.rollout.name")
 MODEL_PATH = "actor_rollout_ref.model.path"
 TRAIN_FILES = "data.train_files"
+# Keys that shape the name by themselves, swept or not.
+_NAMED_KEYS = ("method", "run_name.")
 # Shortened in the name; ordered first, so that a cut name still shows what a sweep varies.
 _PREFIXES = (("algorithm.", ""), ("actor_rollout_ref.actor.", "actor."), ("actor_rollout_ref.", ""), ("data.", "data."))
 MAX_NAME_LEN = 96
@@ -103,12 +109,28 @@ def _digest(text: str) -> str:
     return hashlib.sha1(text.encode()).hexdigest()[:_HASH_LEN]
 
 
+def swept_keys(arguments: Iterable[str]) -> frozenset[str]:
+    """The keys a multirun's command line sweeps (``key=a,b``, ``key=range(...)``, ...); other arguments ignored."""
+    keys = set()
+    for argument in arguments:
+        if argument.startswith("-") or "=" not in argument:
+            continue
+        try:
+            parsed = _parser().parse_overrides([argument])[0]
+        except Exception:  # not an override Hydra reads: Hydra itself reports it
+            continue
+        if parsed.is_sweep_override():
+            keys.add(parsed.get_key_element().lstrip("+~"))
+    return frozenset(keys)
+
+
 def experiment_name(method: str, task_overrides: Sequence[str], prefix: Optional[str] = None,
-                    script_overrides: int = 0) -> str:
+                    script_overrides: int = 0, swept: Iterable[str] = ()) -> str:
     """The run's name from the method and the job's overrides (Hydra's ``overrides.task``, in command-line order).
 
     ``script_overrides``: how many of the first overrides are a launch script's own settings (hashed, not
-    spelled out); ``prefix``: the name's first part (the scripts name their setup, e.g. ``qwen2.5-math-1.5b``).
+    spelled out); ``prefix``: the name's first part (the scripts name their setup, e.g. ``qwen2.5-math-1.5b``);
+    ``swept``: the keys a multirun sweeps (``swept_keys``), spelled out even when they do not change training.
     """
     overrides = list(task_overrides)
     if not 0 <= script_overrides <= len(overrides):
@@ -120,6 +142,11 @@ def experiment_name(method: str, task_overrides: Sequence[str], prefix: Optional
     everything = _effective(overrides)
     # The user's overrides that change the script's setting (all of them without a script), spelled out.
     spelled = {key: item for key, item in _effective(overrides[script_overrides:]).items() if script.get(key) != item}
+    for override in overrides:
+        key, value = _key_and_value(override)
+        if key in swept and key not in everything and not key.startswith(_NAMED_KEYS):
+            rank, short = _short(key)
+            spelled[key] = everything[key] = (rank, f"{short}={value}", f"{key}={value}")
     parts = [part for part in (prefix, method) if part]
     parts += [text for _, text, _ in sorted(spelled.values())]
     raw = "-".join(parts)

@@ -1,5 +1,6 @@
-"""method=codapo with the zero-variance denominator: step 1, then a resume in the middle of its pair; and resumes
-from a copy of step 3 whose kept prompts (``codapo_state.pt``) are corrupt, then missing."""
+"""method=codapo with the zero-variance denominator, 2 data-parallel workers and dynamic batch sizes: step 1, then a
+resume in the middle of its pair. (A resume whose ``codapo_state.pt`` is corrupt or missing is tested one level down,
+through the trainer's restore and Ray's wrappers: tests/integration/test_trainer.py.)"""
 
 from __future__ import annotations
 
@@ -11,8 +12,12 @@ from rehearsal_runs import checkpoint_root, dump, run, tail
 from recipe_apo.cpu import rehearse
 
 # ---- method=codapo with the zero-variance denominator: step 1, then a resume in the middle of its pair ----------
+# Two data-parallel FSDP workers, each cutting its mini-batch into micro-batches by a token budget (as a GPU run
+# with use_dynamic_bsz does): the hand-off of old log-probs, the zero-variance scale and the resampled step in
+# that shape.
 CODAPO_ARGS = ("algorithm.zero_variance=exclude", "data.shuffle=false", "trainer.save_freq=1",
-               "trainer.val_before_train=false")
+               "trainer.val_before_train=false", "trainer.n_gpus_per_node=2",
+               "actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=80")
 
 
 @pytest.fixture(scope="module")

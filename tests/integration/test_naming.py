@@ -67,3 +67,20 @@ def test_models_with_the_same_folder_name_and_values_that_clean_up_alike_stay_ap
     # a hub id keeps its readable name and gains the hash of its full id
     assert experiment_name("apo", ["actor_rollout_ref.model.path=Qwen/Qwen2.5-Math-1.5B"]).startswith(
         "apo-model=Qwen2.5-Math-1.5B-")
+
+
+def test_a_multiruns_swept_keys_name_its_jobs_apart_even_when_they_do_not_change_training():
+    from recipe_apo.integration.naming import swept_keys
+
+    command = ["-m", "method=apo,grpo", "trainer.n_gpus_per_node=2,1", "actor_rollout_ref.rollout.n=8",
+               "trainer.total_training_steps=range(1,3)", "data.seed=choice(1,2)", "trainer.logger=[console]",
+               "--cfg", "job"]
+    swept = swept_keys(command)
+    assert swept == {"method", "trainer.n_gpus_per_node", "trainer.total_training_steps", "data.seed"}
+    jobs = [["actor_rollout_ref.rollout.n=8", f"trainer.n_gpus_per_node={n}"] for n in (2, 1)]
+    names = [experiment_name("apo", job, swept=swept) for job in jobs]
+    assert names == ["apo-rollout.n=8-trainer.n_gpus_per_node=2", "apo-rollout.n=8-trainer.n_gpus_per_node=1"]
+    # A single run (nothing swept) keeps plumbing out of its name: rerunning it on 8 GPUs resumes it.
+    assert experiment_name("apo", jobs[0]) == experiment_name("apo", jobs[1]) == "apo-rollout.n=8"
+    # The method names the job already: a sweep over it adds nothing more.
+    assert experiment_name("grpo", ["method=grpo"], swept=swept) == "grpo"
