@@ -11,9 +11,12 @@ The hand-off points, each calling every active hook (``recipe_apo.integration.ho
 - ``_save_checkpoint``: before verl's save (which ends by marking the folder latest), ``hook.save(folder, step)``;
 - ``_next_train_batch``: the first ``hook.replace_batch(n)`` that returns prompts, else verl's dataloader and
   then ``hook.drew_batch(batch)``;
-- ``_compute_advantage``: verl's advantage step inside every ``hook.around_advantage(batch)``, then
-  ``hook.after_advantage(batch, metrics)``;
-- ``_log_rollout_data``: verl's rollout dump with every ``hook.dump_fields(batch)`` as extra columns.
+- ``_compute_advantage``: the step's trajectories parsed once from its keys (``multi_output.Sessions``); verl's
+  advantage step inside the final-output rule for ``apo``/``codapo`` (``multi_output.final_output_rule``: with
+  a multi-output agent loop each trajectory's final output stands for it, as verl does for ``grpo``) and every
+  ``hook.around_advantage(batch, sessions)``, then ``hook.after_advantage(batch, metrics, sessions)``;
+- ``_log_rollout_data``: verl's rollout dump with every ``hook.dump_fields(batch)`` as extra columns (a hook
+  whose columns fail is named in a warning; the others' columns still go out).
 
 ``RecipeHooks`` holds all of that for any verl V1 trainer class; a trainer for another verl mode is
 ``class X(RecipeHooks, VerlTrainer)`` with that mode's name in ``VERL_MODE``, registered under a name of its own.
@@ -29,6 +32,7 @@ from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
 from recipe_apo.integration.hooks import HOOKS
+from recipe_apo.integration.multi_output import Sessions, final_output_rule
 
 TRAINER_NAME = "apo_sync"
 
@@ -85,22 +89,35 @@ class RecipeHooks:
         return batch
 
     def _compute_advantage(self, batch, metrics: dict):
+        sessions = Sessions.of(batch.keys)
         with contextlib.ExitStack() as stack:
+            stack.enter_context(final_output_rule(self.config.algorithm.adv_estimator, sessions))
             for hook in self.hooks:
-                stack.enter_context(hook.around_advantage(batch))
+                stack.enter_context(hook.around_advantage(batch, sessions))
             batch = super()._compute_advantage(batch, metrics)
         for hook in self.hooks:
-            hook.after_advantage(batch, metrics)
+            hook.after_advantage(batch, metrics, sessions)
+        metrics.update(sessions.metrics())
         return batch
 
+    def _dump_fields(self, batch) -> dict[str, list]:
+        """Every hook's dump columns; a hook that fails loses its own (a diagnostic must not stop training),
+        said once per run and hook."""
+        fields = {}
+        for hook in self.hooks:
+            try:
+                fields.update(hook.dump_fields(batch))
+            except Exception as exc:
+                warned = self.__dict__.setdefault("_dump_fields_failed", set())
+                if type(hook).__name__ not in warned:
+                    warned.add(type(hook).__name__)
+                    print(f"recipe-apo: warning: rollout dump without {type(hook).__name__}'s fields "
+                          f"({type(exc).__name__}: {exc}); said once per run", flush=True)
+        return fields
+
     def _log_rollout_data(self, batch, timing_raw, rollout_data_dir):
-        try:
-            fields = {name: column for hook in self.hooks for name, column in hook.dump_fields(batch).items()}
-        except Exception as exc:  # a diagnostic must not stop training: verl's own dump still goes out
-            if not getattr(self, "_dump_fields_failed", False):
-                print(f"recipe-apo: warning: rollout dump without the audit's fields ({type(exc).__name__}: {exc})",
-                      flush=True)
-                self._dump_fields_failed = True
+        fields = self._dump_fields(batch)
+        if not fields:
             return super()._log_rollout_data(batch, timing_raw, rollout_data_dir)
         position = {key: i for i, key in enumerate(batch.keys)}
         write = self._dump_generations

@@ -24,11 +24,18 @@ estimator centres KL-penalised rewards, not the scores "dead" is decided on (bot
 
 Symbols: B, B_live, T, T_live above; "live" groups have at least two distinct rewards among their valid
 responses. Needs torch, numpy and pandas only (group ids from ``recipe_apo.methods.groups``).
+
+Multi-output trajectories (an agent loop that returns several outputs, each a row of the batch): a group's
+responses are its trajectories, each scored once, on its final output (``outcome_rows``); so a group is dead
+when its trajectories' outcomes are all equal, decided on the final rows alone. verl's loss still sums over
+rows: every output row is a term of ``global_batch_size`` (rows) or has its tokens in ``batch_num_tokens``
+(``core_algos.agg_loss``), so every output of a dead group's trajectories leaves the denominator and B, B_live,
+T, T_live count output rows and their tokens.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 import torch
@@ -74,24 +81,31 @@ def check_mode(mode: Any, loss_agg_mode: Any, use_kl_in_reward: bool = False) ->
     return mode
 
 
-def live_rows(scores: np.ndarray, valid: np.ndarray, index: Any) -> np.ndarray:
+def live_rows(scores: np.ndarray, valid: np.ndarray, index: Any,
+              outcome_rows: Optional[np.ndarray] = None) -> np.ndarray:
     """Per response: does its group have at least two distinct rewards among its valid responses?
 
     Compared by min and max, not by the centered reward: the mean of equal floats can differ from them in
-    the last bit. Padding rows (``valid`` false) are never live.
+    the last bit. Padding rows (``valid`` false) are never live. With ``outcome_rows`` (bool per row: the row
+    holds its trajectory's outcome) only those rows' rewards decide, and every valid row of a live group is live.
     """
     codes, n_groups = group_ids(index, scores.shape[0])
+    deciding = valid if outcome_rows is None else valid & np.asarray(outcome_rows, dtype=bool)
     low = np.full(n_groups, np.inf)
     high = np.full(n_groups, -np.inf)
-    np.minimum.at(low, codes[valid], scores[valid])
-    np.maximum.at(high, codes[valid], scores[valid])
+    np.minimum.at(low, codes[deciding], scores[deciding])
+    np.maximum.at(high, codes[deciding], scores[deciding])
     return valid & (high > low)[codes]
 
 
 def zero_variance_scale(
-    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Any, loss_agg_mode: str
+    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Any, loss_agg_mode: str,
+    outcome_rows: Optional[np.ndarray] = None,
 ) -> tuple[float, np.ndarray, dict[str, float]]:
-    """(scale, live per response, metrics) of one step; scale is 1 when no group is live (nothing to learn)."""
+    """(scale, live per response, metrics) of one step; scale is 1 when no group is live (nothing to learn).
+
+    ``outcome_rows``: for multi-output trajectories, which rows hold their trajectory's outcome (module docstring).
+    """
     check_mode("exclude", loss_agg_mode)
     if token_level_rewards.shape != response_mask.shape or token_level_rewards.dim() != 2:
         raise BatchInputError(
@@ -103,7 +117,9 @@ def zero_variance_scale(
     scores = token_level_rewards.detach().to(torch.float64).sum(dim=-1).cpu().numpy()
     if not np.isfinite(scores[valid]).all():
         raise BatchInputError("token_level_rewards: NaN/inf rewards; algorithm.zero_variance=exclude cannot group them")
-    live = live_rows(scores, valid, index)
+    if outcome_rows is not None and np.shape(outcome_rows) != valid.shape:
+        raise BatchInputError(f"outcome_rows: {np.size(outcome_rows)} flags for {valid.size} responses")
+    live = live_rows(scores, valid, index, outcome_rows)
     weight = tokens if loss_agg_mode in TOKEN_MODES else valid.astype(np.float64)
     total, kept = float(weight.sum()), float(weight[live].sum())
     scale = total / kept if kept > 0 else 1.0
@@ -120,16 +136,18 @@ def exclude_zero_variance(
     response_mask: torch.Tensor,
     index: Any,
     loss_agg_mode: str,
+    outcome_rows: Optional[np.ndarray] = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The step's advantages with the dead groups out of the loss's denominator (module docstring).
 
     Dead responses keep their advantage (0 for centered estimators); live ones are multiplied by the scale.
+    ``outcome_rows``: for multi-output trajectories, which rows hold their trajectory's outcome.
     """
     if advantages.shape != response_mask.shape:
         raise BatchInputError(
             f"advantages {tuple(advantages.shape)} and response_mask {tuple(response_mask.shape)} differ in shape"
         )
-    scale, live, metrics = zero_variance_scale(token_level_rewards, response_mask, index, loss_agg_mode)
+    scale, live, metrics = zero_variance_scale(token_level_rewards, response_mask, index, loss_agg_mode, outcome_rows)
     _check_no_overflow(advantages, scale)
     factor = torch.from_numpy(np.where(live, scale, 1.0)).to(device=advantages.device, dtype=advantages.dtype)
     return advantages * factor.unsqueeze(-1), metrics

@@ -1,7 +1,8 @@
 """The recipe's trainer on verl's real V1 advantage step: TransferQueue, data sources, metrics to a logger.
 
 Ray and TransferQueue run locally on CPU; the trainer object is created without verl's worker setup (which
-needs GPUs), and only the methods the recipe overrides are exercised, each calling verl's own implementation.
+needs GPUs), and only the methods the recipe overrides are exercised, each calling verl's own implementation
+(fixtures in ``conftest.py``).
 """
 
 import json
@@ -13,11 +14,8 @@ import textwrap
 
 import numpy as np
 import pytest
-import ray
 import torch
 import transfer_queue as tq
-from hydra import compose, initialize_config_module
-from omegaconf import OmegaConf
 from tensordict import TensorDict
 from tensordict.tensorclass import NonTensorStack
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
@@ -34,38 +32,6 @@ REWARDS = [1.0, 1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.0]
 LENGTHS = [3, 2, 4, 1, 2, 5, 3, 2]
 UIDS = ["e1", "e1", "e2", "e2", "h1", "h1", "h2", "h2"]
 SOURCES = ["easy"] * 4 + ["hard"] * 4
-
-
-def recipe_config(tmp_path, *overrides, method="apo"):
-    with initialize_config_module(config_module="recipe_apo.conf", version_base=None):
-        config = compose("apo_trainer", overrides=[
-            f"method={method}", "actor_rollout_ref.rollout.n=2", "data.max_response_length=5",
-            "trainer.experiment_name=test", f"trainer.default_local_dir={tmp_path}/ckpt", *overrides,
-        ])
-    OmegaConf.resolve(config)
-    return config
-
-
-def bare_trainer(config):
-    """The trainer without verl's worker groups: enough for the overridden advantage/checkpoint methods."""
-    trainer = object.__new__(ApoSyncTrainer)
-    trainer.config = config
-    trainer._start_hooks(config)
-    trainer.global_steps = 0
-    return trainer
-
-
-@pytest.fixture(scope="module")
-def transfer_queue():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    tq.init(OmegaConf.create({
-        "enable": True, "metrics": {"enabled": False, "port": 0},
-        "backend": {"storage_backend": "SimpleStorage",
-                    "SimpleStorage": {"total_storage_size": 1000, "num_data_storage_units": 1}},
-    }))
-    yield
-    tq.close()
-    ray.shutdown()
 
 
 def put_batch(keys, log_probs=None):
@@ -90,7 +56,8 @@ def put_batch(keys, log_probs=None):
     return tq.kv_batch_put(keys=keys, partition_id="train", fields=fields)
 
 
-def test_advantage_step_uses_one_anchor_per_data_source_and_logs_its_metrics(transfer_queue, tmp_path):
+def test_advantage_step_uses_one_anchor_per_data_source_and_logs_its_metrics(transfer_queue, tmp_path, recipe_config,
+                                                                               bare_trainer):
     config = recipe_config(tmp_path, "algorithm.apo.anchor_scope=data_source", "algorithm.apo.lambda_scale=1.0",
                            "algorithm.apo.eta_min=1.0")
     trainer = bare_trainer(config)
@@ -130,7 +97,7 @@ def test_advantage_step_uses_one_anchor_per_data_source_and_logs_its_metrics(tra
     reset_driver_anchor()
 
 
-def test_global_scope_step_adds_the_global_anchor_metrics(transfer_queue, tmp_path):
+def test_global_scope_step_adds_the_global_anchor_metrics(transfer_queue, tmp_path, recipe_config, bare_trainer):
     trainer = bare_trainer(recipe_config(tmp_path, "algorithm.apo.anchor_init=0.5"))
     reset_driver_anchor()
     metrics = {}
@@ -141,7 +108,8 @@ def test_global_scope_step_adds_the_global_anchor_metrics(transfer_queue, tmp_pa
 
 
 def test_codapo_step_gets_the_old_log_probs_and_the_zero_variance_scale_then_resamples(transfer_queue, tmp_path,
-                                                                                        monkeypatch):
+                                                                                        monkeypatch, recipe_config,
+                                                                                        bare_trainer):
     """Groups e1 [1, 1] and h2 [0, 0] are dead; e2 and h1 are half right with old mean log-probs -0.3/-0.4 and
     -0.5/-0.6. Worked by hand: w = exp(group mean) * 1 + 0.1, A = +-0.5 / (sqrt(0.5) + 1e-6), and token-mean's
     zero-variance scale T / T_live = 22 / 12."""
@@ -174,7 +142,7 @@ def test_codapo_step_gets_the_old_log_probs_and_the_zero_variance_scale_then_res
     assert tu.get_non_tensor_data(second, "global_steps", None) == 2
 
 
-def test_init_keeps_verls_sync_mode_and_starts_a_fresh_anchor(tmp_path, monkeypatch):
+def test_init_keeps_verls_sync_mode_and_starts_a_fresh_anchor(tmp_path, monkeypatch, recipe_config):
     seen = {}
     monkeypatch.setattr(PPOTrainerSync, "__init__",
                         lambda self, config: seen.setdefault("mode", config.trainer.v1.trainer_mode))
@@ -184,7 +152,8 @@ def test_init_keeps_verls_sync_mode_and_starts_a_fresh_anchor(tmp_path, monkeypa
     assert get_driver_anchor().value is None  # the previous run's anchor is gone
 
 
-def test_checkpoint_save_writes_the_anchor_before_verl_marks_the_folder_latest(tmp_path, monkeypatch):
+def test_checkpoint_save_writes_the_anchor_before_verl_marks_the_folder_latest(tmp_path, monkeypatch, recipe_config,
+                                                                              bare_trainer):
     trainer = bare_trainer(recipe_config(tmp_path))
     trainer.global_steps = 7
     state_file = tmp_path / "ckpt" / "global_step_7" / STATE_FILE
@@ -234,7 +203,7 @@ def test_node_check_names_a_node_without_the_plugin():
 
 @pytest.mark.parametrize("broken", ["missing", "corrupt"])
 def test_a_codapo_resume_without_its_kept_prompts_is_said_as_one_line_naming_the_file_and_the_way_out(
-        tmp_path, monkeypatch, capsys, broken):
+        tmp_path, monkeypatch, capsys, broken, recipe_config, bare_trainer):
     """The trainer's restore of an odd step whose codapo_state.pt is missing or corrupt, raised in the task
     runner and carried through Ray's wrappers as ``python -m recipe_apo.main`` meets it: exit 1, one last line."""
     import verl.trainer.main_ppo as main_ppo
@@ -272,7 +241,8 @@ def test_a_codapo_resume_without_its_kept_prompts_is_said_as_one_line_naming_the
     assert capsys.readouterr().err.strip().splitlines()[-1] == f"recipe-apo: error: {message}"
 
 
-def test_the_zero_variance_hook_refuses_the_kl_penalty_in_the_reward_even_without_the_launch_checks(tmp_path):
+def test_the_zero_variance_hook_refuses_the_kl_penalty_in_the_reward_even_without_the_launch_checks(
+        tmp_path, recipe_config, bare_trainer):
     from recipe_apo.methods.errors import MethodConfigError
 
     config = recipe_config(tmp_path, "algorithm.zero_variance=exclude", "algorithm.use_kl_in_reward=true",

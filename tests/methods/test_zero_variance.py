@@ -54,6 +54,25 @@ def test_liveness_compares_rewards_not_centered_values():
     assert live_rows(scores, valid, np.array([0, 0, 1, 1, 1, 2])).tolist() == [True, True, False, False, False, False]
 
 
+def test_with_multi_output_trajectories_the_final_outputs_decide_and_every_output_row_counts():
+    """Group a: trajectory 1 has outputs (rows 0, 1), final reward 1; trajectory 2 one output (row 2), reward 0.
+    Group b: two one-output trajectories with reward 0 (rows 3, 4), but row 5, an earlier output of b's
+    second trajectory scored apart, has reward 1: b is dead on its outcomes. Rows: B = 6, B_live = 3."""
+    lengths = [2, 1, 3, 1, 2, 2]
+    mask = (torch.arange(3).unsqueeze(0) < torch.tensor(lengths).unsqueeze(1)).float()
+    rewards = torch.zeros(6, 3)
+    for row, reward in enumerate([0.0, 1.0, 0.0, 0.0, 0.0, 1.0]):
+        rewards[row, lengths[row] - 1] = reward
+    uid = np.array(["a", "a", "a", "b", "b", "b"], dtype=object)
+    final = np.array([False, True, True, True, True, False])
+    scale, live, metrics = zero_variance_scale(rewards, mask, uid, "seq-mean-token-sum-norm", final)
+    assert live.tolist() == [True, True, True, False, False, False] and scale == 6 / 3
+    scale, _, _ = zero_variance_scale(rewards, mask, uid, "token-mean", final)
+    assert scale == 11 / 6
+    # Every row deciding, b's stray reward would make it live.
+    assert zero_variance_scale(rewards, mask, uid, "seq-mean-token-sum-norm")[1].all()
+
+
 def test_a_step_without_signal_keeps_scale_one():
     advantages, rewards, mask, uid = hand_batch()
     scale, live, metrics = zero_variance_scale(rewards[2:4], mask[2:4], uid[2:4], "token-mean")

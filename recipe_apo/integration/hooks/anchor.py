@@ -1,6 +1,10 @@
 """APO's capability anchor C_t in the trainer: one fresh anchor per run (or the checkpoint's on resume),
 ``global_step_N/apo_state.json`` in every checkpoint, the per-response ``data_source`` handed to the estimator
-with ``algorithm.apo.anchor_scope=data_source``, the ``apo/...`` metrics, and Phi_i and C_t in the dump."""
+with ``algorithm.apo.anchor_scope=data_source``, the ``apo/...`` metrics, and Phi_i and C_t in the dump.
+
+With a multi-output agent loop the estimator's responses are the trajectories, each its final output
+(``recipe_apo.integration.multi_output``): the data sources handed over are the final rows', and every output
+row of a trajectory gets the trajectory's Phi_i and C_t in the dump."""
 
 from __future__ import annotations
 
@@ -10,7 +14,8 @@ import numpy as np
 
 from recipe_apo.integration import batch_fields
 from recipe_apo.integration.checkpoint import restore_for_run, save_anchor_state, uses_apo
-from recipe_apo.integration.hooks.base import TrainerHook
+from recipe_apo.integration.hooks.base import RowColumns, TrainerHook
+from recipe_apo.integration.multi_output import Sessions
 from recipe_apo.methods.anchor import batch_scopes, driver_anchors, reset_driver_anchor
 from recipe_apo.methods.apo_settings import ApoSettings
 
@@ -23,6 +28,7 @@ class AnchorHook(TrainerHook):
     def __init__(self, trainer: Any, config: Any) -> None:
         super().__init__(trainer, config)
         self.settings = ApoSettings.from_algorithm_config(self.config.algorithm)
+        self.columns = RowColumns()
         reset_driver_anchor()
 
     def restored(self, folder: Optional[str], step: int) -> None:
@@ -31,19 +37,21 @@ class AnchorHook(TrainerHook):
     def save(self, folder: str, step: int) -> None:
         save_anchor_state(folder, step)
 
-    def around_advantage(self, batch: Any):
+    def around_advantage(self, batch: Any, sessions: Sessions):
         book = driver_anchors()
         # A step that computes no APO advantages logs and dumps no stale anchor.
         book.last_metrics, book.last_phi, book.last_anchor = {}, None, None
+        if self.trainer.global_steps != self.columns.step:
+            self.columns.clear()
         by_source = self.settings.anchor_scope == "data_source"
-        return batch_scopes(batch_fields.data_sources(batch) if by_source else None)
+        return batch_scopes(sessions.finals(batch_fields.data_sources(batch)) if by_source else None)
 
-    def after_advantage(self, batch: Any, metrics: dict) -> None:
-        metrics.update(driver_anchors().last_metrics)
+    def after_advantage(self, batch: Any, metrics: dict, sessions: Sessions) -> None:
+        book = driver_anchors()
+        metrics.update(book.last_metrics)
+        if book.last_phi is not None:  # None: the estimator saw no response with a token
+            self.columns.add(self.trainer.global_steps, sessions,
+                             {"apo_phi": np.asarray(book.last_phi), "apo_anchor": np.asarray(book.last_anchor)})
 
     def dump_fields(self, batch: Any) -> dict[str, list]:
-        book = driver_anchors()
-        if book.last_phi is None or len(book.last_phi) != len(batch.keys):
-            return {}
-        return {"apo_phi": np.asarray(book.last_phi, dtype=float).tolist(),
-                "apo_anchor": np.asarray(book.last_anchor, dtype=float).tolist()}
+        return self.columns.for_rows(batch.keys)

@@ -2,7 +2,12 @@
 estimator none), its ``codapo/...`` metrics and each response's weight w_g in the dump; and, with
 ``algorithm.codapo.resample=true``, every even step's prompts built from the previous step's kept prompts
 instead of the dataloader, with ``global_step_N/codapo_state.pt`` in every odd step's checkpoint
-(``recipe_apo.integration.resampling``)."""
+(``recipe_apo.integration.resampling``).
+
+With a multi-output agent loop a CoDaPO response is a trajectory, its final output
+(``recipe_apo.integration.multi_output``): the log-probs handed over are the final rows' (c_g averages, over
+the group's trajectories, the mean token log-prob of each final output, the output the reward scored), and
+every output row of a trajectory gets its group's w_g in the dump."""
 
 from __future__ import annotations
 
@@ -11,7 +16,8 @@ from typing import Any, Optional
 import numpy as np
 
 from recipe_apo.integration import batch_fields
-from recipe_apo.integration.hooks.base import TrainerHook
+from recipe_apo.integration.hooks.base import RowColumns, TrainerHook
+from recipe_apo.integration.multi_output import Sessions
 from recipe_apo.integration.resampling import PromptResampler, first_of_pair
 from recipe_apo.methods.codapo import CodapoSettings, codapo_book, handed_log_probs
 
@@ -25,19 +31,25 @@ class CodapoHook(TrainerHook):
     def wanted(cls, config: Any) -> bool:
         return _uses_codapo(config)
 
-    def around_advantage(self, batch: Any):
+    def __init__(self, trainer: Any, config: Any) -> None:
+        super().__init__(trainer, config)
+        self.columns = RowColumns()
+
+    def around_advantage(self, batch: Any, sessions: Sessions):
         book = codapo_book()
         book.last_metrics, book.last_uids, book.last_weights = {}, None, None
-        return handed_log_probs(batch_fields.old_log_probs(batch))
+        if self.trainer.global_steps != self.columns.step:
+            self.columns.clear()
+        return handed_log_probs(sessions.finals(batch_fields.old_log_probs(batch)))
 
-    def after_advantage(self, batch: Any, metrics: dict) -> None:
-        metrics.update(codapo_book().last_metrics)
+    def after_advantage(self, batch: Any, metrics: dict, sessions: Sessions) -> None:
+        book = codapo_book()
+        metrics.update(book.last_metrics)
+        if book.last_weights is not None:
+            self.columns.add(self.trainer.global_steps, sessions, {"codapo_weight": np.asarray(book.last_weights)})
 
     def dump_fields(self, batch: Any) -> dict[str, list]:
-        weights = codapo_book().last_weights
-        if weights is None or len(weights) != len(batch.keys):
-            return {}
-        return {"codapo_weight": np.asarray(weights, dtype=float).tolist()}
+        return self.columns.for_rows(batch.keys)
 
 
 class ResamplingHook(TrainerHook):
@@ -75,7 +87,8 @@ class ResamplingHook(TrainerHook):
         if first_of_pair(self.step):
             self.resampler.start_pair(batch, self.step)
 
-    def after_advantage(self, batch: Any, metrics: dict) -> None:
+    def after_advantage(self, batch: Any, metrics: dict, sessions: Sessions) -> None:
+        # One weight per trajectory of the estimator's rows, with its prompt's uid: a prompt's w_g either way.
         if first_of_pair(self.step):
             book = codapo_book()
             self.resampler.add_weights(book.last_uids, book.last_weights)
