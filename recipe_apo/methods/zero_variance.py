@@ -13,7 +13,11 @@ shuffles them). So ``exclude`` scales the live responses' advantages by the step
     scale = B / B_live      (seq-mean-token-sum-norm, seq-mean-token-mean, seq-mean-token-sum)
     scale = T / T_live      (token-mean: T counts valid tokens)
 
-where B counts the step's valid responses and B_live those of groups with a signal. verl's ``vanilla`` loss
+where B counts the step's rows as verl's ``global_batch_size`` does (every row handed to the actor, verl's
+padding rows of no valid token included: ``trainer_base._update_actor`` fixes it at ``ppo_mini_batch_size * n``
+rows and ``_balance_batch`` pads the step to whole mini-batches), and B_live what is left of B once the dead
+groups' responses are out; T counts valid tokens (padding rows have none) and T_live those of groups with a
+signal. Without padding rows B_live is the live responses. verl's ``vanilla`` loss
 (dual clip included) and the ``apo`` gate are positively homogeneous in the advantage (the clip and the gate
 act on the ratio; the branch depends on the sign of A only), so this is the loss with the dead responses out of
 the denominator: exactly so when a step is one mini-batch, and when every mini-batch has the step's live share;
@@ -120,11 +124,17 @@ def zero_variance_scale(
     if outcome_rows is not None and np.shape(outcome_rows) != valid.shape:
         raise BatchInputError(f"outcome_rows: {np.size(outcome_rows)} flags for {valid.size} responses")
     live = live_rows(scores, valid, index, outcome_rows)
-    weight = tokens if loss_agg_mode in TOKEN_MODES else valid.astype(np.float64)
-    total, kept = float(weight.sum()), float(weight[live].sum())
-    scale = total / kept if kept > 0 else 1.0
+    if loss_agg_mode in TOKEN_MODES:
+        total, kept = float(tokens.sum()), float(tokens[live].sum())
+        share = kept / total if total > 0 else 0.0
+    else:  # every row is a term of verl's global_batch_size, padding rows too; the dead responses leave it
+        total = float(valid.size)
+        kept = total - float(np.count_nonzero(valid & ~live))
+        valid_count = np.count_nonzero(valid)
+        share = float(np.count_nonzero(live)) / valid_count if valid_count else 0.0
+    scale = total / kept if live.any() else 1.0
     metrics = {
-        "zero_variance/live_share": kept / total if total > 0 else 0.0,
+        "zero_variance/live_share": share,
         "zero_variance/scale": scale,
     }
     return scale, live, metrics

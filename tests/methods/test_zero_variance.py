@@ -34,9 +34,11 @@ def hand_batch():
 @pytest.mark.parametrize(
     "mode, scale, share",
     [
-        ("seq-mean-token-sum-norm", 4 / 2, 2 / 4),  # B = 4 valid responses, 2 live
-        ("seq-mean-token-mean", 4 / 2, 2 / 4),
-        ("token-mean", 10 / 4, 4 / 10),  # T = 10 valid tokens, 4 live
+        # B = 5 rows as verl's global_batch_size counts them (the padding row too), 2 dead: B_live = 3. Live
+        # share: 2 of the 4 valid responses.
+        ("seq-mean-token-sum-norm", 5 / 3, 2 / 4),
+        ("seq-mean-token-mean", 5 / 3, 2 / 4),
+        ("token-mean", 10 / 4, 4 / 10),  # T = 10 valid tokens, 4 live (the padding row has none)
     ],
 )
 def test_the_step_scale_worked_by_hand(mode, scale, share):
@@ -92,32 +94,38 @@ MODES = ("seq-mean-token-sum-norm", "seq-mean-token-mean", "seq-mean-token-sum",
 
 @settings(max_examples=80, deadline=None)
 @given(groups=st.lists(st.tuples(st.integers(1, 4), st.booleans()), min_size=1, max_size=6), data=st.data(),
-       mode=st.sampled_from(MODES))
-def test_one_mini_batch_equals_verls_loss_with_the_dead_responses_masked_out(groups, data, mode):
-    """With one mini-batch per step, exclude is exact: verl's agg_loss of the scaled advantages over all
-    responses equals agg_loss of the advantages over the live responses alone, live counts as denominators."""
+       mode=st.sampled_from(MODES), padding=st.integers(0, 3))
+def test_one_mini_batch_equals_verls_loss_with_the_dead_responses_masked_out(groups, data, mode, padding):
+    """With one mini-batch per step, exclude is exact: verl's agg_loss of the scaled advantages over all rows
+    equals agg_loss of the advantages with the dead responses out: masked, and out of the denominators. verl's
+    padding rows (no valid token, all under one made-up uid) stay as verl counts them: in global_batch_size,
+    with no tokens."""
     sizes = [size for size, _ in groups]
     n, width = sum(sizes), 6
     index = np.repeat(np.arange(len(sizes)), sizes).astype(object)
-    lengths = torch.tensor(data.draw(st.lists(st.integers(1, width), min_size=n, max_size=n)))
+    lengths = torch.tensor(data.draw(st.lists(st.integers(1, width), min_size=n, max_size=n)) + [0] * padding)
     mask = (torch.arange(width).unsqueeze(0) < lengths.unsqueeze(1)).float()
     rewards_per_row = []
     for size, alive in groups:
         rewards_per_row += ([1.0] + [0.0] * (size - 1)) if alive and size > 1 else [float(alive)] * size
-    rewards = torch.zeros(n, width, dtype=torch.float64)
-    rewards[torch.arange(n), lengths - 1] = torch.tensor(rewards_per_row, dtype=torch.float64)
+    rewards = torch.zeros(n + padding, width, dtype=torch.float64)
+    rewards[torch.arange(n), lengths[:n] - 1] = torch.tensor(rewards_per_row, dtype=torch.float64)
+    index = np.concatenate([index, np.array(["pad"] * padding, dtype=object)])
+    valid = np.arange(n + padding) < n
     # Any advantages on live rows; the dead rows' are 0, as every centered estimator gives them.
-    raw = torch.tensor(data.draw(st.lists(st.floats(-3, 3), min_size=n, max_size=n)), dtype=torch.float64)
-    live = torch.from_numpy(live_rows(rewards.sum(-1).numpy(), np.ones(n, bool), index))
+    raw = torch.tensor(data.draw(st.lists(st.floats(-3, 3), min_size=n, max_size=n)) + [0.0] * padding,
+                       dtype=torch.float64)
+    live = torch.from_numpy(live_rows(rewards.sum(-1).numpy(), valid, index))
     advantages = (raw * live).unsqueeze(-1) * mask.double()
     scaled, _ = exclude_zero_variance(advantages, rewards, mask, index, mode)
     L0 = 7.0
-    ours = agg_loss(-scaled, mask, mode, global_batch_size=n, batch_num_tokens=mask.sum(), loss_scale_factor=L0)
+    ours = agg_loss(-scaled, mask, mode, global_batch_size=n + padding, batch_num_tokens=mask.sum(),
+                    loss_scale_factor=L0)
     live_mask = mask * live.unsqueeze(-1)
     if not live.any():
         assert ours == 0.0
         return
-    exact = agg_loss(-advantages, live_mask, mode, global_batch_size=int(live.sum()),
+    exact = agg_loss(-advantages, live_mask, mode, global_batch_size=int(live.sum()) + padding,
                      batch_num_tokens=live_mask.sum(), loss_scale_factor=L0)
     torch.testing.assert_close(ours, exact, rtol=1e-9, atol=1e-12)
 
@@ -167,9 +175,10 @@ def test_off_policy_the_registered_losses_see_the_scale_as_the_exact_denominator
         return value.detach(), log_prob.grad
 
     scaled, _ = exclude_zero_variance(advantages, rewards, mask, uid, mode)
-    ours = loss(scaled, mask, 4, int(mask.sum()))
+    # verl's global_batch_size counts the padding row (5 rows); the dead group's 2 responses leave it.
+    ours = loss(scaled, mask, 5, int(mask.sum()))
     live_mask = mask * live.unsqueeze(-1)
-    exact = loss(advantages, live_mask, 2, int(live_mask.sum()))
+    exact = loss(advantages, live_mask, 3, int(live_mask.sum()))
     torch.testing.assert_close(ours[0], exact[0])
     torch.testing.assert_close(ours[1], exact[1])
 
@@ -213,16 +222,16 @@ def test_a_refused_batch_leaves_the_callers_advantages_as_they_were():
 
 
 def test_scaled_advantages_that_would_overflow_are_refused_naming_the_scale():
-    # Group a live (+-2e38, finite in float32), group b dead: seq-mean scale 4 / 2 = 2, and 4e38 is past float32's
+    # Group a live (+-2.1e38, finite in float32), group b dead: seq-mean scale 5 / 3, and 3.5e38 is past float32's
     # 3.4e38. Today's code returned inf.
     advantages, rewards, mask, uid = hand_batch()
-    advantages = torch.tensor([2e38, -2e38, 0.0, 0.0, 0.0]).unsqueeze(-1) * mask
+    advantages = torch.tensor([2.1e38, -2.1e38, 0.0, 0.0, 0.0]).unsqueeze(-1) * mask
     with pytest.raises(BatchInputError) as info:
         exclude_zero_variance(advantages, rewards, mask, uid, "seq-mean-token-mean")
     assert str(info.value) == (
         "algorithm.zero_variance=exclude: the scaled advantages would overflow float32 (max 3.4e+38): the largest "
-        "advantage 2e+38 x the step's scale 2; rescale the rewards"
+        "advantage 2.1e+38 x the step's scale 1.67; rescale the rewards"
     )
-    # Half of it fits exactly.
+    # Half of it fits.
     scaled, _ = exclude_zero_variance(advantages / 2, rewards, mask, uid, "seq-mean-token-mean")
-    assert scaled[0, 0].item() == advantages[0, 0].item()
+    assert scaled[0, 0].item() == (advantages[0, 0] / 2 * torch.tensor(5 / 3)).item()
