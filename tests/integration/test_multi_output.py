@@ -33,7 +33,7 @@ ROWS = {
     "a_0_1": (1.0, 3, -3.0), "b_0_0": (1.0, 2, -0.5), "c_1_0": (0.0, 1, -0.1), "a_0_2": (1.0, 1, -0.2),
     "b_1_1": (0.0, 3, -0.7), "c_0_1": (0.0, 2, -0.1),
 }
-SOURCES = {"a": "easy", "b": "hard", "c": "hard", "s": "easy", "t": "hard"}
+SOURCES = {"a": "easy", "b": "hard", "c": "hard", "s": "easy", "t": "hard", "p": "easy"}
 TRAJECTORY_OF = {key: key.rsplit("_", 1)[0] for key in ROWS}
 
 
@@ -53,7 +53,9 @@ def put_rows(prefix, rows=ROWS):
     fields = TensorDict({
         "uid": NonTensorStack(*[prefix + key.split("_")[0] for key in rows]),
         "data_source": NonTensorStack(*[SOURCES[key[0]] for key in rows]),
-        "response_mask": nested([torch.ones(length, dtype=torch.int64) for _, length, _ in values]),
+        # verl's padding rows (padding_utils.py): one response token, masked.
+        "response_mask": nested([torch.full((length,), int(not key.startswith("pad")), dtype=torch.int64)
+                                 for key, (_, length, _) in rows.items()]),
         "rm_scores": nested(scores),
         "old_log_probs": nested([torch.full((length,), lp) for _, length, lp in values]),
     }, batch_size=len(keys))
@@ -183,17 +185,24 @@ def test_codapo_weights_groups_by_trajectories_with_the_final_outputs_log_probs_
     assert dumped == pytest.approx([weight[key.split("-", 1)[1]] for key in batch.keys], rel=1e-6)
 
 
+@pytest.mark.parametrize("padding", [0, 2])
 def test_apo_zero_variance_counts_every_output_row_in_the_sequence_denominator(
-        transfer_queue, tmp_path, recipe_config, bare_trainer):
-    """seq-mean-token-sum-norm: verl's denominator counts rows, so B = 10 output rows and B_live = 7 (a and b)."""
+        transfer_queue, tmp_path, recipe_config, bare_trainer, padding):
+    """seq-mean-token-sum-norm: verl's denominator counts rows, so B = 10 output rows and the dead group c's 3 rows
+    leave it: 10 / 7. verl pads a multi-output step to whole mini-batches with rows of no valid token
+    (``pad<hex>_{i}_0``), which its global_batch_size counts: with 2 of them, 12 / 9. The anchor ignores them."""
+    rows = {**ROWS, **{f"pad9f_{i}_0": (0.0, 1, 0.0) for i in range(padding)}}
     reset_driver_anchor()
     trainer = bare_trainer(recipe_config(tmp_path, "algorithm.zero_variance=exclude", "algorithm.apo.lambda_scale=1.0"))
     metrics = {}
-    got = advantages_by_key(trainer._compute_advantage(put_rows("zv-"), metrics))
-    assert metrics["zero_variance/scale"] == pytest.approx(10 / 7, rel=1e-15)
-    up, down = 0.5 * math.exp(-1 / 6) * 10 / 7, -0.5 * math.exp(1 / 6) * 10 / 7
-    assert got == pytest.approx(by_trajectory({"a_0": up, "a_1": down, "b_0": up, "b_1": down, "c_0": 0.0,
-                                               "c_1": 0.0}), rel=1e-6, abs=0)
+    got = advantages_by_key(trainer._compute_advantage(put_rows(f"zv{padding}-", rows), metrics))
+    scale = (10 + padding) / (7 + padding)
+    assert metrics["zero_variance/scale"] == pytest.approx(scale, rel=1e-15)
+    assert metrics["zero_variance/live_share"] == pytest.approx(7 / 10, rel=1e-15)
+    assert metrics["apo/batch_success"] == pytest.approx(1 / 3, abs=1e-15)
+    up, down = 0.5 * math.exp(-1 / 6) * scale, -0.5 * math.exp(1 / 6) * scale
+    expected = by_trajectory({"a_0": up, "a_1": down, "b_0": up, "b_1": down, "c_0": 0.0, "c_1": 0.0})
+    assert got == pytest.approx({**expected, **{f"pad9f_{i}_0": 0.0 for i in range(padding)}}, rel=1e-6, abs=0)
     reset_driver_anchor()
 
 
