@@ -21,8 +21,14 @@ from recipe_apo.methods.zero_variance import check_mode as check_zero_variance
 AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", NORM_MODE)
 # Estimators that compare the responses of one prompt with each other: a group of one carries no signal.
 GROUP_ESTIMATORS = ("apo", "codapo", "grpo", "grpo_vectorized", "rloo", "rloo_vectorized", "grpo_passk", "opo", "gdpo")
-# Policy losses of verl 0.9.1 that aggregate their own way, whatever loss_agg_mode says.
-OWN_AGGREGATION = {"sapo": "seq-mean-token-mean"}
+# Policy losses of verl 0.9.1 that aggregate their own way, whatever loss_agg_mode says. geo_mean never calls
+# agg_loss: its torch.mean over sequences is seq-mean-token-mean's shape, but per micro-batch (PER_MICRO_BATCH_MEAN).
+OWN_AGGREGATION = {"sapo": "seq-mean-token-mean", "geo_mean": "seq-mean-token-mean"}
+# What else to do, after "set that", when loss_agg_mode disagrees.
+_OWN_AGGREGATION_ALTERNATIVE = {"sapo": ", or use loss_mode=apo (same gate, any mode)"}
+# Policy losses of verl 0.9.1 that average over each micro-batch and ignore verl's global batch size: k micro-batches
+# per rank give k times the update (tests/e2e/test_gradient_invariance.py measures it).
+PER_MICRO_BATCH_MEAN = ("geo_mean",)
 # verl's driver calls these two without looking them up in the registry.
 HARD_WIRED_ESTIMATORS = ("gae", "grpo")
 
@@ -52,8 +58,8 @@ def _refuse_silent_combinations(algorithm: Any, actor: Any, estimator: str, loss
     if loss_mode in OWN_AGGREGATION and agg_mode != OWN_AGGREGATION[loss_mode]:
         raise RecipeConfigError(
             f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode} ignores loss_agg_mode={agg_mode}: verl's "
-            f"{loss_mode} always aggregates with {OWN_AGGREGATION[loss_mode]}; set that, or use loss_mode=apo "
-            "(same gate, any mode)"
+            f"{loss_mode} always aggregates with {OWN_AGGREGATION[loss_mode]}; set that"
+            + _OWN_AGGREGATION_ALTERNATIVE.get(loss_mode, "")
         )
     if actor.get("loss_scale_factor", None) is not None and agg_mode != NORM_MODE:
         raise RecipeConfigError(
@@ -196,6 +202,14 @@ def config_warnings(config: Any) -> list[str]:
         if codapo.resample and codapo.tiling_warning():
             warnings.append(codapo.tiling_warning())
     actor = config.actor_rollout_ref.actor
+    loss_mode = str(actor.policy_loss.loss_mode)
+    if loss_mode in PER_MICRO_BATCH_MEAN:
+        warnings.append(
+            f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode} averages over each micro-batch (verl's "
+            "torch.mean, not its global batch size): k equal micro-batches per rank make the update k times as large, "
+            "and with use_dynamic_bsz=true each row weighs 1 / its micro-batch's size; keep one micro-batch per rank "
+            "(use_dynamic_bsz=false, ppo_micro_batch_size_per_gpu = a rank's share of a mini-batch)"
+        )
     prompts, per_update = config.data.get("train_batch_size"), actor.get("ppo_mini_batch_size")
     if _positive_number(prompts) and _positive_number(per_update) and prompts > per_update and not actor.get("shuffle"):
         warnings.append(

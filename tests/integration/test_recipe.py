@@ -139,6 +139,10 @@ def test_kl_in_reward_is_fine_with_a_threshold_success_and_data_sources_with_the
         (["method=drgrpo", "algorithm.adv_estimator=grpo_vectorized"], "adv_estimator=grpo"),
         (["algorithm.norm_adv_by_std_in_grpo=true"], "algorithm.norm_adv_by_std_in_grpo=true"),
         (["method=drgrpo", "actor_rollout_ref.actor.policy_loss.loss_mode=sapo"], "loss_mode=sapo ignores"),
+        # geo_mean never calls agg_loss: no alternative with the same gate to offer, unlike sapo.
+        (["method=drgrpo", "actor_rollout_ref.actor.policy_loss.loss_mode=geo_mean"],
+         "loss_mode=geo_mean ignores loss_agg_mode=seq-mean-token-sum-norm: verl's geo_mean always aggregates with "
+         "seq-mean-token-mean; set that"),
         (["method=grpo", "actor_rollout_ref.actor.loss_scale_factor=3000"],
          "actor_rollout_ref.actor.loss_scale_factor"),
         # The type, not the count, is at fault:
@@ -213,6 +217,20 @@ def test_a_repeat_count_off_codapos_tiling_is_warned_about_as_codapos_code_does(
     assert codapo_lines("algorithm.codapo.repeat_count=2", "algorithm.codapo.resample=false") == []
     assert [w for w in config_warnings(valid("method=apo", "algorithm.codapo.repeat_count=2"))
             if "algorithm.codapo" in w] == []
+
+
+def test_geo_mean_is_accepted_with_its_own_aggregation_and_warned_about_for_its_micro_batch_mean():
+    from recipe_apo.integration.validation import config_warnings
+
+    def micro_batch_lines(config):
+        return [w for w in config_warnings(config) if "averages over each micro-batch" in w]
+
+    config = valid("method=grpo", "actor_rollout_ref.actor.policy_loss.loss_mode=geo_mean")
+    validate_recipe_config(config)  # grpo's seq-mean-token-mean is geo_mean's own shape
+    (line,) = micro_batch_lines(config)
+    assert line.startswith("actor_rollout_ref.actor.policy_loss.loss_mode=geo_mean averages over each micro-batch")
+    assert "k equal micro-batches per rank make the update k times as large" in line
+    assert all(micro_batch_lines(valid(f"method={method}")) == [] for method in ("grpo", "drgrpo", "apo", "codapo"))
 
 
 def test_experiment_names_are_deterministic_distinct_and_leave_out_paths():
