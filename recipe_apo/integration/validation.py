@@ -31,6 +31,9 @@ _OWN_AGGREGATION_ALTERNATIVE = {"sapo": ", or use loss_mode=apo (same gate, any 
 PER_MICRO_BATCH_MEAN = ("geo_mean",)
 # verl's driver calls these two without looking them up in the registry.
 HARD_WIRED_ESTIMATORS = ("gae", "grpo")
+# verl 0.9.1's own agent loops, each returning one output per trajectory (single_turn_agent_loop.py,
+# tool_agent_loop.py); any other loop may return several (recipe_apo.integration.multi_output).
+SINGLE_OUTPUT_AGENT_LOOPS = ("single_turn_agent", "tool_agent")
 
 
 def _positive_number(value: Any) -> bool:
@@ -209,6 +212,17 @@ def config_warnings(config: Any) -> list[str]:
             "torch.mean, not its global batch size): k equal micro-batches per rank make the update k times as large, "
             "and with use_dynamic_bsz=true each row weighs 1 / its micro-batch's size; keep one micro-batch per rank "
             "(use_dynamic_bsz=false, ppo_micro_batch_size_per_gpu = a rank's share of a mini-batch)"
+        )
+    agent = OmegaConf.select(config, "actor_rollout_ref.rollout.agent", default=None) or {}
+    loop = agent.get("default_agent_loop", None) or "single_turn_agent"
+    mode = config.trainer.get("v1", {}).get("trainer_mode", "sync")
+    if str(algorithm.adv_estimator) == "apo" and mode != "apo_sync" and (
+            loop not in SINGLE_OUTPUT_AGENT_LOOPS or agent.get("agent_loop_config_path", None)):
+        warnings.append(
+            f"algorithm.adv_estimator=apo with trainer.v1.trainer_mode={mode} and agent loop {loop}: if a loop returns "
+            "several outputs per trajectory, verl's trainer hands apo every output as a response of its group (its "
+            "final-output rule covers grpo only), so trajectories with more outputs weigh more in the group and "
+            "the anchor; trainer.v1.trainer_mode=apo_sync applies the rule to apo"
         )
     prompts, per_update = config.data.get("train_batch_size"), actor.get("ppo_mini_batch_size")
     if _positive_number(prompts) and _positive_number(per_update) and prompts > per_update and not actor.get("shuffle"):

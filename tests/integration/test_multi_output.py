@@ -281,3 +281,17 @@ def test_a_dump_of_rows_the_advantage_step_did_not_see_is_refused_not_silently_l
     trainer.hook(AnchorHook).around_advantage(first, Sessions.of(first.keys))
     assert trainer.hook(AnchorHook).dump_fields(first) == {}
     reset_driver_anchor()
+
+
+def test_the_launch_warns_that_verls_own_trainer_gives_apo_every_output_of_a_custom_agent_loop(tmp_path, recipe_config):
+    from recipe_apo.integration.validation import config_warnings
+
+    def said(*overrides):
+        return [w for w in config_warnings(recipe_config(tmp_path, *overrides)) if "final-output rule" in w]
+
+    custom = "actor_rollout_ref.rollout.agent.default_agent_loop=my_loop"
+    (warning,) = said("trainer.v1.trainer_mode=sync", custom)
+    assert warning.startswith("algorithm.adv_estimator=apo with trainer.v1.trainer_mode=sync and agent loop my_loop: ")
+    assert said("trainer.v1.trainer_mode=sync", "actor_rollout_ref.rollout.agent.agent_loop_config_path=/a.yaml")
+    assert said(custom) == []  # the recipe's trainer (apo_sync, its default) applies the rule
+    assert said("trainer.v1.trainer_mode=sync") == []  # verl's single_turn_agent: one output per trajectory
