@@ -15,7 +15,7 @@ whenever two runs train differently, so no run resumes another's. What counts:
 - the model by its last path component (``model=Qwen2.5-Math-1.5B``) in the readable part, and in full in
   the hash the name then ends in.
 
-In a Hydra multirun, a swept key is spelled out even where it does not change what is trained
+In a Hydra multirun, a swept key comes first, and is spelled out even where it does not change what is trained
 (``trainer.n_gpus_per_node=4,8``, ``trainer.total_training_steps=100,200``): jobs of one sweep that shared a name
 would share a checkpoint folder, and the second would resume the first.
 
@@ -147,6 +147,9 @@ def experiment_name(method: str, task_overrides: Sequence[str], prefix: Optional
         if key in swept and key not in everything and not key.startswith(_NAMED_KEYS):
             rank, short = _short(key)
             spelled[key] = everything[key] = (rank, f"{short}={value}", f"{key}={value}")
+    # What the sweep varies goes first, so that a name cut at MAX_NAME_LEN still tells its jobs apart.
+    spelled = {key: (rank - len(_PREFIXES) - 3 if key in swept else rank, text, hashed)
+               for key, (rank, text, hashed) in spelled.items()}
     parts = [part for part in (prefix, method) if part]
     parts += [text for _, text, _ in sorted(spelled.values())]
     raw = "-".join(parts)

@@ -79,8 +79,18 @@ def test_a_multiruns_swept_keys_name_its_jobs_apart_even_when_they_do_not_change
     assert swept == {"method", "trainer.n_gpus_per_node", "trainer.total_training_steps", "data.seed"}
     jobs = [["actor_rollout_ref.rollout.n=8", f"trainer.n_gpus_per_node={n}"] for n in (2, 1)]
     names = [experiment_name("apo", job, swept=swept) for job in jobs]
-    assert names == ["apo-rollout.n=8-trainer.n_gpus_per_node=2", "apo-rollout.n=8-trainer.n_gpus_per_node=1"]
+    assert names == ["apo-trainer.n_gpus_per_node=2-rollout.n=8", "apo-trainer.n_gpus_per_node=1-rollout.n=8"]
     # A single run (nothing swept) keeps plumbing out of its name: rerunning it on 8 GPUs resumes it.
     assert experiment_name("apo", jobs[0]) == experiment_name("apo", jobs[1]) == "apo-rollout.n=8"
     # The method names the job already: a sweep over it adds nothing more.
     assert experiment_name("grpo", ["method=grpo"], swept=swept) == "grpo"
+
+
+def test_a_cut_name_still_shows_what_the_sweep_varies():
+    long = ["actor_rollout_ref.model.path=/models/a-rather-long-model-folder-name-for-the-test",
+            "algorithm.apo.anchor_scope=data_source", "algorithm.apo.lambda_scale=1.1"]
+    names = [experiment_name("apo", [*long, f"trainer.n_gpus_per_node={n}"], swept={"trainer.n_gpus_per_node"})
+             for n in (2, 1)]
+    assert [name.split("-model=")[0] for name in names] == ["apo-trainer.n_gpus_per_node=2",
+                                                            "apo-trainer.n_gpus_per_node=1"]
+    assert all(len(name) == 96 for name in names)
