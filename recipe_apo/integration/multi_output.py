@@ -130,13 +130,21 @@ class Sessions:
             )
         return values if self.single_output else values[self.row_session]
 
-    def metrics(self) -> dict[str, float]:
-        """``multi_output/*`` of a step whose trajectories have several outputs (none for single-output steps)."""
+    def metrics(self, tags: Sequence[dict] = ()) -> dict[str, float]:
+        """``multi_output/*`` of a step whose trajectories have several outputs (none for single-output steps).
+
+        ``tags``: the rows' TransferQueue tags (``batch.tags``); verl's padding rows, tagged ``is_padding``
+        (``padding_utils.py:133-139``), are not counted.
+        """
         if self.single_output:
             return {}
-        outputs = np.bincount(self.row_session, minlength=self.count)
+        real = np.ones(self.rows, dtype=bool)
+        if len(tags) == self.rows:
+            real = ~np.fromiter((bool(tag.get("is_padding", False)) for tag in tags), dtype=bool, count=self.rows)
+        outputs = np.bincount(self.row_session[real], minlength=self.count)
+        outputs = outputs[outputs > 0]
         return {
-            "multi_output/trajectories": float(self.count),
+            "multi_output/trajectories": float(outputs.size),
             "multi_output/outputs_per_trajectory_mean": float(outputs.mean()),
             "multi_output/outputs_per_trajectory_max": float(outputs.max()),
         }

@@ -89,7 +89,7 @@ class RecipeHooks:
         return batch
 
     def _compute_advantage(self, batch, metrics: dict):
-        sessions = Sessions.of(batch.keys)
+        sessions, tags = Sessions.of(batch.keys), batch.tags  # verl's write-back returns a handle without tags
         with contextlib.ExitStack() as stack:
             stack.enter_context(final_output_rule(self.config.algorithm.adv_estimator, sessions))
             for hook in self.hooks:
@@ -97,7 +97,7 @@ class RecipeHooks:
             batch = super()._compute_advantage(batch, metrics)
         for hook in self.hooks:
             hook.after_advantage(batch, metrics, sessions)
-        metrics.update(sessions.metrics())
+        metrics.update(sessions.metrics(tags))
         return batch
 
     def _dump_fields(self, batch) -> dict[str, list]:

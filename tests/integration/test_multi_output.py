@@ -195,7 +195,11 @@ def test_apo_zero_variance_counts_every_output_row_in_the_sequence_denominator(
     reset_driver_anchor()
     trainer = bare_trainer(recipe_config(tmp_path, "algorithm.zero_variance=exclude", "algorithm.apo.lambda_scale=1.0"))
     metrics = {}
-    got = advantages_by_key(trainer._compute_advantage(put_rows(f"zv{padding}-", rows), metrics))
+    batch = put_rows(f"zv{padding}-", rows)
+    # verl tags its padding rows (padding_utils.py): they are no trajectories of the step.
+    batch.tags = [{"is_padding": key.startswith(f"zv{padding}-pad")} for key in batch.keys]
+    got = advantages_by_key(trainer._compute_advantage(batch, metrics))
+    assert metrics["multi_output/trajectories"] == 6.0 and metrics["multi_output/outputs_per_trajectory_mean"] == 10 / 6
     scale = (10 + padding) / (7 + padding)
     assert metrics["zero_variance/scale"] == pytest.approx(scale, rel=1e-15)
     assert metrics["zero_variance/live_share"] == pytest.approx(7 / 10, rel=1e-15)
