@@ -6,7 +6,8 @@ group. The recipe's trainer adds, without touching verl's fields: ``response_len
 ``advantage`` (what the loss used), ``data_source``, ``truncated`` (reached the cap without an end token) and,
 for APO, ``apo_phi`` (Phi_i as computed; ``lambda_scale`` where the centered reward is 0, which the advantage
 ignores) and ``apo_anchor`` (C_t of the response's scope). A dump without ``uid`` (verl's legacy trainer) is
-grouped by prompt text within each step.
+grouped by prompt text within each step. verl's padding rows (uid ``pad...``) are left out, and a multi-output
+trajectory is one response, its final output, with the lengths of all its outputs.
 
 Lengths: the dump's ``response_length`` if every row has one; else the output re-tokenized with the model's
 tokenizer (``tokenizer``); else characters, and the report says so.
@@ -210,6 +211,9 @@ def read_step(path: Path, step: int) -> Step:
     if not lines:
         raise AuditError(f"{path}: no responses (an empty step file: a writer that stopped before its first row?)")
     if "uid" in columns:
+        columns, lines = _one_row_per_trajectory(columns, lines)
+        if not lines:
+            raise AuditError(f"{path}: only verl's padding rows, no responses")
         groups = [_UID.fullmatch(uid).group(1) for uid in columns["uid"]]
     elif "input" in columns:  # verl's legacy trainer dumps no uid: a step's responses to one prompt are a group
         groups = [f"{step}:{text}" for text in columns["input"]]
@@ -233,6 +237,31 @@ def read_step(path: Path, step: int) -> Step:
         path=Path(path),
         lines=np.asarray(lines),
     )
+
+
+def _one_row_per_trajectory(columns: dict[str, list], lines: list[int]) -> tuple[dict[str, list], list[int]]:
+    """A step's responses as the recipe's trainer counts them: verl's padding rows (uid ``pad...``) left out, and
+    a multi-output trajectory (rows ``{sample}_{rollout}_0``, ``_1``, ...) as one response, its final output (the
+    one verl scores; its advantage and Phi are every output's), with the token lengths of all its outputs (every
+    one of them is trained). Single-output steps come back unchanged."""
+    final: dict[str, int] = {}  # trajectory -> its row with the largest output index
+    total: dict[str, float] = {}
+    lengths = columns.get("response_length")
+    for row, uid in enumerate(columns["uid"]):
+        if uid.startswith("pad"):
+            continue
+        trajectory, index = uid.rsplit("_", 1)
+        if trajectory not in final or int(index) > int(columns["uid"][final[trajectory]].rsplit("_", 1)[1]):
+            final[trajectory] = row
+        if lengths is not None:
+            total[trajectory] = total.get(trajectory, 0) + lengths[row]
+    keep = sorted(final.values())
+    if len(keep) == len(lines):
+        return columns, lines
+    kept = {field: [values[row] for row in keep] for field, values in columns.items()}
+    if lengths is not None:
+        kept["response_length"] = [total[uid.rsplit("_", 1)[0]] for uid in kept["uid"]]
+    return kept, [lines[row] for row in keep]
 
 
 def check_data_sources(run: Run, why: str) -> None:

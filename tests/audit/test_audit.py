@@ -165,3 +165,26 @@ def test_per_token_weights_follow_each_aggregation():
     assert stats.token_weights(lengths, stats.TOKEN_SUM_NORM, l0=8).tolist() == [0.125] * 3
     assert stats.update_mass([-2.0, 1.0, 1.0], lengths, stats.TOKEN_MEAN, l0=8).tolist() == [2.0, 1.0, 1.0]
     assert stats.update_mass([-2.0, 1.0, 1.0], lengths, stats.TOKEN_SUM_NORM, l0=8).tolist() == [0.25, 0.25, 0.5]
+
+
+def test_a_multi_output_trajectory_is_one_response_and_padding_rows_are_left_out(tmp_path):
+    from recipe_apo.audit.dumps import read_step
+
+    def row(uid, score, length, advantage):
+        return {"input": "q", "output": f"o{uid}", "score": score, "step": 1, "uid": uid,
+                "response_length": length, "advantage": advantage}
+
+    rows = [row("g_0_0", 1.0, 3, 0.5), row("g_1_0", 0.0, 4, -0.5), row("g_0_1", 1.0, 5, 0.5),
+            row("pad9f_0_0", 0.0, 0, 0.0), row("h_0_0", 1.0, 2, 0.0), row("h_1_0", 1.0, 6, 0.0)]
+    path = tmp_path / "1.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    step = read_step(path, 1)
+    # g_0 (two outputs) is one response, its final output's, with both outputs' tokens; the padding row is gone.
+    assert step.outputs == ["og_1_0", "og_0_1", "oh_0_0", "oh_1_0"]
+    assert list(step.lines) == [2, 3, 5, 6] and list(step.groups) == ["g", "g", "h", "h"]
+    np.testing.assert_array_equal(step.logged_lengths, [4, 8, 2, 6])
+    np.testing.assert_array_equal(step.scores, [0.0, 1.0, 1.0, 1.0])
+    # A single-output step is read as it is.
+    single = tmp_path / "2.jsonl"
+    single.write_text("".join(json.dumps({**r, "step": 2}) + "\n" for r in rows if r["uid"] in ("h_0_0", "h_1_0")))
+    assert read_step(single, 2).outputs == ["oh_0_0", "oh_1_0"]
