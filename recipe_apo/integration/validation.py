@@ -231,4 +231,9 @@ def config_warnings(config: Any) -> list[str]:
             "a step's responses in the order they finished (short first) and cuts mini-batches in sequence, so "
             "later updates get the longer responses; set actor_rollout_ref.actor.shuffle=true (the scripts do)"
         )
+    if config.trainer.get("balance_batch", True) is False:
+        warnings.append(
+            "trainer.balance_batch=false has no effect in verl 0.9.1's V1 trainer: it always balances each step's "
+            "batch across the data-parallel ranks by sequence length (trainer_base._balance_batch)"
+        )
     return warnings

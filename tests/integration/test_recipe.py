@@ -364,3 +364,12 @@ def test_plugin_check_prints_the_three_presets_advantages(capsys):
     assert rows[0][-3:] == ["1.500", "0.750", "1.445"]
     assert rows[7][-3:] == ["-1.500", "-0.750", "-1.445"]
     assert "python -m recipe_apo.main method=apo" in out
+
+
+def test_balance_batch_off_is_said_to_have_no_effect_in_verls_v1_trainer():
+    from recipe_apo.integration.validation import config_warnings
+
+    said = [w for w in config_warnings(valid("method=apo", "trainer.balance_batch=false")) if "balance_batch" in w]
+    assert said == ["trainer.balance_batch=false has no effect in verl 0.9.1's V1 trainer: it always balances each "
+                    "step's batch across the data-parallel ranks by sequence length (trainer_base._balance_batch)"]
+    assert not [w for w in config_warnings(valid("method=apo")) if "balance_batch" in w]
