@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from recipe_apo.errors import RecipeError
 from recipe_apo.integration.errors import RecipeConfigError
+from recipe_apo.integration.modes import is_recipe_trainer, recipe_mode, verl_mode
 from recipe_apo.integration.naming import experiment_name, swept_keys
 from recipe_apo.integration.validation import config_warnings, validate_recipe_config
 
@@ -55,9 +56,12 @@ def rehearsal_choice() -> str | None:
 
 
 def prepare(config: DictConfig, rehearsal: str | None = None) -> DictConfig:
-    """Name the run, resolve every interpolation here (Ray actors do not know Hydra's resolvers) and validate."""
+    """Name the run, resolve every interpolation here (Ray actors do not know Hydra's resolvers), pick the
+    recipe's trainer for verl's mode and validate."""
     name_the_run(config)
     OmegaConf.resolve(config)
+    with open_dict(config):
+        config.trainer.v1.trainer_mode = recipe_mode(str(config.trainer.v1.get("trainer_mode", "sync")))
     on_cpu = rehearsal == "cpu"
     if on_cpu:
         from recipe_apo.cpu.checks import check_rehearsal_config
@@ -79,6 +83,10 @@ def describe(config: DictConfig, rehearsal: str | None = None) -> str:
         f"method: {HydraConfig.get().runtime.choices.get('method')} (estimator {config.algorithm.adv_estimator}, "
         f"loss {config.actor_rollout_ref.actor.policy_loss.loss_mode}, "
         f"aggregation {config.actor_rollout_ref.actor.loss_agg_mode})",
+        f"trainer: {trainer.v1.trainer_mode}"
+        + (f" (verl's {verl_mode(trainer.v1.trainer_mode)} with the recipe's hooks)"
+           if is_recipe_trainer(str(trainer.v1.trainer_mode)) else " (not the recipe's: no anchor checkpoints, "
+           "apo/ metrics or dump fields)"),
         f"checkpoints: {trainer.default_local_dir}",
         f"hydra output: {HydraConfig.get().runtime.output_dir}",
         f"loggers: {', '.join(trainer.logger) if not isinstance(trainer.logger, str) else trainer.logger}",

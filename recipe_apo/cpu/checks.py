@@ -6,6 +6,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from recipe_apo.integration.modes import verl_mode
 from recipe_apo.integration.validation import REHEARSAL_ROLLOUT as ROLLOUT_NAME
 from recipe_apo.integration.validation import RecipeConfigError
 
@@ -29,6 +30,12 @@ def check_rehearsal_config(config: Any) -> None:
                 f"actor_rollout_ref.rollout.{key}={rollout.get(key)}: the CPU rehearsal runs one generation "
                 "process per replica; set it to 1"
             )
+    mode = verl_mode(str(_get(config, "trainer.v1.trainer_mode", "sync")))
+    if mode == "separate_async":
+        raise RecipeConfigError(
+            "trainer.v1.trainer_mode=separate_async: its rollout pool takes the weights through a transfer backend "
+            "(NCCL and the like: GPUs), which the CPU rehearsal does not have; rehearse with sync or colocate_async"
+        )
     if int(config.trainer.nnodes) != 1:
         raise RecipeConfigError(f"trainer.nnodes={config.trainer.nnodes}: the CPU rehearsal runs on one machine")
     workers = int(config.trainer.n_gpus_per_node)

@@ -8,7 +8,8 @@ The name is the method and every override that changes what is trained, e.g. ``a
 deterministic, so rerunning a command resumes its own checkpoints (verl's ``resume_mode=auto``), and distinct
 whenever two runs train differently, so no run resumes another's. What counts:
 
-- every override except where things are and how they are logged: ``trainer.*``, ``hydra.*``, ``ray_kwargs.*``,
+- every override except where things are and how they are logged: ``trainer.*`` (but for ``trainer.v1.*``, the
+  trainer mode and its asynchrony settings, the default synchronous mode excepted), ``hydra.*``, ``ray_kwargs.*``,
   ``data.val_files``, the rollout engine's name, the recipe's own switches (``method``, ``dry_run``,
   ``run_name.*``);
 - the training data by its file names (``data.train_files``), not its folder, so moving the data keeps the name;
@@ -39,6 +40,9 @@ from recipe_apo.integration.errors import RecipeConfigError
 # Overrides that say where things are or how they are logged, not what is trained.
 LOCATION_KEYS = ("method", "dry_run", "run_name.", "data.val_files", "trainer.", "ray_kwargs.", "hydra.",
                  "actor_rollout_ref.rollout.name")
+# trainer.* is plumbing, but for verl's V1 trainer settings: an asynchronous mode trains on staler responses.
+TRAINED_TRAINER_KEYS = ("trainer.v1.",)
+SYNC_MODES = ("sync", "apo_sync")
 MODEL_PATH = "actor_rollout_ref.model.path"
 TRAIN_FILES = "data.train_files"
 # Keys that shape the name by themselves, swept or not.
@@ -82,7 +86,10 @@ def training_item(override: str) -> Optional[tuple[str, int, str, str]]:
     change what is trained. The model counts in full in the hash (``.../global_step_100/actor/huggingface``
     and ``.../global_step_200/actor/huggingface`` are different models); the training data by file names."""
     key, value = _key_and_value(override)
-    if key.startswith(LOCATION_KEYS):
+    if key.startswith(TRAINED_TRAINER_KEYS):
+        if key == "trainer.v1.trainer_mode" and value in SYNC_MODES:
+            return None  # the default trainer, said or not
+    elif key.startswith(LOCATION_KEYS):
         return None
     rank, short = _short(key)
     if value is None:

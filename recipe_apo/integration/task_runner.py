@@ -9,7 +9,7 @@ from verl.trainer.main_ppo import TaskRunnerV1
 
 class _ApoTaskRunner(TaskRunnerV1.__ray_actor_class__):
     def run(self, config):
-        import recipe_apo.integration.trainer  # noqa: F401  (registers trainer_mode=apo_sync in this process)
+        import recipe_apo.integration.trainer  # noqa: F401  (registers the recipe's trainer modes here)
         from recipe_apo.integration.cluster import check_apo_on_every_node
         from recipe_apo.plugin import ESTIMATORS, LOSSES
 

@@ -1,14 +1,18 @@
-"""The recipe's trainer: verl's V1 trainer running the recipe's hooks at verl's hand-off points.
+"""The recipe's trainers: verl's V1 trainers running the recipe's hooks at verl's hand-off points.
 
-Registered with verl as ``trainer.v1.trainer_mode=apo_sync``. verl picks the trainer class by that name, and
-any name other than ``sync`` turns on asynchronous code paths in verl's base trainer; so this class sets the
-mode back to verl's own before verl reads it, and every step runs exactly as verl's own trainer runs it.
+One per verl mode, registered with verl under the recipe's names (``recipe_apo.integration.modes``):
+``apo_sync`` (verl's ``sync``), ``apo_colocate_async`` and ``apo_separate_async``; the launch maps the mode a user
+names to the recipe's. verl picks the trainer class by that name and switches its asynchronous code paths on
+the exact mode string, so each class sets the mode back to verl's own before verl reads it, and every step runs
+exactly as verl's own trainer of that mode runs it.
 
 The hand-off points, each calling every active hook (``recipe_apo.integration.hooks``) in order:
 
 - ``__init__``: the hooks the config wants are built (e.g. a fresh APO anchor for the run);
 - ``_load_checkpoint``: after verl's restore, ``hook.restored(folder, step)``;
 - ``_save_checkpoint``: before verl's save (which ends by marking the folder latest), ``hook.save(folder, step)``;
+- ``step``: ``hook.begin_step()``, then verl's step (its ``parameter_sync_step`` mini-batches, each with its own
+  advantage step), then ``hook.end_step(metrics)`` (APO's anchor moves once per training step);
 - ``_next_train_batch``: the first ``hook.replace_batch(n)`` that returns prompts, else verl's dataloader and
   then ``hook.drew_batch(batch)``;
 - ``_compute_advantage``: the step's trajectories parsed once from its keys (``multi_output.Sessions``); verl's
@@ -29,12 +33,15 @@ import os
 
 from omegaconf import DictConfig, open_dict
 from verl.trainer.ppo.v1.trainer_base import register_trainer
+from verl.trainer.ppo.v1.trainer_colocate_async import PPOTrainerColocateAsync
+from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
 from recipe_apo.integration.hooks import HOOKS
+from recipe_apo.integration.modes import RECIPE_TRAINERS
 from recipe_apo.integration.multi_output import Sessions, final_output_rule
 
-TRAINER_NAME = "apo_sync"
+TRAINER_NAME = RECIPE_TRAINERS["sync"]
 
 
 class RecipeHooks:
@@ -76,6 +83,14 @@ class RecipeHooks:
         for hook in self.hooks:
             hook.save(folder, self.global_steps)
         return super()._save_checkpoint()
+
+    def step(self, metrics: dict, timing_raw: dict):
+        for hook in self.hooks:
+            hook.begin_step()
+        batch = super().step(metrics, timing_raw)
+        for hook in self.hooks:
+            hook.end_step(metrics)
+        return batch
 
     def _next_train_batch(self, num_prompts=None):
         size = num_prompts or int(self.config.data.train_batch_size)
@@ -138,3 +153,17 @@ class RecipeHooks:
 @register_trainer(TRAINER_NAME)
 class ApoSyncTrainer(RecipeHooks, PPOTrainerSync):
     """verl's synchronous V1 trainer with the recipe's hooks."""
+
+
+@register_trainer(RECIPE_TRAINERS["colocate_async"])
+class ApoColocateAsyncTrainer(RecipeHooks, PPOTrainerColocateAsync):
+    """verl's colocated asynchronous trainer (partial rollouts across weight updates) with the recipe's hooks."""
+
+    VERL_MODE = "colocate_async"
+
+
+@register_trainer(RECIPE_TRAINERS["separate_async"])
+class ApoSeparateAsyncTrainer(RecipeHooks, PPOTrainerSeparateAsync):
+    """verl's asynchronous trainer on separate rollout and training pools with the recipe's hooks."""
+
+    VERL_MODE = "separate_async"

@@ -13,6 +13,7 @@ from omegaconf import OmegaConf
 
 from recipe_apo.integration.errors import RecipeConfigError
 from recipe_apo.integration.flags import check_flags
+from recipe_apo.integration.modes import ASYNC_MODES, is_recipe_trainer, verl_mode
 from recipe_apo.methods.apo_loss import NORM_MODE
 from recipe_apo.methods.apo_settings import ApoConfigError, ApoSettings
 from recipe_apo.methods.codapo import CodapoConfigError, CodapoSettings
@@ -91,7 +92,8 @@ def validate_recipe_config(config: Any, rehearsal: bool = False) -> None:
         codapo = CodapoSettings.from_algorithm_config(algorithm)
     except (ApoConfigError, CodapoConfigError) as exc:
         raise RecipeConfigError(str(exc)) from None
-    mode = config.trainer.get("v1", {}).get("trainer_mode", "sync")
+    mode = str(config.trainer.get("v1", {}).get("trainer_mode", "sync"))
+    recipe_trainer = is_recipe_trainer(mode)
     zero_variance = algorithm.get("zero_variance", "keep")
     if zero_variance == "exact":
         raise RecipeConfigError(
@@ -102,17 +104,24 @@ def validate_recipe_config(config: Any, rehearsal: bool = False) -> None:
         check_zero_variance(zero_variance, str(actor.loss_agg_mode), algorithm.get("use_kl_in_reward", False))
     except ValueError as exc:
         raise RecipeConfigError(str(exc)) from None
-    if zero_variance == "exclude" and mode != "apo_sync":
+    if zero_variance == "exclude" and not recipe_trainer:
         raise RecipeConfigError(
-            f"algorithm.zero_variance=exclude needs trainer.v1.trainer_mode=apo_sync (got {mode}): only the "
-            "recipe's trainer rescales the advantages"
+            f"algorithm.zero_variance=exclude needs the recipe's trainer (trainer.v1.trainer_mode=sync, "
+            f"colocate_async or separate_async; got {mode}): only the recipe's trainer rescales the advantages"
         )
     if estimator == "codapo":
-        if mode != "apo_sync":
+        if not recipe_trainer:
             raise RecipeConfigError(
-                f"algorithm.adv_estimator=codapo needs trainer.v1.trainer_mode=apo_sync (got {mode}): only the "
-                "recipe's trainer hands the old policy's log-probs to the estimator"
-                + (" and resamples prompts" if codapo.resample else "")
+                f"algorithm.adv_estimator=codapo needs the recipe's trainer (trainer.v1.trainer_mode=sync, "
+                f"colocate_async or separate_async; got {mode}): only the recipe's trainer hands the old policy's "
+                "log-probs to the estimator" + (" and resamples prompts" if codapo.resample else "")
+            )
+        if codapo.resample and verl_mode(mode) in ASYNC_MODES:
+            raise RecipeConfigError(
+                f"algorithm.codapo.resample=true with trainer.v1.trainer_mode={verl_mode(mode)}: CoDaPO's second "
+                "step of a pair trains on prompts kept from the first, but verl's asynchronous trainers draw "
+                "prompts ahead of their step (warm-up, refills); set algorithm.codapo.resample=false (the "
+                "confidence-difficulty weighting alone) or use trainer.v1.trainer_mode=sync"
             )
         filter_groups = algorithm.get("filter_groups", None) or {}
         if codapo.resample and filter_groups.get("enable", False):
@@ -137,10 +146,11 @@ def validate_recipe_config(config: Any, rehearsal: bool = False) -> None:
                 "rewards leave the success range; use algorithm.apo.success=threshold or the KL loss "
                 "(actor_rollout_ref.actor.use_kl_loss=true)"
             )
-        if settings.anchor_scope == "data_source" and mode != "apo_sync":
+        if settings.anchor_scope == "data_source" and not recipe_trainer:
             raise RecipeConfigError(
-                f"algorithm.apo.anchor_scope=data_source needs trainer.v1.trainer_mode=apo_sync (got {mode}): "
-                "only the recipe's trainer hands data sources to the estimator"
+                f"algorithm.apo.anchor_scope=data_source needs the recipe's trainer (trainer.v1.trainer_mode=sync, "
+                f"colocate_async or separate_async; got {mode}): only the recipe's trainer hands data sources to "
+                "the estimator"
             )
 
     if estimator not in HARD_WIRED_ESTIMATORS and estimator not in core_algos.ADV_ESTIMATOR_REGISTRY:
@@ -215,14 +225,15 @@ def config_warnings(config: Any) -> list[str]:
         )
     agent = OmegaConf.select(config, "actor_rollout_ref.rollout.agent", default=None) or {}
     loop = agent.get("default_agent_loop", None) or "single_turn_agent"
-    mode = config.trainer.get("v1", {}).get("trainer_mode", "sync")
-    if str(algorithm.adv_estimator) == "apo" and mode != "apo_sync" and (
+    mode = str(config.trainer.get("v1", {}).get("trainer_mode", "sync"))
+    if str(algorithm.adv_estimator) == "apo" and not is_recipe_trainer(mode) and (
             loop not in SINGLE_OUTPUT_AGENT_LOOPS or agent.get("agent_loop_config_path", None)):
         warnings.append(
             f"algorithm.adv_estimator=apo with trainer.v1.trainer_mode={mode} and agent loop {loop}: if a loop returns "
             "several outputs per trajectory, verl's trainer hands apo every output as a response of its group (its "
             "final-output rule covers grpo only), so trajectories with more outputs weigh more in the group and "
-            "the anchor; trainer.v1.trainer_mode=apo_sync applies the rule to apo"
+            "the anchor; the recipe's trainer (trainer.v1.trainer_mode=sync, colocate_async or separate_async) "
+            "applies the rule to apo"
         )
     prompts, per_update = config.data.get("train_batch_size"), actor.get("ppo_mini_batch_size")
     if _positive_number(prompts) and _positive_number(per_update) and prompts > per_update and not actor.get("shuffle"):

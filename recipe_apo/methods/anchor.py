@@ -134,6 +134,14 @@ class AnchorBook:
     """The anchors of one run, by scope: ``"global"``, or one per ``data_source`` (``anchor_scope``).
 
     New scopes start from ``init`` (None: a warm start at their first batch's success rate).
+
+    One training step is the paper's iteration t. verl may run the estimator several times in one step (its V1
+    trainers' ``parameter_sync_step``: one call per mini-batch); between ``begin_step`` calls, each call moves a
+    scope's anchor once from where the step began, with y_t pooled over the step's calls so far, so a step's
+    responses fed as one batch or as several mini-batches end the step with the same anchors (eta_t and the
+    history advance once per step either way). A mini-batch before the step's last is measured against the
+    anchor of the success seen so far. Without ``begin_step`` (plain verl, a bare estimator call) every call is
+    a step of its own.
     """
 
     def __init__(self, init: Optional[float] = None, history: int = 20) -> None:
@@ -144,11 +152,41 @@ class AnchorBook:
         # Per response of the last APO step, in the batch's order: Phi_i and the C_t it was measured against.
         self.last_phi: Optional[np.ndarray] = None
         self.last_anchor: Optional[np.ndarray] = None
+        # An open step: each scope's state when it began (None: the scope did not exist) and what it has seen.
+        self._step_start: Optional[dict[str, Optional[dict[str, Any]]]] = None
+        self._step_seen: dict[str, tuple[float, float]] = {}
+        # Per scope moved in the open step: (C_{t+1}, eta_t, y_t) after its latest batch, i.e. the step's update.
+        self.step_results: dict[str, tuple[float, float, float]] = {}
 
     def anchor(self, scope: str = GLOBAL_SCOPE) -> CapabilityAnchor:
         if scope not in self.anchors:
             self.anchors[scope] = CapabilityAnchor(init=self.init, history=self.history)
         return self.anchors[scope]
+
+    def begin_step(self) -> None:
+        """Open a training step: the estimator calls until the next ``begin_step`` share one anchor update."""
+        self._step_start = {scope: anchor.state_dict() for scope, anchor in self.anchors.items()}
+        self._step_seen, self.step_results = {}, {}
+
+    def observe(self, scope: str, successes: float, responses: float, eta: float, eta_min: float,
+                history: int) -> tuple[float, float, float]:
+        """Move ``scope``'s anchor with a batch of ``responses`` (> 0) whose successes sum to ``successes``;
+        return (C_{t+1}, eta_t, the y_t used). In an open step y_t pools the step's batches so far."""
+        if self._step_start is None:
+            y = successes / responses
+            return (*self.anchor(scope).update(y, eta, eta_min, history), y)
+        seen = self._step_seen.get(scope)
+        if seen is not None:
+            successes, responses = seen[0] + successes, seen[1] + responses
+        self._step_seen[scope] = (successes, responses)
+        y = successes / responses
+        anchor = CapabilityAnchor(init=self.init, history=self.history)
+        if self._step_start.get(scope) is not None:
+            anchor.load_state_dict(self._step_start[scope])
+        value, rate = anchor.update(y, eta, eta_min, history)
+        self.anchors[scope] = anchor
+        self.step_results[scope] = (value, rate, y)
+        return value, rate, y
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-safe state of every anchor."""
@@ -168,6 +206,7 @@ class AnchorBook:
             anchor.load_state_dict(anchor_state)
             restored[str(scope)] = anchor
         self.anchors = restored
+        self._step_start, self._step_seen, self.step_results = None, {}, {}
 
 
 _driver_book: Optional[AnchorBook] = None

@@ -77,8 +77,8 @@ def compute_apo_advantage(
     _check_no_overflow(centered, settings, b.dtype)
     p_hat = group_mean(b.codes, b.success, counts)
     scope_counts = np.bincount(b.scope_codes, weights=b.valid, minlength=len(b.scope_names))
-    y = group_mean(b.scope_codes, b.success, scope_counts)
-    anchor, rates = _update_anchors(anchors, b.scope_names, y, scope_counts, settings)  # C_{t+1}, eta_t
+    scope_successes = np.bincount(b.scope_codes, weights=b.success, minlength=len(b.scope_names))
+    anchor, rates, y = _update_anchors(anchors, b.scope_names, scope_successes, scope_counts, settings)  # C_{t+1}
     gap = p_hat - anchor[b.group_scope]  # Delta_g
     if settings.reweight:
         phi = settings.lambda_scale * np.exp(-np.sign(centered) * np.sign(gap)[b.codes] * np.abs(gap)[b.codes])
@@ -236,19 +236,24 @@ def _check_no_overflow(centered: np.ndarray, settings: ApoSettings, dtype: torch
 def _update_anchors(
     anchors: AnchorBook | CapabilityAnchor,
     scope_names: tuple[str, ...],
-    y: np.ndarray,
+    successes: np.ndarray,
     scope_counts: np.ndarray,
     settings: ApoSettings,
-) -> tuple[np.ndarray, dict[int, float]]:
+) -> tuple[np.ndarray, dict[int, float], np.ndarray]:
     """C_{t+1} per scope (0 for a scope of padding only, whose anchor stays as it is: nothing was observed),
-    and eta_t by scope id for the scopes that moved."""
-    anchor_of = (lambda name: anchors) if isinstance(anchors, CapabilityAnchor) else anchors.anchor
-    values, rates = np.zeros(len(scope_names)), {}
+    eta_t by scope id for the scopes that moved, and the y_t each moved with (``AnchorBook.observe``: pooled
+    over the calls of an open training step)."""
+    values, rates, y = np.zeros(len(scope_names)), {}, np.zeros(len(scope_names))
     for k, name in enumerate(scope_names):
-        if scope_counts[k] > 0:
-            values[k], rates[k] = anchor_of(name).update(float(y[k]), settings.eta, settings.eta_min,
-                                                         settings.history)
-    return values, rates
+        if scope_counts[k] == 0:
+            continue
+        if isinstance(anchors, CapabilityAnchor):
+            y[k] = successes[k] / scope_counts[k]
+            values[k], rates[k] = anchors.update(float(y[k]), settings.eta, settings.eta_min, settings.history)
+        else:
+            values[k], rates[k], y[k] = anchors.observe(name, float(successes[k]), float(scope_counts[k]),
+                                                        settings.eta, settings.eta_min, settings.history)
+    return values, rates, y
 
 
 def _step_metrics(
@@ -268,7 +273,8 @@ def _step_metrics(
     if observed.any():
         signal_per_group = np.bincount(b.codes, weights=centered != 0, minlength=b.n_groups)
         metrics.update({
-            "apo/batch_success": float(b.success[b.valid].mean()),
+            # The y_t the anchor moved with: this batch's, or the step's so far when verl cuts it in mini-batches.
+            "apo/batch_success": float(y[0]) if not scoped else float(b.success[b.valid].mean()),
             "apo/harder_group_share": float((gap[observed] < 0).mean()),
             "apo/uniform_group_share": float((signal_per_group[observed] == 0).mean()),
         })

@@ -180,6 +180,7 @@ def test_the_rehearsal_config_passes_its_checks_and_the_recipes():
     ("actor_rollout_ref.rollout.checkpoint_engine.backend=nccl", "checkpoint_engine.backend=nccl"),
     ("reward.reward_model.enable=true", "reward.reward_model.enable=true"),
     ("trainer.device=cuda", "trainer.device=cuda"),
+    ("trainer.v1.trainer_mode=apo_separate_async", "trainer.v1.trainer_mode=separate_async: its rollout pool"),
 ])
 def test_what_a_cpu_cannot_do_is_refused_naming_the_setting(override, key):
     with pytest.raises(RecipeConfigError) as error:

@@ -94,3 +94,12 @@ def test_a_cut_name_still_shows_what_the_sweep_varies():
     assert [name.split("-model=")[0] for name in names] == ["apo-trainer.n_gpus_per_node=2",
                                                             "apo-trainer.n_gpus_per_node=1"]
     assert all(len(name) == 96 for name in names)
+
+
+def test_an_asynchronous_trainer_mode_and_its_settings_count_the_default_mode_does_not():
+    assert experiment_name("apo", ["trainer.v1.trainer_mode=sync"]) == experiment_name("apo", []) == "apo"
+    assert experiment_name("apo", ["trainer.v1.trainer_mode=colocate_async"]) == \
+        "apo-trainer.v1.trainer_mode=colocate_async"
+    assert experiment_name("apo", ["trainer.v1.separate_async.parameter_sync_step=2"]) == \
+        "apo-trainer.v1.separate_async.parameter_sync_step=2"
+    assert experiment_name("apo", ["trainer.save_freq=5"]) == "apo"

@@ -25,7 +25,7 @@ from recipe_apo.integration.checkpoint import STATE_FILE
 from recipe_apo.integration.cluster import check_apo_on_every_node
 from recipe_apo.integration.hooks import AnchorHook
 from recipe_apo.integration.trainer import ApoSyncTrainer
-from recipe_apo.methods.anchor import AnchorBook, get_driver_anchor, reset_driver_anchor
+from recipe_apo.methods.anchor import AnchorBook, driver_anchors, get_driver_anchor, reset_driver_anchor
 from recipe_apo.methods.apo import compute_apo_advantage
 
 REWARDS = [1.0, 1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.0]
@@ -249,3 +249,48 @@ def test_the_zero_variance_hook_refuses_the_kl_penalty_in_the_reward_even_withou
                            method="grpo")
     with pytest.raises(MethodConfigError, match="algorithm.zero_variance=exclude with algorithm.use_kl_in_reward"):
         bare_trainer(config)
+
+
+def test_the_anchor_moves_once_per_training_step_and_logs_the_steps_update(tmp_path, monkeypatch, recipe_config,
+                                                                           bare_trainer):
+    """verl's step() runs one advantage step per mini-batch (parameter_sync_step); the recipe's trainer opens
+    the step, so the anchor moves once with the pooled success rate, and the logged apo/* anchor metrics are the
+    step's update, not verl's average over the mini-batches."""
+    from recipe_apo.methods.apo import apo_outcome_advantage
+
+    config = recipe_config(tmp_path, "algorithm.apo.anchor_init=0.5", "algorithm.apo.eta_min=0.5",
+                           "algorithm.apo.eta=1.0")
+    trainer = bare_trainer(config)
+    reset_driver_anchor()
+
+    def verl_step(self, metrics, timing_raw):
+        seen = []
+        for rewards in ([1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 0.0]):  # two mini-batches: y 1/4 then 3/4
+            token_rewards = torch.zeros(4, 2)
+            token_rewards[:, 1] = torch.tensor(rewards)
+            apo_outcome_advantage(token_rewards, torch.ones(4, 2), config.algorithm,
+                                  np.array(["a", "a", "b", "b"], dtype=object))
+            seen.append(dict(driver_anchors().last_metrics))
+        # verl's MetricsAggregator: the mean of the mini-batches' values.
+        metrics.update({key: (seen[0][key] + seen[1][key]) / 2 for key in seen[0]})
+        return "batch"
+
+    monkeypatch.setattr(PPOTrainerSync, "step", verl_step)
+    metrics = {}
+    assert trainer.step(metrics, {}) == "batch"
+    anchor = get_driver_anchor()
+    # One update from 0.5 with pooled y = 4/8 and eta = max(1.0 * std([0.5]), 0.5) = 0.5: C = 0.5.
+    assert anchor.steps == 1 and list(anchor.history) == [0.5, 0.5]
+    assert (metrics["apo/anchor"], metrics["apo/anchor_rate"], metrics["apo/batch_success"]) == (0.5, 0.5, 0.5)
+    reset_driver_anchor()
+
+
+def test_the_dump_gives_each_row_verls_staleness():
+    from recipe_apo.integration.hooks.audit_dump import policy_lags
+
+    # Step 5 trains with the policy of version 4: a row generated on version 4 is on-policy; one generated
+    # across versions 2 to 3 (a partial rollout resumed after an update) lags 1 at best and 2 at worst.
+    tags = [{"min_global_steps": 4, "max_global_steps": 4}, {"min_global_steps": 2, "max_global_steps": 3},
+            {"is_padding": True}]
+    assert policy_lags(tags, 5) == {"policy_lag": [0, 1, None], "policy_lag_worst": [0, 2, None]}
+    assert policy_lags([{"is_padding": True}], 5) == {}

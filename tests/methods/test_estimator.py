@@ -440,3 +440,65 @@ def test_the_callers_mask_is_left_untouched_whatever_its_dtype(mask_dtype):
     adv, _ = compute_apo_advantage(token_rewards, mask, np.array([0, 0, 1, 1]), ApoSettings(), CapabilityAnchor(0.5))
     assert torch.equal(mask, before) and adv.dtype == torch.float32
     assert torch.equal(adv != 0, before.bool() & (adv != 0))
+
+
+# ---- one training step, one anchor move: verl's mini-batches (parameter_sync_step) -----------------------------
+def apo_step(book, rewards, groups, settings, scopes=None):
+    token_rewards, mask = outcome_rewards(rewards, [2] * len(rewards))
+    return compute_apo_advantage(token_rewards, mask, np.array(groups, dtype=object), settings, book,
+                                 None if scopes is None else np.array(scopes, dtype=object))
+
+
+@given(st.lists(st.lists(st.integers(0, 1), min_size=8, max_size=8), min_size=1, max_size=5),
+       st.sampled_from([1, 2, 4]), st.booleans())
+@hsettings(max_examples=40, deadline=None)
+def test_a_step_as_one_batch_or_as_mini_batches_leaves_the_same_anchors(steps, pieces, by_source):
+    """Each step's 8 responses (4 groups of 2) as one estimator call, or cut in ``pieces`` calls inside one
+    training step: the same anchors after every step (values, history, step count), and the last call's Phi_i
+    measured against the step's anchor, as the whole batch's are."""
+    settings = ApoSettings(eta=2.0, eta_min=0.05, anchor_init=0.5, history=4,
+                           anchor_scope="data_source" if by_source else "global")
+    whole, cut = AnchorBook(init=0.5, history=4), AnchorBook(init=0.5, history=4)
+    groups = ["a", "a", "b", "b", "c", "c", "d", "d"]
+    scopes = ["x", "x", "x", "x", "y", "y", "y", "y"] if by_source else None
+    for rewards in steps:
+        whole.begin_step()
+        whole_adv, _ = apo_step(whole, rewards, groups, settings, scopes)
+        cut.begin_step()
+        width = len(rewards) // pieces
+        for k in range(pieces):
+            part = slice(k * width, (k + 1) * width)
+            adv, _ = apo_step(cut, rewards[part], groups[part], settings, scopes and scopes[part])
+        assert cut.state_dict() == whole.state_dict()
+        torch.testing.assert_close(adv, whole_adv[part], rtol=0, atol=0)
+    # Outside a training step (plain verl) every call is a step of its own: 4 calls move the anchor 4 times.
+    free = AnchorBook(init=0.5, history=4)
+    for k in range(4):
+        apo_step(free, steps[0][2 * k:2 * k + 2], groups[2 * k:2 * k + 2], settings, scopes and scopes[2 * k:2 * k + 2])
+    assert sum(a["steps"] for a in free.state_dict()["anchors"].values()) == 4
+
+
+def test_the_step_pools_its_mini_batches_success_by_hand():
+    settings = ApoSettings(eta=1.0, eta_min=0.5, anchor_init=0.5, history=4)
+    book = AnchorBook(init=0.5, history=4)
+    book.begin_step()
+    # Mini-batch 1: 1 success in 4 -> y = 1/4; eta_1 = max(1.0 * std([0.5]), 0.5) = 0.5; C = 0.5*0.5 + 0.5*0.25.
+    _, first = apo_step(book, [1, 0, 0, 0], ["a", "a", "b", "b"], settings)
+    assert first["apo/batch_success"] == 0.25 and first["apo/anchor"] == 0.375
+    # Mini-batch 2: 3 in 4; pooled y = 4/8 = 1/2, from the step's start: C = 0.5*0.5 + 0.5*0.5 = 0.5.
+    _, second = apo_step(book, [1, 1, 1, 0], ["c", "c", "d", "d"], settings)
+    assert second["apo/batch_success"] == 0.5 and second["apo/anchor"] == 0.5
+    assert book.step_results == {"global": (0.5, 0.5, 0.5)}
+    assert book.anchor().steps == 1 and list(book.anchor().history) == [0.5, 0.5]
+
+
+def test_a_refused_mini_batch_leaves_the_step_as_it_was():
+    settings = ApoSettings(anchor_init=0.5)
+    book = AnchorBook(init=0.5)
+    book.begin_step()
+    apo_step(book, [1, 0, 0, 0], ["a", "a", "b", "b"], settings)
+    before = (book.state_dict(), dict(book._step_seen), dict(book.step_results))
+    token_rewards, mask = outcome_rewards([math.nan, 0], [2, 2])
+    with pytest.raises(ApoInputError):
+        compute_apo_advantage(token_rewards, mask, np.array(["c", "c"], dtype=object), settings, book)
+    assert (book.state_dict(), dict(book._step_seen), dict(book.step_results)) == before

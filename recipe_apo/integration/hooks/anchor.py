@@ -37,8 +37,23 @@ class AnchorHook(TrainerHook):
     def save(self, folder: str, step: int) -> None:
         save_anchor_state(folder, step)
 
+    def book(self):
+        """The driver's anchors (created with this run's settings when the run has none yet)."""
+        return driver_anchors(init=self.settings.anchor_init, history=self.settings.history)
+
+    def begin_step(self) -> None:
+        self.book().begin_step()
+
+    def end_step(self, metrics: dict) -> None:
+        # verl averages a step's mini-batch metrics; the anchor moved once, with the step's pooled y_t.
+        by_source = self.settings.anchor_scope == "data_source"
+        for scope, (value, rate, y) in self.book().step_results.items():
+            suffix = f"/{scope}" if by_source else ""
+            metrics.update({f"apo/anchor{suffix}": value, f"apo/anchor_rate{suffix}": rate})
+            metrics[f"apo/batch_success{suffix}"] = y
+
     def around_advantage(self, batch: Any, sessions: Sessions):
-        book = driver_anchors()
+        book = self.book()
         # A step that computes no APO advantages logs and dumps no stale anchor.
         book.last_metrics, book.last_phi, book.last_anchor = {}, None, None
         if self.trainer.global_steps != self.columns.step:
@@ -47,7 +62,7 @@ class AnchorHook(TrainerHook):
         return batch_scopes(sessions.finals(batch_fields.data_sources(batch)) if by_source else None)
 
     def after_advantage(self, batch: Any, metrics: dict, sessions: Sessions) -> None:
-        book = driver_anchors()
+        book = self.book()
         metrics.update(book.last_metrics)
         if book.last_phi is not None:  # None: the estimator saw no response with a token
             self.columns.add(self.trainer.global_steps, sessions,

@@ -1,6 +1,10 @@
 """What the bias audit (``python -m recipe_apo.audit``) needs in verl's rollout dump and verl's dump lacks, for
 every method: each response's ``response_length`` (tokens), ``advantage`` (the one the loss used),
-``truncated`` and ``data_source`` (``recipe_apo.audit.dumps`` reads them)."""
+``truncated`` and ``data_source`` (``recipe_apo.audit.dumps`` reads them); and how stale each response is, in
+verl's own units (weight versions, from the ``min_global_steps``/``max_global_steps`` verl tags each trajectory
+with): ``policy_lag`` = verl's ``trajectory_staleness`` (the step's policy minus the freshest weights that
+generated the response; 0 on-policy) and ``policy_lag_worst`` (minus the oldest: a partial rollout resumed
+across updates spans several)."""
 
 from __future__ import annotations
 
@@ -35,4 +39,17 @@ class AuditDumpHook(TrainerHook):
             fields["data_source"] = batch_fields.data_sources(batch).tolist()
         except BatchInputError:
             pass  # a dataset without data_source: the dump goes without it
+        fields.update(policy_lags(batch.tags, self.trainer.global_steps))
         return fields
+
+
+def policy_lags(tags: list[dict], global_steps: int) -> dict[str, list]:
+    """verl's staleness of each row (its ``_compute_metrics``: the policy trained at step t is version t - 1);
+    null for a row verl recorded no versions for (its padding rows), nothing when no row has them."""
+    versioned = [t.get("min_global_steps") is not None and t.get("max_global_steps") is not None for t in tags]
+    if not any(versioned):
+        return {}
+    current = global_steps - 1
+    return {"policy_lag": [current - int(t["max_global_steps"]) if v else None for t, v in zip(tags, versioned)],
+            "policy_lag_worst": [current - int(t["min_global_steps"]) if v else None
+                                 for t, v in zip(tags, versioned)]}

@@ -40,6 +40,12 @@ class TrainerHook:
     def save(self, folder: str, step: int) -> None:
         """Before verl saves step ``step`` into ``folder`` (verl marks the folder latest only afterwards)."""
 
+    def begin_step(self) -> None:
+        """A training step starts (verl may then run several advantage steps, one per mini-batch)."""
+
+    def end_step(self, metrics: dict) -> None:
+        """The training step's updates are done; ``metrics`` holds verl's aggregate over its mini-batches."""
+
     def replace_batch(self, num_prompts: int) -> Optional[Any]:
         """This step's prompts instead of the dataloader's, or None to let verl draw them."""
         return None
