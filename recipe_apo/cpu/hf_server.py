@@ -4,6 +4,8 @@ One Ray actor per rollout replica, in place of verl's vLLM server. verl's agent 
 response, all of a step's requests at once; the server gathers the requests that arrive together and runs
 them as one left-padded batch of ``model.generate`` per set of sampling settings.
 
+At most ``rollout.max_num_seqs`` requests go into one batch, as vLLM schedules them; the rest wait for the next.
+
 Sampling follows what verl passes, as vLLM would: ``temperature`` (0 = greedy), ``top_p``, ``top_k`` (-1 or 0 =
 off), ``repetition_penalty``, ``ignore_eos``, ``max_tokens`` (default: ``rollout.response_length``, capped by the
 prompt budget as in verl's vLLM server). ``logprobs`` returns, per generated token, its log-probability under
@@ -15,6 +17,15 @@ sampling seeded from the rollout seed, the weights' step, its prompt and how man
 in that step: the samples no longer depend on which requests were batched together, nor (verl then routes every
 request of its single-turn loop to one replica) on how many replicas there are. Slower: no batching.
 
+Partial rollouts, as verl's asynchronous trainers drive vLLM: ``abort_all_requests`` closes the server's gate
+(requests that arrive wait for ``resume_generation``, or are turned back with ``reject_request=True``), stops
+the generation under way at its next token and answers every request of it that had not ended with the tokens
+so far and ``stop_reason="aborted"``; verl's client then sends the prompt and those tokens again after the
+resume. Each answer's ``extra_fields["global_steps"]`` is the weights' version it was generated with. A tiny
+model ends a batch in milliseconds, so an abort rarely lands inside one: ``RECIPE_APO_HF_SECONDS_PER_TOKEN``
+(an environment variable of the server's process) slows generation down to a given pace, for rehearsals of
+partial rollouts.
+
 Standalone (verl's ``main_generation_server``), the server also answers OpenAI chat completions over HTTP
 (``serve_http``, ``chat_completion``; the HTTP side is ``chat_http``), through the same batching queue.
 """
@@ -23,6 +34,9 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
+import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -90,12 +104,35 @@ class _Request:
     done: asyncio.Future = field(repr=False)
 
 
-def generate_batch(model, prompts: list[list[int]], sampling: Sampling, eos_ids: list[int], pad_id: int
-                   ) -> list[tuple[list[int], Optional[list[float]]]]:
+PACE_VARIABLE = "RECIPE_APO_HF_SECONDS_PER_TOKEN"
+
+
+class Interrupt:
+    """Stops a ``model.generate`` at its next token once ``stop`` is set (a ``StoppingCriteria`` of every row),
+    and paces it at ``seconds_per_token``."""
+
+    def __init__(self, seconds_per_token: float = 0.0) -> None:
+        self.stop = threading.Event()
+        self.seconds_per_token = seconds_per_token
+
+    def __call__(self, input_ids: torch.Tensor, scores: Any, **kwargs: Any) -> torch.Tensor:
+        if self.seconds_per_token > 0:
+            time.sleep(self.seconds_per_token)
+        return torch.full((input_ids.shape[0],), self.stop.is_set(), dtype=torch.bool, device=input_ids.device)
+
+
+def ended(token_ids: list[int], sampling: Sampling, eos_ids: list[int]) -> bool:
+    """Whether a response ended by itself (an end token, or its token budget), not by an abort."""
+    return len(token_ids) >= sampling.max_tokens or (bool(token_ids) and not sampling.ignore_eos
+                                                     and token_ids[-1] in eos_ids)
+
+
+def generate_batch(model, prompts: list[list[int]], sampling: Sampling, eos_ids: list[int], pad_id: int,
+                   interrupt: Optional[Interrupt] = None) -> list[tuple[list[int], Optional[list[float]]]]:
     """Generate one response per prompt with shared settings: ``[(token_ids, log_probs or None), ...]``.
 
     Left-padded, so every prompt ends where generation starts. A response ends after its first eos token
-    (kept, as vLLM keeps it) or at ``max_tokens``.
+    (kept, as vLLM keeps it) or at ``max_tokens``, or where ``interrupt`` stopped the batch.
     """
     width = max(len(p) for p in prompts)
     input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
@@ -115,6 +152,10 @@ def generate_batch(model, prompts: list[list[int]], sampling: Sampling, eos_ids:
         output_logits=sampling.logprobs,
         return_dict_in_generate=True,
     )
+    if interrupt is not None:
+        from transformers import StoppingCriteriaList
+
+        kwargs["stopping_criteria"] = StoppingCriteriaList([interrupt])
     if not greedy:
         kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p,
                       top_k=sampling.top_k if sampling.top_k > 0 else 0)
@@ -151,12 +192,12 @@ def request_seed(seed: int, global_steps: Optional[int], prompt_ids: list[int], 
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") & (2**63 - 1)
 
 
-def generate_seeded(model, prompt_ids: list[int], sampling: Sampling, seed: int, eos_ids: list[int], pad_id: int
-                    ) -> tuple[list[int], Optional[list[float]]]:
+def generate_seeded(model, prompt_ids: list[int], sampling: Sampling, seed: int, eos_ids: list[int], pad_id: int,
+                    interrupt: Optional[Interrupt] = None) -> tuple[list[int], Optional[list[float]]]:
     """One request alone (no padding, so its numbers do not depend on other requests), sampled from ``seed``."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return generate_batch(model, [prompt_ids], sampling, eos_ids, pad_id)[0]
+        return generate_batch(model, [prompt_ids], sampling, eos_ids, pad_id, interrupt)[0]
 
 
 class HFGenerationServer:
@@ -179,6 +220,12 @@ class HFGenerationServer:
         self.seed = int(getattr(config, "seed", 0) or 0)
         self.full_determinism = bool(getattr(config, "full_determinism", False))
         self._occurrences: dict[tuple[int, ...], int] = {}  # full determinism: prompts seen at this weights' step
+        # Partial rollouts: the gate new requests wait at, whether an abort turns them back, and the stop of the
+        # generation under way.
+        self._open: Optional[asyncio.Event] = None
+        self._rejecting = False
+        self._interrupt = Interrupt(float(os.environ.get(PACE_VARIABLE, "0") or 0))
+        self._generating = 0
         hf_config = self.model_config.hf_config
         torch.manual_seed(self.seed + replica_rank)
         if "dummy" in str(config.load_format):
@@ -209,9 +256,25 @@ class HFGenerationServer:
         if extra:
             raise RehearsalUnsupported(f"the CPU rehearsal's hf rollout does not support {', '.join(extra)}")
         prompt_ids = [int(t) for t in prompt_ids]
-        token_ids, log_probs = await self._submit(prompt_ids, self._sampling(sampling_params, len(prompt_ids)))
-        return TokenOutput(token_ids=token_ids, log_probs=log_probs, stop_reason="completed",
-                           extra_fields={"global_steps": self.global_steps})
+        sampling = self._sampling(sampling_params, len(prompt_ids))
+        if not await self._admitted():  # aborted with reject_request=True: turned back, the client retries
+            return TokenOutput(token_ids=[], log_probs=[] if sampling.logprobs else None, stop_reason="aborted",
+                               extra_fields={"global_steps": self.global_steps})
+        version = self.global_steps
+        token_ids, log_probs = await self._submit(prompt_ids, sampling)
+        aborted = not ended(token_ids, sampling, self.eos_ids)
+        return TokenOutput(token_ids=token_ids, log_probs=log_probs, stop_reason="aborted" if aborted else "completed",
+                           extra_fields={"global_steps": version})
+
+    async def _admitted(self) -> bool:
+        """Wait at the gate an abort closed; False when the abort turns requests back."""
+        if self._open is None:
+            self._open = asyncio.Event()
+            self._open.set()
+        if not self._open.is_set() and self._rejecting:
+            return False
+        await self._open.wait()
+        return True
 
     async def chat_completion(self, body: Any) -> dict:
         """One OpenAI chat completion (``chat_http``'s request and response), greedy or sampled as asked."""
@@ -254,7 +317,11 @@ class HFGenerationServer:
             # Let the rest of this wave of requests arrive: the agent loop sends a step's requests together.
             await asyncio.sleep(0.01)
             self._arrived.clear()
-            batch, self._pending = self._pending, []
+            # At most rollout.max_num_seqs at a time, as vLLM schedules: the rest wait for the next batch.
+            cap = int(getattr(self.config, "max_num_seqs", 0) or 0) or len(self._pending)
+            batch, self._pending = self._pending[:cap], self._pending[cap:]
+            if self._pending:
+                self._arrived.set()
             if self.full_determinism:
                 await self._serve_one_by_one(batch)
                 continue
@@ -262,16 +329,24 @@ class HFGenerationServer:
             for request in batch:
                 groups.setdefault(request.sampling, []).append(request)
             for sampling, requests in groups.items():
+                if self._interrupt.stop.is_set():  # aborted before its turn: nothing generated
+                    for request in requests:
+                        if not request.done.done():
+                            request.done.set_result(([], [] if sampling.logprobs else None))
+                    continue
                 try:
+                    self._generating += 1
                     results = await asyncio.to_thread(
                         generate_batch, self.model, [r.prompt_ids for r in requests], sampling, self.eos_ids,
-                        self.pad_id,
+                        self.pad_id, self._interrupt,
                     )
                 except Exception as exc:  # hand the error to every caller instead of killing the loop
                     for request in requests:
                         if not request.done.done():
                             request.done.set_exception(exc)
                     continue
+                finally:
+                    self._generating -= 1
                 for request, result in zip(requests, results):
                     if not request.done.done():
                         request.done.set_result(result)
@@ -282,13 +357,19 @@ class HFGenerationServer:
             occurrence = self._occurrences.get(key, 0)
             self._occurrences[key] = occurrence + 1
             seed = request_seed(self.seed, self.global_steps, request.prompt_ids, occurrence)
+            if self._interrupt.stop.is_set():
+                request.done.set_result(([], [] if request.sampling.logprobs else None))
+                continue
             try:
+                self._generating += 1
                 result = await asyncio.to_thread(generate_seeded, self.model, request.prompt_ids, request.sampling,
-                                                 seed, self.eos_ids, self.pad_id)
+                                                 seed, self.eos_ids, self.pad_id, self._interrupt)
             except Exception as exc:
                 if not request.done.done():
                     request.done.set_exception(exc)
                 continue
+            finally:
+                self._generating -= 1
             if not request.done.done():
                 request.done.set_result(result)
 
@@ -331,10 +412,24 @@ class HFGenerationServer:
         pass
 
     async def abort_all_requests(self, reject_request: bool = False) -> dict[str, Any]:
-        return {"aborted_count": 0, "request_ids": []}
+        """Close the gate, stop the generation under way and answer every queued or running request with what it
+        has (``stop_reason="aborted"``); returns once nothing generates."""
+        if self._open is None:
+            self._open = asyncio.Event()
+        self._open.clear()
+        self._rejecting = reject_request
+        self._interrupt.stop.set()
+        count = len(self._pending) + self._generating
+        while self._pending or self._generating:
+            await asyncio.sleep(0.005)
+        return {"aborted_count": count, "request_ids": []}
 
     async def resume_generation(self) -> None:
-        pass
+        self._interrupt.stop.clear()
+        self._rejecting = False
+        if self._open is None:
+            self._open = asyncio.Event()
+        self._open.set()
 
     async def start_profile(self, **kwargs) -> None:
         pass

@@ -114,6 +114,7 @@ def serve_in_order(model, requests, global_steps=3):
     server = object.__new__(hf_server.HFGenerationServer)
     server.model, server.eos_ids, server.pad_id, server.seed = model, [1], PAD, 7
     server.global_steps, server._occurrences = global_steps, {}
+    server._interrupt, server._generating = hf_server.Interrupt(), 0
 
     async def scenario():
         loop = asyncio.get_running_loop()
@@ -143,6 +144,71 @@ def test_request_seeds_are_stable_hashes():
     # sha256-based: the same in every process (Python's hash() of a str is salted per process).
     assert hf_server_seed(0, None, [1, 2], 0) == hf_server_seed(0, None, [1, 2], 0)
     assert len({hf_server_seed(0, 1, [1, 2], k) for k in range(4)} | {hf_server_seed(1, 1, [1, 2], 0)}) == 5
+
+
+
+def bare_server(model, seconds_per_token=0.0):
+    """The hf server without its Ray actor and model loading: the model, its end token, no weights' step."""
+    from recipe_apo.cpu import hf_server
+
+    server = object.__new__(hf_server.HFGenerationServer)
+    server.model, server.eos_ids, server.pad_id, server.seed = model, [1], PAD, 7
+    server.global_steps, server._occurrences, server.full_determinism = 3, {}, False
+    server._pending, server._arrived, server._worker, server._http = [], None, None, None
+    server._open, server._rejecting, server._generating = None, False, 0
+    server._interrupt = hf_server.Interrupt(seconds_per_token)
+    server.config = type("RolloutConfig", (), {"response_length": 6, "prompt_length": 8, "max_model_len": None})()
+    return server
+
+
+def test_an_abort_answers_the_generation_under_way_with_its_tokens_so_far_and_holds_new_requests(model):
+    import asyncio
+
+    from verl.workers.rollout.replica import TokenOutput  # noqa: F401  (imported by generate: not on the clock)
+
+    server = bare_server(model, seconds_per_token=0.2)  # six tokens take 1.2 s: room to abort in between
+    params = {"temperature": 1.0, "logprobs": True, "ignore_eos": True, "max_tokens": 6}
+    generate_batch(model, PROMPTS, sampling(), eos_ids=[1], pad_id=PAD)  # the model's first call, off the clock
+
+    async def scenario():
+        running = asyncio.create_task(server.generate(PROMPTS[0], params, "r1"))
+        while not server._generating:  # under way (the abort stops it after its current token)
+            await asyncio.sleep(0.01)
+        await server.abort_all_requests()
+        first = await running
+        waiting = asyncio.create_task(server.generate(PROMPTS[1], params, "r2"))
+        await asyncio.sleep(0.1)
+        held = not waiting.done()  # behind the closed gate until the resume
+        server.global_steps = 4  # the trainer's update, then the resume
+        await server.resume_generation()
+        second = await waiting
+        # verl's client sends the prompt and the tokens so far again: the rest of the budget is generated.
+        rest = await server.generate(PROMPTS[0] + first.token_ids, {**params, "max_tokens": 6 - len(first.token_ids)},
+                                     "r1")
+        return first, held, second, rest
+
+    first, held, second, rest = asyncio.run(scenario())
+    assert first.stop_reason == "aborted" and 1 <= len(first.token_ids) < 6
+    assert len(first.log_probs) == len(first.token_ids) and first.extra_fields["global_steps"] == 3
+    assert held and second.stop_reason == "completed" and len(second.token_ids) == 6
+    assert second.extra_fields["global_steps"] == 4
+    assert rest.stop_reason == "completed" and len(first.token_ids) + len(rest.token_ids) == 6
+
+
+def test_an_abort_that_rejects_turns_new_requests_back_at_once(model):
+    import asyncio
+
+    server = bare_server(model)
+
+    async def scenario():
+        await server.abort_all_requests(reject_request=True)
+        turned_back = await server.generate(PROMPTS[0], {"max_tokens": 3}, "r")
+        await server.resume_generation()
+        return turned_back, await server.generate(PROMPTS[0], {"max_tokens": 3, "ignore_eos": True}, "r")
+
+    turned_back, served = asyncio.run(scenario())
+    assert (turned_back.stop_reason, turned_back.token_ids) == ("aborted", [])
+    assert served.stop_reason == "completed" and len(served.token_ids) == 3
 
 
 # ---- what the rehearsal refuses ------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""GRPO and Dr. GRPO as the paper scripts run them: truncated responses score 0, rollouts recorded, audited."""
+"""GRPO and Dr. GRPO as the paper scripts run them (truncated responses score 0, rollouts recorded, audited), in
+verl's colocate_async trainer (the recipe's apo_colocate_async); the sync trainer runs APO's and CoDaPO's tests."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ def baselines(tiny, tmp_path_factory):
     command = rehearse.recipe_command(["grpo", "drgrpo"], tiny, "trainer.total_training_steps=1",
                                       "trainer.save_freq=1", "truncation=zero",
                                       f"data.max_response_length={TRUNCATION_CAP}",
-                                      "trainer.validation_data_dir=${trainer.default_local_dir}/validation")
+                                      "trainer.validation_data_dir=${trainer.default_local_dir}/validation",
+                                      "trainer.v1.trainer_mode=colocate_async")
     return workdir, run(command, workdir, "baselines", workdir / "metrics")
 
 
