@@ -15,6 +15,7 @@ Run from the repository root::
 
     .venv/bin/python scripts/bench_e2e.py --steps 30 --rounds 2   # about 9 minutes on 2 cores
     .venv/bin/python scripts/bench_e2e.py --workers 2 --dynamic-bsz 80   # data parallel, micro-batches by tokens
+    .venv/bin/python scripts/bench_e2e.py --mode colocate_async           # verl's asynchronous colocated trainer
 """
 
 from __future__ import annotations
@@ -48,11 +49,13 @@ def main() -> int:
                         help="data-parallel FSDP workers (trainer.n_gpus_per_node; default 1)")
     parser.add_argument("--dynamic-bsz", type=int, default=None, metavar="TOKENS",
                         help="use_dynamic_bsz with this ppo_max_token_len_per_gpu (default: fixed micro-batches)")
+    parser.add_argument("--mode", default="sync", choices=["sync", "colocate_async"],
+                        help="verl's trainer mode (trainer.v1.trainer_mode; default sync)")
     parser.add_argument("--out", type=Path, default=None, help="work folder (default: a temporary one)")
     args = parser.parse_args()
     if args.steps < 2 or args.rounds < 1 or args.workers < 1:
         parser.error("--steps must be >= 2 (the first step of each run is left out), --rounds and --workers >= 1")
-    shape = [f"trainer.n_gpus_per_node={args.workers}"]
+    shape = [f"trainer.n_gpus_per_node={args.workers}", f"trainer.v1.trainer_mode={args.mode}"]
     if args.dynamic_bsz is not None:
         shape += ["actor_rollout_ref.actor.use_dynamic_bsz=true",
                   f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={args.dynamic_bsz}"]
@@ -90,7 +93,7 @@ def main() -> int:
         rows[method]["compute"] = sum(rows[method][s] for s in ("old_log_prob", "adv", "update_actor"))
     base = methods[0]
     print(f"\n{len(steps[base])} steps per method ({args.rounds} rounds x {args.steps - 1} after each run's first), "
-          f"lr {args.lr}, {args.workers} FSDP worker(s), "
+          f"lr {args.lr}, trainer mode {args.mode}, {args.workers} FSDP worker(s), "
           f"{'dynamic micro-batches of <= %d tokens' % args.dynamic_bsz if args.dynamic_bsz else 'fixed micro-batches'}"
           f"; medians of verl's timing_s/*; ratios are to {base}\n")
     head = ["method", *(f"s/{s}" for s in STAGES), "tokens/s", f"throughput / {base}",

@@ -101,6 +101,9 @@ def audit_run(run: Run, apo: Optional[dict] = None, l0: float = 1.0) -> dict[str
     lengths_right, lengths_wrong, truncated_flags = [], [], []
     logged_gap = {m.name: 0.0 for m in stats.METHODS}
     has_logged = all(step.logged_advantages is not None for step in run.steps)
+    has_lags = all(step.policy_lag is not None for step in run.steps)
+    lag_counts: dict[int, int] = {}
+    lag_mass = {m.name: {} for m in stats.METHODS}
 
     reset_driver_anchor()  # APO's replay starts from a fresh anchor, as the run did
     try:
@@ -134,6 +137,9 @@ def audit_run(run: Run, apo: Optional[dict] = None, l0: float = 1.0) -> dict[str
             if step.truncated is not None:
                 truncated_flags.append(step.truncated)
 
+            if has_lags:
+                for lag, count in zip(*np.unique(step.policy_lag, return_counts=True)):
+                    lag_counts[int(lag)] = lag_counts.get(int(lag), 0) + int(count)
             per_group = {"p_hat": p_hat, "size": sizes}
             for method in stats.METHODS:
                 scopes = step.data_sources if (scoped and method.adv_estimator == "apo") else None
@@ -146,6 +152,10 @@ def audit_run(run: Run, apo: Optional[dict] = None, l0: float = 1.0) -> dict[str
                           for cell, mask in cells.items()}
                 for cell in CELLS:
                     mass_totals[method.name][cell] += float(mass[cells[cell]].sum())
+                if has_lags:
+                    by_lag = np.bincount(step.policy_lag, weights=mass)
+                    for lag in np.flatnonzero(np.bincount(step.policy_lag)):
+                        lag_mass[method.name][int(lag)] = lag_mass[method.name].get(int(lag), 0.0) + by_lag[lag]
                 entry["methods"][method.name] = {"max_abs_advantage": float(np.abs(advantages).max()), **shares}
                 pooled[method.name].append(np.abs(advantages))
                 if has_logged:
@@ -170,6 +180,12 @@ def audit_run(run: Run, apo: Optional[dict] = None, l0: float = 1.0) -> dict[str
         "mass": {name: _normalized(cells) for name, cells in mass_totals.items()},
         "scale": {name: _scale(np.concatenate(values)) for name, values in pooled.items()},
     }
+    if has_lags:
+        responses = sum(lag_counts.values())
+        result["staleness"] = {
+            "response_share": {lag: count / responses for lag, count in sorted(lag_counts.items())},
+            "mass": {name: _normalized(dict(sorted(by_lag.items()))) for name, by_lag in lag_mass.items()},
+        }
     if has_logged:
         # Several methods match when no group had a signal (all advantages 0 under every method).
         result["logged"] = {"max_abs_difference": logged_gap,

@@ -7,7 +7,8 @@ group. The recipe's trainer adds, without touching verl's fields: ``response_len
 for APO, ``apo_phi`` (Phi_i as computed; ``lambda_scale`` where the centered reward is 0, which the advantage
 ignores) and ``apo_anchor`` (C_t of the response's scope). A dump without ``uid`` (verl's legacy trainer) is
 grouped by prompt text within each step. verl's padding rows (uid ``pad...``) are left out, and a multi-output
-trajectory is one response, its final output, with the lengths of all its outputs.
+trajectory is one response, its final output, with the lengths of all its outputs. ``policy_lag`` (verl's
+staleness of the response, in weight versions: asynchronous trainers) is read when every step has it.
 
 Lengths: the dump's ``response_length`` if every row has one; else the output re-tokenized with the model's
 tokenizer (``tokenizer``); else characters, and the report says so.
@@ -70,6 +71,14 @@ def _whole(value: Any) -> Any:
     return int(number) if number is not _BAD and number.is_integer() else _BAD
 
 
+def _lag(value: Any) -> Any:
+    # verl's staleness in weight versions; null on its padding rows (they carry no versions), left out below.
+    if value is None:
+        return None
+    lag = _whole(value)
+    return lag if lag is not _BAD and lag >= 0 else _BAD
+
+
 def _flag(value: Any) -> Any:
     # The recipe's trainer writes its flags as floats (0.0 and 1.0); JSON true and false are as good.
     if isinstance(value, bool):
@@ -99,6 +108,7 @@ FIELDS: dict[str, tuple[Callable[[Any], Any], str]] = {
     "advantage": (_number, "a finite number"),  # the trainer writes the float the loss used: never null
     "apo_phi": (_number, "a finite number"),
     "apo_anchor": (_number, "a finite number"),
+    "policy_lag": (_lag, "a whole number of weight versions >= 0 (null on verl's padding rows only)"),
 }
 
 
@@ -118,6 +128,7 @@ class Step:
     logged_advantages: Optional[np.ndarray] = None
     logged_phi: Optional[np.ndarray] = None
     logged_anchor: Optional[np.ndarray] = None
+    policy_lag: Optional[np.ndarray] = None  # verl's staleness (weight versions) of each response, if dumped
     path: Optional[Path] = None  # the step's file, and each response's line in it: for errors that name a row
     lines: Optional[np.ndarray] = None
 
@@ -234,9 +245,19 @@ def read_step(path: Path, step: int) -> Step:
         logged_advantages=column("advantage"),
         logged_phi=column("apo_phi"),
         logged_anchor=column("apo_anchor"),
+        policy_lag=_lags(columns, lines, path),
         path=Path(path),
         lines=np.asarray(lines),
     )
+
+
+def _lags(columns: dict[str, list], lines: list[int], path: Path) -> Optional[np.ndarray]:
+    if "policy_lag" not in columns:
+        return None
+    missing = [line for line, lag in zip(lines, columns["policy_lag"]) if lag is None]
+    if missing:
+        raise AuditError(f"{path}:{missing[0]}: policy_lag null on a response that is not verl's padding row")
+    return np.asarray(columns["policy_lag"], dtype=np.int64)
 
 
 def _one_row_per_trajectory(columns: dict[str, list], lines: list[int]) -> tuple[dict[str, list], list[int]]:

@@ -108,6 +108,20 @@ def report_markdown(results: Sequence[dict[str, Any]], figure: Optional[str] = "
             s = r["scale"][m]
             lines.append(f"| {r['name']} | {m} | {s['mean']:.3f} | {s['p99']:.3f} | {s['max']:.3f} |")
 
+    stale = [r for r in results if "staleness" in r]
+    if stale:
+        lines += ["", "## 5. Staleness", "",
+                  "Asynchronous trainers train on responses from older weights: verl's lag of each response in "
+                  "weight versions (the dump's policy_lag), the share of responses at each lag and of each "
+                  "method's update mass. (The soft gate's and the clip's weights act per token in the actor and "
+                  "are not in the dump: verl logs their step means, e.g. actor/apo_gate_weight.)", "",
+                  "| run | policy lag | responses | " + " | ".join(f"{m} update mass" for m in METHOD_NAMES) + " |",
+                  "|---|---:|---:|" + "---:|" * len(METHOD_NAMES)]
+        for r in stale:
+            for lag, share in r["staleness"]["response_share"].items():
+                masses = [_pct(r["staleness"]["mass"][m].get(lag, 0.0)) for m in METHOD_NAMES]
+                lines.append(f"| {r['name']} | {lag} | {_pct(share)} | " + " | ".join(masses) + " |")
+
     logged = [r for r in results if "logged" in r]
     if logged:
         lines += ["", "## The runs' own advantages", "",

@@ -294,3 +294,27 @@ def test_the_dump_gives_each_row_verls_staleness():
             {"is_padding": True}]
     assert policy_lags(tags, 5) == {"policy_lag": [0, 1, None], "policy_lag_worst": [0, 2, None]}
     assert policy_lags([{"is_padding": True}], 5) == {}
+
+
+@pytest.mark.parametrize("mode", ["colocate_async", "separate_async"])
+def test_each_async_trainer_hands_verl_its_mode_and_runs_the_recipes_hooks(tmp_path, monkeypatch, recipe_config, mode):
+    """The recipe's trainers for verl's asynchronous modes, one level down: verl's own class of that mode sees
+    its own mode string (its async code paths key off it), and verl's hand-off points resolve to the recipe's."""
+    from verl.trainer.ppo.v1.trainer_base import PPOTrainer
+    from verl.trainer.ppo.v1.trainer_colocate_async import PPOTrainerColocateAsync
+    from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
+
+    from recipe_apo.integration.trainer import ApoColocateAsyncTrainer, ApoSeparateAsyncTrainer, RecipeHooks
+
+    trainer_cls, verl_cls = {"colocate_async": (ApoColocateAsyncTrainer, PPOTrainerColocateAsync),
+                             "separate_async": (ApoSeparateAsyncTrainer, PPOTrainerSeparateAsync)}[mode]
+    seen = {}
+    monkeypatch.setattr(verl_cls, "__init__",
+                        lambda self, config: seen.setdefault("mode", config.trainer.v1.trainer_mode))
+    trainer = trainer_cls(recipe_config(tmp_path, f"trainer.v1.trainer_mode=apo_{mode}"))
+    assert seen["mode"] == mode and trainer.hook(AnchorHook) is not None
+    for point in ("step", "_compute_advantage", "_save_checkpoint", "_load_checkpoint", "_next_train_batch",
+                  "_log_rollout_data"):
+        # verl's async classes do not override these (they come from PPOTrainer): the recipe's wrap them.
+        assert getattr(trainer_cls, point) is getattr(RecipeHooks, point)
+        assert point not in verl_cls.__dict__ and hasattr(PPOTrainer, point)
