@@ -168,6 +168,14 @@ class AnchorBook:
         self._step_start = {scope: anchor.state_dict() for scope, anchor in self.anchors.items()}
         self._step_seen, self.step_results = {}, {}
 
+    def prior(self, scope: str) -> Optional[float]:
+        """C_t of ``scope`` before this step's update: where the open step began, else its current value (None:
+        a scope that has not started)."""
+        if self._step_start is not None:
+            start = self._step_start.get(scope)
+            return None if start is None else start["value"]
+        return self.anchors[scope].value if scope in self.anchors else None
+
     def observe(self, scope: str, successes: float, responses: float, eta: float, eta_min: float,
                 history: int) -> tuple[float, float, float]:
         """Move ``scope``'s anchor with a batch of ``responses`` (> 0) whose successes sum to ``successes``;

@@ -16,7 +16,8 @@ Paper symbols and their names here, for response i of prompt group g (the estima
   verl's ``tau_pos`` / ``tau_neg``, and the constant token budget, verl's ``loss_scale_factor``.
 
 Order within a step follows the paper's algorithm summary: the anchor is first updated with this batch's y_t,
-then Delta_g is measured against the updated anchor C_{t+1}.
+then Delta_g is measured against the updated anchor C_{t+1}. ``anchor_order=prior`` measures against C_t, the
+anchor before the update (HA-DW's order), the first batch's y_1 for an anchor without a start value.
 
 Rows without a single valid token are padding (verl pads a batch to a divisible size with such rows, all under
 one made-up uid): they take no part in group means, p_hat_g or y_t, and get advantage 0.
@@ -78,8 +79,13 @@ def compute_apo_advantage(
     p_hat = group_mean(b.codes, b.success, counts)
     scope_counts = np.bincount(b.scope_codes, weights=b.valid, minlength=len(b.scope_names))
     scope_successes = np.bincount(b.scope_codes, weights=b.success, minlength=len(b.scope_names))
+    prior = _priors(anchors, b.scope_names)  # C_t, before this step's update (NaN: not started)
     anchor, rates, y = _update_anchors(anchors, b.scope_names, scope_successes, scope_counts, settings)  # C_{t+1}
-    gap = p_hat - anchor[b.group_scope]  # Delta_g
+    measured = anchor  # the paper's order: C_{t+1}
+    if settings.anchor_order == "prior":
+        # HA-DW's order: C_t; a scope without one (a warm start) is measured against its first success rate.
+        measured = np.where(np.isnan(prior), anchor, prior)
+    gap = p_hat - measured[b.group_scope]  # Delta_g
     if settings.reweight:
         phi = settings.lambda_scale * np.exp(-np.sign(centered) * np.sign(gap)[b.codes] * np.abs(gap)[b.codes])
     else:
@@ -90,7 +96,7 @@ def compute_apo_advantage(
     if isinstance(anchors, AnchorBook):
         anchors.last_metrics = metrics
         anchors.last_phi = phi
-        anchors.last_anchor = anchor[b.group_scope[b.codes]]
+        anchors.last_anchor = measured[b.group_scope[b.codes]]  # the C_t each response was measured against
     return advantages, metrics
 
 
@@ -231,6 +237,15 @@ def _check_no_overflow(centered: np.ndarray, settings: ApoSettings, dtype: torch
             f"algorithm.apo.lambda_scale={settings.lambda_scale:g} x e x the largest group-centered reward "
             f"{largest:.3g}; lower lambda_scale or rescale the rewards"
         )
+
+
+def _priors(anchors: AnchorBook | CapabilityAnchor, scope_names: tuple[str, ...]) -> np.ndarray:
+    """Each scope's anchor before this step's update, NaN where it has none yet."""
+    if isinstance(anchors, CapabilityAnchor):
+        values = [anchors.value] * len(scope_names)
+    else:
+        values = [anchors.prior(name) for name in scope_names]
+    return np.asarray([np.nan if v is None else v for v in values], dtype=np.float64)
 
 
 def _update_anchors(

@@ -38,6 +38,7 @@ MAX_LAMBDA_SCALE = 1e3
 MAX_HISTORY = 100_000
 ANCHOR_SCOPES = ("global", "data_source")
 ON_MISSING_STATE = ("error", "fresh")
+ANCHOR_ORDERS = ("paper", "prior")
 
 
 class ApoConfigError(MethodConfigError):
@@ -81,6 +82,12 @@ class ApoSettings:
     # scope: "error" stops the resume naming the file and the cause (a long run must not lose its anchor
     # unnoticed); "fresh" starts the anchor from anchor_init instead, with a warning.
     on_missing_state: str = "error"
+    # Which anchor a step's groups are measured against. "paper": the APO paper's algorithm summary (4.8), the
+    # anchor updated with this step's success rate, C_{t+1}. "prior": the anchor before this step's update,
+    # C_t (HA-DW's C_t^-, "Your Group-Relative Advantage Is Biased", arXiv 2601.08521), so a step's groups are
+    # not measured against their own success rate; with anchor_init null the first step's prior is its own
+    # success rate (HA-DW's warm start).
+    anchor_order: str = "paper"
 
     def __post_init__(self) -> None:
         _check_number("lambda_scale", self.lambda_scale, low=0.0, low_open=True, high=MAX_LAMBDA_SCALE)
@@ -109,6 +116,10 @@ class ApoSettings:
         if self.anchor_scope not in ANCHOR_SCOPES:
             raise ApoConfigError(
                 f"algorithm.apo.anchor_scope must be one of {', '.join(ANCHOR_SCOPES)}, got {self.anchor_scope!r}"
+            )
+        if self.anchor_order not in ANCHOR_ORDERS:
+            raise ApoConfigError(
+                f"algorithm.apo.anchor_order must be one of {', '.join(ANCHOR_ORDERS)}, got {self.anchor_order!r}"
             )
         if self.on_missing_state not in ON_MISSING_STATE:
             raise ApoConfigError(

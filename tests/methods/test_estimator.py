@@ -502,3 +502,37 @@ def test_a_refused_mini_batch_leaves_the_step_as_it_was():
     with pytest.raises(ApoInputError):
         compute_apo_advantage(token_rewards, mask, np.array(["c", "c"], dtype=object), settings, book)
     assert (book.state_dict(), dict(book._step_seen), dict(book.step_results)) == before
+
+
+def test_the_prior_anchor_order_measures_groups_against_the_anchor_before_the_update():
+    """HA-DW's order (anchor_order=prior) by hand: one group of 4 with rewards 1, 1, 0, 0 (p_hat 1/2, A = +-1/2),
+    anchor 0.8 before the step, eta_t = max(1.0 * std([0.8]), 0.5) = 0.5."""
+    token_rewards, mask = outcome_rewards([1, 1, 0, 0], [2, 2, 2, 2])
+    index = np.array(["g"] * 4, dtype=object)
+    common = dict(lambda_scale=1.0, eta=1.0, eta_min=0.5, anchor_init=0.8)
+    prior_anchor, paper_anchor = CapabilityAnchor(0.8), CapabilityAnchor(0.8)
+    prior, _ = compute_apo_advantage(token_rewards, mask, index, ApoSettings(**common, anchor_order="prior"),
+                                     prior_anchor)
+    paper, _ = compute_apo_advantage(token_rewards, mask, index, ApoSettings(**common), paper_anchor)
+    # Both move the anchor alike: C_{t+1} = 0.5 * 0.8 + 0.5 * 0.5 = 0.65.
+    assert prior_anchor.value == paper_anchor.value == 0.65
+    # prior: Delta = 0.5 - 0.8 = -0.3 (harder than the model): successes boosted by e^0.3, failures tempered.
+    torch.testing.assert_close(prior[:, 0], torch.tensor([0.5 * math.exp(0.3)] * 2 + [-0.5 * math.exp(-0.3)] * 2))
+    # paper: Delta = 0.5 - 0.65 = -0.15.
+    torch.testing.assert_close(paper[:, 0], torch.tensor([0.5 * math.exp(0.15)] * 2 + [-0.5 * math.exp(-0.15)] * 2))
+
+
+def test_the_prior_order_warm_starts_at_the_first_batchs_success_and_then_lags_a_step():
+    settings = ApoSettings(lambda_scale=1.0, eta=1.0, eta_min=0.5, anchor_order="prior")
+    book = AnchorBook()
+    index = np.array(["g"] * 4, dtype=object)
+    # Step 1 without anchor_init: the prior is the first batch's success rate, 3/4; p_hat = 3/4: Delta = 0.
+    first, _ = compute_apo_advantage(*outcome_rewards([1, 1, 1, 0], [2] * 4), index, settings, book)
+    torch.testing.assert_close(first[:, 0], torch.tensor([0.25, 0.25, 0.25, -0.75]))
+    assert book.last_anchor.tolist() == [0.75] * 4
+    # Step 2: measured against C_1 = 0.75 (the paper's order would use C_2 = 0.5 * 0.75 + 0.5 * 0.25 = 0.5).
+    second, _ = compute_apo_advantage(*outcome_rewards([1, 0, 0, 0], [2] * 4), index, settings, book)
+    torch.testing.assert_close(second[:, 0], torch.tensor([0.75 * math.exp(0.5)] + [-0.25 * math.exp(-0.5)] * 3))
+    assert book.anchor().value == 0.5 and book.last_anchor.tolist() == [0.75] * 4
+    with pytest.raises(ApoConfigError, match="algorithm.apo.anchor_order must be one of paper, prior, got 'before'"):
+        ApoSettings(anchor_order="before")
