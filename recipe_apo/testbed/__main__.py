@@ -78,6 +78,9 @@ def run_testbed(
         {label: OmegaConf.to_container(cfg, resolve=True) for label, cfg in cfgs.items()},
         setups, runs, time.perf_counter() - started, base,
     )
+    from recipe_apo.testbed.kernels import describe
+
+    summary["kernels"] = {**describe(), "threads": first.threads_per_worker, "workers": first.workers}
     write_outputs(summary, runs, out_dir)
     summary["wall_s"] = time.perf_counter() - started
     return summary
@@ -116,5 +119,8 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    from recipe_apo.testbed import kernels
+
+    kernels.reexec_pinned()  # the same CPU kernels on any x86 machine (recipe_apo/testbed/kernels.py)
     quiet.install()  # verl's warnings about the accelerators and engines a CPU has not (integration/quiet.py)
     main()

@@ -298,6 +298,7 @@ def report_markdown(summary: dict[str, Any]) -> str:
         f"mini-batch {cfg['actor_rollout_ref']['actor']['ppo_mini_batch_size']} prompts. Success = share of sampled "
         f"responses (temperature 1) that are correct on a fixed evaluation set; buckets are thirds of that set by "
         f"the initial policy's own success rate. Wall time of the whole run: {summary['wall_s']:.0f} s.",
+        *_kernels_line(summary),
         "",
         "| method | estimator | std norm | loss | aggregation | zero-variance groups in the denominator |",
         "|---|---|---|---|---|---|",
@@ -381,6 +382,17 @@ def verdict_lines(summary: dict[str, Any]) -> list[str]:
                     out.append(f"- {a} vs {b}, {words}: {d:+.3f}, within seed noise "
                                f"({p['seeds_agree']}/{p['seeds']} seeds on one side{missing}).")
     return out or ["- no APO method in this run."]
+
+
+def _kernels_line(summary: dict[str, Any]) -> list[str]:
+    """What ran (recipe_apo/testbed/kernels.py), as one line of the report; none for an older summary."""
+    kernels = summary.get("kernels")
+    if not kernels:
+        return []
+    pinned = kernels.get("pinned")
+    how = "pinned (" + ", ".join(f"{k}={v}" for k, v in pinned.items()) + ")" if pinned else "native"
+    return [f"Kernels: torch {kernels['torch']}, CPU capability {kernels['cpu_capability']}, {how}, "
+            f"{kernels['workers']} worker(s) x {kernels['threads']} thread(s)."]
 
 
 def write_outputs(summary: dict[str, Any], runs: list[dict[str, Any]], out_dir: Path, plots: bool = True) -> None:

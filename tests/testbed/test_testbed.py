@@ -536,3 +536,37 @@ def test_zero_variance_settings_are_checked_before_training(hydra_ctx, tmp_path)
     from recipe_apo.testbed.configs import method_configs
 
     assert list(method_configs(["method=grpo", "algorithm.zero_variance=exclude"])) == ["grpo[exclude]"]
+
+
+def test_the_same_numbers_under_two_kernel_settings_of_the_machine(tmp_path):
+    """python -m recipe_apo.testbed started as two machines would start it (torch's widest kernels, and torch's
+    scalar ones): with the pin, both run on the same kernels and write the same figures."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from testbed_tiny import TINY_RUN
+
+    from recipe_apo.testbed import kernels
+
+    if not kernels.wanted(os.environ):
+        pytest.skip("the pin is for x86-64 machines")
+    figures = []
+    for name, capability in (("widest", None), ("scalar", "default")):
+        env = {k: v for k, v in os.environ.items() if k not in kernels.PINNED}
+        if capability:
+            env["ATEN_CPU_CAPABILITY"] = capability
+        out = tmp_path / name
+        result = subprocess.run([sys.executable, "-m", "recipe_apo.testbed", *TINY_RUN, "seeds=[0]", "method=apo",
+                                 f"hydra.run.dir={out}"],
+                                capture_output=True, text=True, env=env, timeout=300)
+        assert result.returncode == 0, result.stderr[-2000:]
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["kernels"]["cpu_capability"] == "AVX2"
+        assert summary["kernels"]["pinned"] == kernels.PINNED
+        for run in summary["runs"].values():
+            for seed_run in run.values():
+                seed_run.pop("wall_s")
+        figures.append(json.dumps(summary["runs"], sort_keys=True))  # NaN equals NaN through JSON
+    assert figures[0] == figures[1]

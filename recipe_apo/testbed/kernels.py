@@ -1,0 +1,55 @@
+"""One fixed set of CPU kernels for the testbed, so that its figures are the same on any x86 CPU.
+
+An RL run's trajectory diverges from a last-bit float difference, and torch picks its CPU kernels by the machine
+(AVX-512 on one, AVX2 on another), as do MKL and oneDNN beneath it: the same seed then trains differently on two
+machines. The testbed pins all three to AVX2, the widest set nearly every x86-64 CPU since 2013 has, before torch
+loads: ``ATEN_CPU_CAPABILITY=avx2`` (torch's own kernels), ``MKL_CBWR=AVX2`` (MKL's conditional numerical
+reproducibility), ``DNNL_MAX_CPU_ISA=AVX2`` (oneDNN). ``python -m recipe_apo.testbed`` re-executes itself once
+with them when it started without them (importing the package loads torch before the testbed's code runs); its
+worker processes inherit them. ``RECIPE_APO_TESTBED_KERNELS=native`` lets torch choose, as before. Threads are the
+testbed's own setting (``threads_per_worker``), recorded beside the kernels in ``summary.json``.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from typing import Mapping, Optional
+
+PINNED = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "DNNL_MAX_CPU_ISA": "AVX2"}
+SWITCH = "RECIPE_APO_TESTBED_KERNELS"
+
+
+def wanted(env: Mapping[str, str]) -> bool:
+    """Whether this process should run on the pinned kernels (x86-64 only: the names are x86's)."""
+    return env.get(SWITCH, "pinned") != "native" and platform.machine().lower() in ("x86_64", "amd64")
+
+
+def pinned_env(env: Mapping[str, str]) -> Optional[dict[str, str]]:
+    """``env`` with the pinned kernel settings, or None when it has them already (or pinning is off)."""
+    if not wanted(env) or all(env.get(key) == value for key, value in PINNED.items()):
+        return None
+    return {**env, **PINNED}
+
+
+def reexec_pinned(module: str = "recipe_apo.testbed") -> None:
+    """Run ``python -m module`` again, same arguments, on the pinned kernels, unless this process already is."""
+    env = pinned_env(os.environ)
+    if env is not None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execve(sys.executable, [sys.executable, "-m", module, *sys.argv[1:]], env)
+
+
+def describe() -> dict[str, object]:
+    """What ran: torch's version and kernel set, the pinned settings in force, the threads of this process."""
+    import torch
+
+    return {
+        "torch": torch.__version__,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "pinned": {key: os.environ.get(key) for key in PINNED} if wanted(os.environ) else None,
+        "threads": torch.get_num_threads(),
+        "machine": platform.machine(),
+    }
