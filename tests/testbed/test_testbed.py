@@ -539,8 +539,9 @@ def test_zero_variance_settings_are_checked_before_training(hydra_ctx, tmp_path)
 
 
 def test_the_same_numbers_under_two_kernel_settings_of_the_machine(tmp_path):
-    """python -m recipe_apo.testbed started as two machines would start it (torch's widest kernels, and torch's
-    scalar ones): with the pin, both run on the same kernels and write the same figures."""
+    """python -m recipe_apo.testbed started with the pinned kernels, and as a machine of other kernels would start
+    it (torch's scalar ones; the testbed re-executes itself on the pinned set): the same figures. Without the pin
+    the two differ in the last bits (grad norms at the 8th digit, measured here)."""
     import json
     import os
     import subprocess
@@ -553,10 +554,8 @@ def test_the_same_numbers_under_two_kernel_settings_of_the_machine(tmp_path):
     if not kernels.wanted(os.environ):
         pytest.skip("the pin is for x86-64 machines")
     figures = []
-    for name, capability in (("widest", None), ("scalar", "default")):
-        env = {k: v for k, v in os.environ.items() if k not in kernels.PINNED}
-        if capability:
-            env["ATEN_CPU_CAPABILITY"] = capability
+    for name, settings in (("pinned", kernels.PINNED), ("scalar", {"ATEN_CPU_CAPABILITY": "default"})):
+        env = {**{k: v for k, v in os.environ.items() if k not in kernels.PINNED}, **settings}
         out = tmp_path / name
         result = subprocess.run([sys.executable, "-m", "recipe_apo.testbed", *TINY_RUN, "seeds=[0]", "method=apo",
                                  f"hydra.run.dir={out}"],
