@@ -23,11 +23,12 @@ from recipe_apo.testbed.configs import method_configs, task_overrides
 
 def check_method(cfg: DictConfig) -> None:
     """Fail before any training on a name verl does not know or a setting its actor config (or the testbed's
-    algorithm.codapo / algorithm.zero_variance) refuses."""
+    algorithm.codapo / algorithm.zero_variance / staleness, the task) refuses."""
     from verl.trainer.ppo.core_algos import get_adv_estimator_fn, get_policy_loss_fn
 
     from recipe_apo.methods.codapo import CodapoSettings
     from recipe_apo.methods.zero_variance import check_mode
+    from recipe_apo.testbed.train import make_task
     from recipe_apo.testbed.update import ZERO_VARIANCE_MODES, actor_config, effective_agg_mode
 
     if cfg.algorithm.adv_estimator not in ("gae", "grpo"):
@@ -42,6 +43,10 @@ def check_method(cfg: DictConfig) -> None:
                          f"(exact: the testbed's reference only), got {mode!r}")
     if mode != "keep":
         check_mode("exclude", effective_agg_mode(actor))  # a mode without a denominator has nothing to exclude
+    make_task(cfg)  # the task's own checks
+    staleness = cfg.get("staleness", 0)
+    if isinstance(staleness, bool) or not isinstance(staleness, int) or not 0 <= staleness <= 1000:
+        raise ValueError(f"staleness must be a whole number of rounds in [0, 1000], got {staleness!r}")
 
 
 def checked_configs(overrides: list[str], entries: Optional[dict[str, list[str]]] = None) -> dict[str, DictConfig]:

@@ -49,7 +49,7 @@ METHOD_KEYS = (
 
 # What every method of a seed shares (the seed's setup is built once, from the first method's config): a
 # method's own entry may not change them.
-SHARED_KEYS = ("rounds", "seeds", "task.", "eval.", "pretrain.", "policy.", "data.train_batch_size",
+SHARED_KEYS = ("rounds", "seeds", "task", "task.", "scenario", "eval.", "pretrain.", "policy.", "data.train_batch_size",
                "data.max_response_length", "actor_rollout_ref.rollout.n", "eval_every")
 
 

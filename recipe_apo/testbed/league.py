@@ -149,7 +149,8 @@ def build_league(
             "seeds": summary["seeds"],
             "rounds": cfg["rounds"],
             "ppo_epochs": cfg["actor_rollout_ref"]["actor"]["ppo_epochs"],
-            "max_len": cfg["task"]["max_len"],
+            "task": task_text(cfg),
+            "staleness": cfg.get("staleness", 0),
             "methods": summary["methods"],
             "wall_s": summary["wall_s"],
             "report": f"{name}/report.md",
@@ -158,6 +159,15 @@ def build_league(
     out["labels"] = list(next(iter(summaries.values()))["methods"])
     out["families"] = families or {label: label for label in out["labels"]}
     return out
+
+
+def task_text(cfg: dict[str, Any]) -> str:
+    """The task of a summary's config in words ("strings of up to 8 symbols")."""
+    from omegaconf import OmegaConf
+
+    from recipe_apo.testbed.train import make_task
+
+    return make_task(OmegaConf.create(cfg)).describe()
 
 
 def _cell(stat: dict[str, float] | None, fmt: str) -> str:
@@ -212,8 +222,9 @@ def league_markdown(league: dict[str, Any]) -> str:
             "",
             f"## {name}: {overrides}",
             "",
-            f"{s['rounds']} rounds, ppo_epochs={s['ppo_epochs']}, strings of up to {s['max_len']} symbols, "
-            f"{len(s['seeds'])} seeds; the scenario's own report: `{s['report']}`.",
+            f"{s['rounds']} rounds, ppo_epochs={s['ppo_epochs']}, {s['task']}, "
+            + (f"responses from the policy of {s['staleness']} rounds before, " if s.get("staleness") else "")
+            + f"{len(s['seeds'])} seeds; the scenario's own report: `{s['report']}`.",
             "",
             f"| rank | method | {header} | " + " | ".join(h for _, h, _ in COLUMNS) + " | beats | trails |",
             "|---|---|---|" + "---|" * len(COLUMNS) + "---|---|",

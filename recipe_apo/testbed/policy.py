@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from recipe_apo.testbed.task import EOS, PAD, SEP, ReverseTask
+from recipe_apo.testbed.task import EOS, PAD, SEP, Task
 
 
 class TokenPolicy(nn.Module):
@@ -66,14 +66,14 @@ def response_mask(responses: torch.Tensor) -> torch.Tensor:
     return (responses != PAD).to(torch.float32)
 
 
-def build_policy(task: ReverseTask, embed_dim: int, hidden_dim: int, layers: int, seed: int) -> TokenPolicy:
+def build_policy(task: Task, embed_dim: int, hidden_dim: int, layers: int, seed: int) -> TokenPolicy:
     torch.manual_seed(seed)
     return TokenPolicy(task.vocab_size, embed_dim, hidden_dim, layers)
 
 
 def pretrain(
     policy: TokenPolicy,
-    task: ReverseTask,
+    task: Task,
     steps: int,
     batch_size: int,
     lr: float,

@@ -72,6 +72,9 @@ HEADLINE = [
     ("len_incorrect", "length of incorrect, raw (last quarter)", "{:.1f}", None),
     ("cut_share", "share cut at L0 (last quarter)", "{:.3f}", False),
     ("live_share_avg", "share of responses in groups with a signal", "{:.2f}", None),
+    ("ratio_dev_mean", "ratio |r - 1| at the update's start (stale runs)", "{:.3f}", None),
+    ("ratio_out_share_avg", "share of tokens with r outside [0.8, 1.2]", "{:.3f}", None),
+    ("gate_weight_avg", "soft gate's mean weight (apo loss)", "{:.3f}", None),
     ("grad_norm_mean", "grad norm before clip, mean", "{:.3f}", None),
     ("grad_norm_max", "grad norm before clip, max", "{:.3f}", None),
     ("wall_s", "wall time per run (s)", "{:.1f}", None),
@@ -129,6 +132,14 @@ def run_summary(run: dict[str, Any], rounds: int, early_fraction: float) -> dict
     if "resampled" in history:
         out["resampled_share"] = _nanmean(history["resampled"])
         out["kept_prompts_avg"] = _nanmean(history["kept_prompts"])
+    # The trust region at work: tokens whose ratio left [0.8, 1.2] (measured alike for every loss) and the soft
+    # gate's mean weight.
+    if "ratio_out_share" in history:
+        out["ratio_out_share_avg"] = _nanmean(history["ratio_out_share"])
+    if "actor/apo_gate_weight" in history:
+        out["gate_weight_avg"] = _nanmean(history["actor/apo_gate_weight"])
+    if "ratio_dev_mean" in history:
+        out["ratio_dev_mean"] = _nanmean(history["ratio_dev_mean"])
     out["wall_s"] = float(run["wall_s"])
     return out
 
@@ -331,9 +342,11 @@ def report_markdown(summary: dict[str, Any]) -> str:
     ]
     agg = summary["aggregate"]
     for key, header, fmt, _ in HEADLINE:
-        if not all(key in agg[name] for name in labels):  # a summary.json from before the key existed
+        if not any(key in agg[name] for name in labels):  # a summary.json from before the key existed
             continue
-        cells = [mean_and_spread(fmt, agg[name][key]["mean"], agg[name][key]["std"]) for name in labels]
+        # A method-specific key (the soft gate's weight) is "-" for the methods without it.
+        cells = [mean_and_spread(fmt, agg[name][key]["mean"], agg[name][key]["std"]) if key in agg[name] else "-"
+                 for name in labels]
         lines.append(f"| {header} | " + " | ".join(cells) + " |")
     lines += [
         "",

@@ -9,12 +9,12 @@ import numpy as np
 import torch
 
 from recipe_apo.testbed.policy import TokenPolicy, response_mask
-from recipe_apo.testbed.task import ReverseTask
+from recipe_apo.testbed.task import Task
 
 
 def rollout(
     policy: TokenPolicy,
-    task: ReverseTask,
+    task: Task,
     prompts: torch.Tensor,
     k: torch.Tensor,
     group_size: int,

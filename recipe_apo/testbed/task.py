@@ -1,4 +1,5 @@
-"""The testbed's verifiable task: reverse a string of symbols, with optional "thinking" filler tokens.
+"""The testbed's first verifiable task (``task=reverse``, the default): reverse a string of symbols, with
+optional "thinking" filler tokens.
 
 A prompt is k symbols (k from ``min_len`` to ``max_len``) followed by a separator; the answer is the same
 symbols in reverse order, then an end token. The response may interleave FILL tokens anywhere: the verifier
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -52,6 +54,9 @@ class ReverseTask:
     @property
     def prompt_width(self) -> int:
         return self.max_len + 1
+
+    def describe(self) -> str:
+        return f"strings of up to {self.max_len} symbols"
 
     def sample_prompts(self, n: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         """(prompts [n, max_len + 1], string lengths k [n]); k uniform over [min_len, max_len]."""
@@ -113,23 +118,57 @@ class ReverseTask:
         They give the pretrained policy long, varied answers (so length matters from the start). Returns
         (responses [n, L0], fits [n]); a demonstration longer than L0 does not fit and is left out.
         """
-        n, width = k.shape[0], self.max_response_length
-        target = self.answers(prompts, k)
-        if self.filler_mean > 0:
-            keep_prob = 1.0 / (1.0 + self.filler_mean)
-            u = torch.rand((n, self.max_len), generator=generator).clamp(min=1e-12)
-            fillers = torch.floor(torch.log(u) / math.log(1.0 - keep_prob)).to(torch.int64).clamp(max=width)
-        else:
-            fillers = torch.zeros((n, self.max_len), dtype=torch.int64)
-        in_answer = torch.arange(self.max_len).unsqueeze(0) < k.unsqueeze(1)
-        slot_len = (fillers + 1) * in_answer
-        slot_end = slot_len.cumsum(dim=1)
-        total = slot_end[:, -1]
-        t = torch.arange(width).unsqueeze(0)
-        slot = (t.unsqueeze(2) >= slot_end.unsqueeze(1)).sum(dim=2)
-        slot_c = slot.clamp(max=self.max_len - 1)
-        is_symbol = (t == slot_end.gather(1, slot_c) - 1) & (slot < k.unsqueeze(1))
-        responses = torch.where(is_symbol, target.gather(1, slot_c), torch.full_like(slot_c, FILL))
-        responses = torch.where(t == total.unsqueeze(1), torch.full_like(responses, EOS), responses)
-        responses = torch.where(t > total.unsqueeze(1), torch.full_like(responses, PAD), responses)
-        return responses, total < width
+        return with_fillers(self.answers(prompts, k), k, self.filler_mean, self.max_response_length, generator)
+
+
+class Task(Protocol):
+    """What the testbed needs of a task (``ReverseTask``, ``recipe_apo.testbed.modsum.ModSumTask``).
+
+    ``k`` is a prompt's difficulty parameter (the string length, the modulus): larger is harder, and it breaks
+    ties when the evaluation set is cut into difficulty thirds.
+    """
+
+    max_response_length: int
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    def sample_prompts(self, n: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def stratified_prompts(self, per_length: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        ...
+
+    def score(self, prompts: torch.Tensor, k: torch.Tensor, responses: torch.Tensor) -> dict[str, torch.Tensor]: ...
+
+    def demonstrations(
+        self, prompts: torch.Tensor, k: torch.Tensor, generator: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def describe(self) -> str: ...
+
+
+def with_fillers(
+    target: torch.Tensor, k: torch.Tensor, filler_mean: float, width: int, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Answers ``target`` [n, m] (the first ``k`` tokens of each row) with a geometric number of FILL tokens
+    (mean ``filler_mean``) before each token, then the end token, PAD after. Returns (responses [n, width],
+    fits [n]): a row longer than ``width`` does not fit."""
+    n, m = target.shape
+    if filler_mean > 0:
+        keep_prob = 1.0 / (1.0 + filler_mean)
+        u = torch.rand((n, m), generator=generator).clamp(min=1e-12)
+        fillers = torch.floor(torch.log(u) / math.log(1.0 - keep_prob)).to(torch.int64).clamp(max=width)
+    else:
+        fillers = torch.zeros((n, m), dtype=torch.int64)
+    in_answer = torch.arange(m).unsqueeze(0) < k.unsqueeze(1)
+    slot_len = (fillers + 1) * in_answer
+    slot_end = slot_len.cumsum(dim=1)
+    total = slot_end[:, -1]
+    t = torch.arange(width).unsqueeze(0)
+    slot = (t.unsqueeze(2) >= slot_end.unsqueeze(1)).sum(dim=2)
+    slot_c = slot.clamp(max=m - 1)
+    is_symbol = (t == slot_end.gather(1, slot_c) - 1) & (slot < k.unsqueeze(1))
+    responses = torch.where(is_symbol, target.gather(1, slot_c), torch.full_like(slot_c, FILL))
+    responses = torch.where(t == total.unsqueeze(1), torch.full_like(responses, EOS), responses)
+    responses = torch.where(t > total.unsqueeze(1), torch.full_like(responses, PAD), responses)
+    return responses, total < width

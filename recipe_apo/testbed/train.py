@@ -18,6 +18,7 @@ import hashlib
 import multiprocessing as mp
 import sys
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -30,9 +31,10 @@ from recipe_apo.methods.anchor import reset_driver_anchor
 from recipe_apo.methods.codapo import CodapoSettings, codapo_book, handed_log_probs, resample_order, select_prompts
 from recipe_apo.methods.group_stats import length_by_outcome
 from recipe_apo.methods.zero_variance import exclude_zero_variance, live_rows
+from recipe_apo.testbed.modsum import ModSumTask
 from recipe_apo.testbed.policy import TokenPolicy, build_policy, pretrain
 from recipe_apo.testbed.rollout import compute_advantages, rollout
-from recipe_apo.testbed.task import ReverseTask
+from recipe_apo.testbed.task import ReverseTask, Task
 from recipe_apo.testbed.update import actor_config, effective_agg_mode, ppo_update
 
 BUCKETS = ("hard", "medium", "easy")
@@ -45,14 +47,28 @@ def generator(seed: int, stream: int, step: int = 0) -> torch.Generator:
     return torch.Generator().manual_seed(1_000_003 * seed + 7919 * stream + step)
 
 
-def make_task(cfg: DictConfig) -> ReverseTask:
-    return ReverseTask(
-        alphabet=cfg.task.alphabet,
-        min_len=cfg.task.min_len,
-        max_len=cfg.task.max_len,
-        max_response_length=cfg.data.max_response_length,
-        filler_mean=cfg.task.filler_mean,
-    )
+TASKS = ("reverse", "modsum")
+
+
+def make_task(cfg: DictConfig) -> Task:
+    """The task of ``cfg.task`` (conf/task/<name>.yaml)."""
+    name = cfg.task.get("name", "reverse")
+    if name == "reverse":
+        return ReverseTask(
+            alphabet=cfg.task.alphabet,
+            min_len=cfg.task.min_len,
+            max_len=cfg.task.max_len,
+            max_response_length=cfg.data.max_response_length,
+            filler_mean=cfg.task.filler_mean,
+        )
+    if name == "modsum":
+        return ModSumTask(
+            moduli=tuple(cfg.task.moduli),
+            max_response_length=cfg.data.max_response_length,
+            filler_mean=cfg.task.filler_mean,
+            prefix_max=cfg.task.prefix_max,
+        )
+    raise ValueError(f"task.name must be one of {', '.join(TASKS)} (task=reverse|modsum), got {name!r}")
 
 
 @dataclass
@@ -71,7 +87,7 @@ class SeedSetup:
     pretrain_loss: float
 
 
-def evaluate(policy: TokenPolicy, task: ReverseTask, prompts, k, samples: int, gen) -> torch.Tensor:
+def evaluate(policy: TokenPolicy, task: Task, prompts, k, samples: int, gen) -> torch.Tensor:
     """Per-prompt success rate over ``samples`` sampled responses (temperature 1, the policy RL trains)."""
     responses = policy.sample(prompts.repeat_interleave(samples, 0), task.max_response_length, gen)
     reward = task.score(prompts.repeat_interleave(samples, 0), k.repeat_interleave(samples, 0), responses)["reward"]
@@ -145,6 +161,11 @@ def run_method(
     reset_driver_anchor()
     sampling, shuffling = generator(seed, _SAMPLING), generator(seed, _SHUFFLE)
     group = cfg.actor_rollout_ref.rollout.n
+    staleness = int(cfg.get("staleness", 0))  # checked by check_method
+    # The sampling policy of a stale run: the trained policy's weights of `staleness` rounds ago.
+    behaviour, past = None, deque(maxlen=staleness + 1)
+    if staleness:
+        behaviour = build_policy(task, cfg.policy.embed_dim, cfg.policy.hidden_dim, cfg.policy.layers, seed)
 
     history: dict[str, list[float]] = {}
     evals: dict[str, list[float]] = {"round": [], "overall": [], **{b: [] for b in BUCKETS}}
@@ -170,11 +191,21 @@ def run_method(
             prompts, k = previous[0][order], previous[1][order]
         else:
             prompts, k = setup.train_prompts[r], setup.train_k[r]
-        batch = rollout(policy, task, prompts, k, group, sampling)
+        sampler = policy
+        if staleness:
+            past.append({name: t.detach().clone() for name, t in policy.state_dict().items()})
+            behaviour.load_state_dict(past[0])  # after round r - staleness (the start, in the first rounds)
+            sampler = behaviour
+        batch = rollout(sampler, task, prompts, k, group, sampling)
         # Before the advantages, as verl's trainer does: CoDaPO's weight reads them. No gradient, same weights:
         # the order changes no number of the other methods.
         with torch.no_grad():
-            old_log_prob = policy.log_probs(batch["prompts"], batch["responses"])
+            old_log_prob = sampler.log_probs(batch["prompts"], batch["responses"])
+            if staleness:
+                # Where the ratio pi / pi_old starts: mean |r - 1| over the round's valid tokens.
+                mask = batch["response_mask"].to(torch.bool)
+                current = policy.log_probs(batch["prompts"], batch["responses"])
+                record("ratio_dev_mean", (current - old_log_prob).exp().sub(1).abs()[mask].mean())
         if codapo:
             with handed_log_probs(old_log_prob):
                 advantages = compute_advantages(batch, cfg.algorithm)

@@ -19,6 +19,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from recipe_apo.integration.validation import OWN_AGGREGATION
+from recipe_apo.methods.apo_loss import RATIO_BAND
 from recipe_apo.methods.zero_variance import denominator_ratio
 from recipe_apo.testbed.policy import TokenPolicy
 
@@ -76,7 +77,9 @@ def ppo_update(
 
     Returns the mean loss metrics, the mean mini-batch loss (``pg_loss``) and the gradient norm before
     clipping (an adaptive optimizer rescales its steps, so the update norm would hide how large the loss
-    gradient was). ``live``: per response, is its group live (``zero_variance.live_rows``); needed for
+    gradient was), and ``ratio_out_share``: the share of valid tokens whose ratio r = pi / pi_old lay outside
+    [1 - 0.2, 1 + 0.2] (GRPO's clip range) when their loss was computed, the same measure for every loss.
+    ``live``: per response, is its group live (``zero_variance.live_rows``); needed for
     ``zero_variance`` exclude (then ``zv_ratio_dev_mean`` / ``zv_ratio_dev_max``: mean and max over the
     round's mini-batches of |denominator_ratio - 1|) and exact. ``trace``, when a list, gets one entry per
     mini-batch: its rows, its loss and (exclude) its denominator ratio.
@@ -97,6 +100,7 @@ def ppo_update(
     live_t = torch.from_numpy(np.asarray(live, dtype=bool)) if live is not None else None
     agg_mode = effective_agg_mode(config)
     grad_norms, metric_sums, metric_counts, losses, deviations = [], {}, {}, [], []
+    outside, seen = 0, 0  # valid tokens with |r - 1| > RATIO_BAND, and all valid tokens, over every pass
     for _ in range(config.ppo_epochs):
         order = torch.randperm(n, generator=shuffle_generator) if config.shuffle else torch.arange(n)
         for start in range(0, n, mini):
@@ -124,6 +128,11 @@ def ppo_update(
             for micro_start in range(0, len(rows), micro):
                 part = rows[micro_start : micro_start + micro]
                 log_prob = policy.log_probs(batch["prompts"][part], batch["responses"][part])
+                with torch.no_grad():
+                    valid = mask[part]
+                    deviation = (log_prob - old_log_prob[part]).exp().sub_(1.0).abs_()
+                    outside += int((deviation > RATIO_BAND).logical_and_(valid).sum())
+                    seen += int(valid.sum())
                 loss, metrics = loss_fn(
                     old_log_prob=old_log_prob[part],
                     log_prob=log_prob,
@@ -152,6 +161,7 @@ def ppo_update(
     out["pg_loss"] = sum(losses) / len(losses)
     out["grad_norm"] = sum(grad_norms) / len(grad_norms)
     out["grad_norm_max"] = max(grad_norms)
+    out["ratio_out_share"] = outside / max(seen, 1)
     if deviations:
         out["zv_ratio_dev_mean"] = sum(deviations) / len(deviations)
         out["zv_ratio_dev_max"] = max(deviations)

@@ -137,7 +137,9 @@ def _fake_summary(values: dict[str, list[float]]) -> dict:
     aggregate, comparisons = compare_runs(per_run, labels, seeds, metrics=[METRIC])
     return {"methods": {label: {} for label in labels}, "seeds": seeds, "aggregate": aggregate,
             "paired": comparisons, "scenario": "default", "wall_s": 1.0,
-            "config": {"rounds": 10, "task": {"max_len": 8}, "actor_rollout_ref": {"actor": {"ppo_epochs": 1}}}}
+            "config": {"rounds": 10, "actor_rollout_ref": {"actor": {"ppo_epochs": 1}},
+                       "data": {"max_response_length": 20},
+                       "task": {"name": "reverse", "alphabet": 4, "min_len": 1, "max_len": 8, "filler_mean": 0.6}}}
 
 
 def test_league_verdicts_by_hand():

@@ -569,3 +569,64 @@ def test_the_same_numbers_under_two_kernel_settings_of_the_machine(tmp_path):
                 seed_run.pop("wall_s")
         figures.append(json.dumps(summary["runs"], sort_keys=True))  # NaN equals NaN through JSON
     assert figures[0] == figures[1]
+
+
+# --- Stale responses -----------------------------------------------------------------------------------------
+
+def test_a_stale_run_samples_and_takes_old_log_probs_from_the_policy_of_two_rounds_ago(hydra_ctx, monkeypatch):
+    from hydra import compose
+
+    import recipe_apo.testbed.train as train
+
+    built = []
+    build = train.build_policy
+    monkeypatch.setattr(train, "build_policy", lambda *a, **k: built.append(build(*a, **k)) or built[-1])
+    cfg = compose(config_name="testbed", overrides=TINY + ["method=apo", "scenario=stale"])
+    assert cfg.staleness == 2 and cfg.scenario_name == "stale"
+    setup = train.prepare_seed(cfg, 0)
+    built.clear()  # the pretraining's policy
+    states, rounds = [], []
+
+    def hook(r, batch, old_log_prob, advantages):
+        # Called before the round's update: the trained policy's weights after r updates.
+        states.append({k: v.detach().clone() for k, v in built[0].state_dict().items()})
+        rounds.append((batch, old_log_prob))
+
+    run = train.run_method(cfg, "apo", setup, on_round=hook)
+    assert len(built) == 2 and len(rounds) == cfg.rounds == 4
+    reference = build(train.make_task(cfg), cfg.policy.embed_dim, cfg.policy.hidden_dim, cfg.policy.layers, 0)
+    for r, (batch, old_log_prob) in enumerate(rounds):
+        reference.load_state_dict(states[max(0, r - 2)])
+        with torch.no_grad():
+            assert torch.equal(old_log_prob, reference.log_probs(batch["prompts"], batch["responses"]))
+    # The ratio starts at 1 where the lag has not built up (round 0), and away from it after updates.
+    deviations = run["history"]["ratio_dev_mean"]
+    assert deviations[0] == 0.0 and all(d > 0 for d in deviations[1:])
+    assert "actor/apo_gate_weight" in run["history"] and all(0 <= s <= 1 for s in run["history"]["ratio_out_share"])
+
+    # Round 0 of a stale run is the on-policy run's round 0: the same start, the same sampling stream.
+    fresh = []
+    on_policy = compose(config_name="testbed", overrides=TINY + ["method=apo"])
+    train.run_method(on_policy, "apo", setup, on_round=lambda r, b, o, a: fresh.append((b, o)))
+    assert torch.equal(fresh[0][0]["responses"], rounds[0][0]["responses"])
+    assert torch.equal(fresh[0][1], rounds[0][1])
+
+
+@pytest.mark.parametrize("value", [-1, 2.5, "two", True, 1001])
+def test_staleness_is_checked_before_training(hydra_ctx, tmp_path, value):
+    with pytest.raises(ValueError, match=r"staleness must be a whole number of rounds in \[0, 1000\]"):
+        _run(TINY + ["method=grpo", f"staleness={value}"], tmp_path)
+
+
+def test_the_report_shows_the_trust_region_metrics_and_a_dash_where_a_method_has_none(hydra_ctx, tmp_path):
+    from recipe_apo.testbed.__main__ import run_testbed
+
+    summary = run_testbed(["seeds=[0]", *TINY_RUN, "scenario=stale"], tmp_path, show_progress=False,
+                          entries={"grpo": ["method=grpo"], "apo": ["method=apo"]})
+    report = (tmp_path / "report.md").read_text()
+    agg = summary["aggregate"]
+    assert agg["apo"]["ratio_dev_mean"]["mean"] > 0 and agg["grpo"]["ratio_dev_mean"]["mean"] > 0
+    assert 0 < agg["apo"]["gate_weight_avg"]["mean"] <= 1 and "gate_weight_avg" not in agg["grpo"]
+    gate = next(line for line in report.splitlines() if line.startswith("| soft gate's mean weight"))
+    assert gate.split("|")[2].strip() == "-"  # grpo is the first column
+    assert "| share of tokens with r outside [0.8, 1.2] |" in report
