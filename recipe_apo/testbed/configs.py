@@ -98,18 +98,37 @@ def method_configs(overrides: list[str], entries: Optional[dict[str, list[str]]]
 
 
 def league_entries(cfg: DictConfig) -> dict[str, list[str]]:
-    """The league's methods, label -> overrides: each of ``league.methods`` (a label of ``methods``) as it is,
-    then with each of ``league.variants`` (label ``<method>_<suffix>``), in that order."""
-    out: dict[str, list[str]] = {}
+    """The league's methods, label -> overrides: each of ``league.methods`` (a label of ``methods``), then each of
+    ``league.extra``, as it is and then with each of its ``league.variants`` (label ``<method>_<suffix>``; a
+    suffix named in ``league.variant_of`` only for the methods listed there), in that order."""
+    extra = cfg.league.get("extra") or {}
+    variant_of = cfg.league.get("variant_of") or {}
+    bases: dict[str, list[str]] = {}
     for name in cfg.league.methods:
         if name not in cfg.methods:
             raise ValueError(
                 f"league.methods names {name!r}, which is not a label of methods ({', '.join(cfg.methods)})")
-        out[name] = list(cfg.methods[name])
-        for suffix, extra in cfg.league.variants.items():
-            out[f"{name}_{suffix}"] = list(cfg.methods[name]) + list(extra)
+        bases[str(name)] = list(cfg.methods[name])
+    for name, overrides in extra.items():
+        if name in bases:
+            raise ValueError(f"league.extra names {name!r}, which league.methods runs already")
+        bases[str(name)] = list(overrides)
+    for suffix, names in variant_of.items():
+        if suffix not in cfg.league.variants:
+            raise ValueError(f"league.variant_of names {suffix!r}, which is not a suffix of league.variants "
+                             f"({', '.join(cfg.league.variants)})")
+        unknown = [n for n in names if n not in cfg.methods and n not in extra]
+        if unknown:
+            raise ValueError(f"league.variant_of.{suffix} names {', '.join(map(str, unknown))}: not a label of "
+                             "methods or league.extra")
+    out: dict[str, list[str]] = {}
+    for name, overrides in bases.items():
+        out[name] = overrides
+        for suffix, more in cfg.league.variants.items():
+            if suffix not in variant_of or name in variant_of[suffix]:
+                out[f"{name}_{suffix}"] = overrides + list(more)
     if not out:
-        raise ValueError("league.methods is empty: name at least one label of methods")
+        raise ValueError("league.methods and league.extra are empty: name at least one label of methods")
     return out
 
 

@@ -1,8 +1,9 @@
 """``python -m recipe_apo.testbed mode=league``: every method of ``league`` on every scenario of it, paired over
 the seeds, ranked against every other method per scenario.
 
-The methods are ``league.methods`` (labels of ``methods``), each as it is and with each ``league.variants``
-entry (by default ``<method>_zv``: ``algorithm.zero_variance=exclude``). Each scenario is one ordinary testbed
+The methods are ``league.methods`` (labels of ``methods``) and ``league.extra`` (the league's own), each as it is
+and with its ``league.variants`` (by default ``<method>_zv``: ``algorithm.zero_variance=exclude``, for the
+methods ``league.variant_of`` names). Each scenario is one ordinary testbed
 run (its own folder with report.md, summary.json and plots); the league reads their paired statistics
 (``report.paired``, the testbed's verdict rule: beyond seed noise when every seed agrees on the sign and a
 paired t-test clears 5%) and writes ``league.md``, ``league.json`` and ``league.png`` beside them.
@@ -59,8 +60,10 @@ def run_league(overrides: list[str], out_dir: Path, show_progress: bool = True) 
     for i, name in enumerate(scenarios):
         summaries[name] = run_testbed(list(overrides) + scenarios[name], out_dir / name, show_progress,
                                       desc=f"league {name} ({i + 1}/{len(scenarios)})", cfgs=cfgs[name])
-    families = {name: name for name in base.league.methods}
-    families.update({f"{name}_{suffix}": name for name in base.league.methods for suffix in base.league.variants})
+    names = [*base.league.methods, *(base.league.get("extra") or {})]
+    families = {name: name for name in names}
+    families.update({f"{name}_{suffix}": name for name in names for suffix in base.league.variants
+                     if f"{name}_{suffix}" in entries})
     league = build_league(summaries, scenarios, metric, families)
     league["variants"] = {str(k): [str(o) for o in v] for k, v in base.league.variants.items()}
     league["wall_s"] = time.perf_counter() - started

@@ -9,8 +9,8 @@ from hydra import initialize_config_module
 from testbed_tiny import TINY_RUN as TINY
 
 METRIC = "success_final"
-TINY_LEAGUE = TINY + ["mode=league", "seeds=[0,1,2]", "league.methods=[grpo,codapo]",
-                      'league.scenarios=[[],["task.max_len=3"]]']
+TINY_LEAGUE = TINY + ["mode=league", "seeds=[0,1,2]", "league.methods=[grpo,codapo]", "~league.extra",
+                      "~league.variant_of", 'league.scenarios=[[],["task.max_len=3"]]']
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +27,7 @@ def tiny_league(hydra_ctx, tmp_path_factory):
     return out, run_league(TINY_LEAGUE, out, show_progress=False)
 
 
-def test_the_league_config_names_eight_methods_and_three_scenarios(hydra_ctx):
+def test_the_league_config_names_seven_methods_and_six_scenarios(hydra_ctx):
     from hydra import compose
 
     from recipe_apo.testbed.configs import league_entries
@@ -35,11 +35,31 @@ def test_the_league_config_names_eight_methods_and_three_scenarios(hydra_ctx):
 
     cfg = compose(config_name="testbed", overrides=["mode=league"])
     entries = league_entries(cfg)
-    assert list(entries) == ["grpo", "grpo_zv", "drgrpo", "drgrpo_zv", "apo", "apo_zv", "codapo", "codapo_zv"]
-    assert entries["codapo_zv"] == ["method=codapo", "algorithm.zero_variance=exclude"]
+    assert list(entries) == ["grpo", "grpo_zv", "drgrpo", "apo", "apo_zv", "codapo", "apo_prior"]
+    assert entries["apo_zv"] == ["method=apo", "algorithm.zero_variance=exclude"]
+    assert entries["apo_prior"] == ["method=apo", "algorithm.apo.anchor_order=prior"]
     assert league_scenarios(cfg.league.scenarios) == {
-        "default": [], "task.max_len=6": ["task.max_len=6"], "length_bias": ["scenario=length_bias"]}
+        "default": [], "task.max_len=6": ["task.max_len=6"], "length_bias": ["scenario=length_bias"],
+        "stale": ["scenario=stale"], "stale,staleness=4": ["scenario=stale", "staleness=4"],
+        "task=modsum": ["task=modsum"]}
     assert cfg.league.metric == METRIC
+    # Without variant_of every method gets every variant; the league's own methods come after league.methods.
+    wide = league_entries(compose(config_name="testbed", overrides=["~league.variant_of", "league.methods=[grpo]"]))
+    assert list(wide) == ["grpo", "grpo_zv", "apo_prior", "apo_prior_zv"]
+
+
+@pytest.mark.parametrize("override, match", [
+    ("+league.variant_of.zz=[grpo]", "league.variant_of names 'zz', which is not a suffix of league.variants"),
+    ("league.variant_of.zv=[grpoo]", "league.variant_of.zv names grpoo: not a label of methods or league.extra"),
+    ('+league.extra.grpo=["method=grpo"]', "league.extra names 'grpo', which league.methods runs already"),
+])
+def test_league_method_settings_are_checked(hydra_ctx, override, match):
+    from hydra import compose
+
+    from recipe_apo.testbed.configs import league_entries
+
+    with pytest.raises(ValueError, match=match):
+        league_entries(compose(config_name="testbed", overrides=[override]))
 
 
 def test_tiny_league_writes_its_report_with_every_pair_ranked(tiny_league):
