@@ -35,8 +35,8 @@ class ModSumTask:
     prefix_max: int
 
     def __post_init__(self) -> None:
-        if not self.moduli or any(not isinstance(m, int) or m < 2 for m in self.moduli) or len(set(self.moduli)) \
-                != len(self.moduli):
+        whole = all(isinstance(m, int) and not isinstance(m, bool) and m >= 2 for m in self.moduli)
+        if not self.moduli or not whole or len(set(self.moduli)) != len(self.moduli):
             raise ValueError(f"task.moduli must be distinct whole numbers >= 2, got {list(self.moduli)}")
         if self.prefix_max < 0 or self.filler_mean < 0:
             raise ValueError("task.prefix_max and task.filler_mean must be >= 0")

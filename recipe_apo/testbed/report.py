@@ -72,7 +72,7 @@ HEADLINE = [
     ("len_incorrect", "length of incorrect, raw (last quarter)", "{:.1f}", None),
     ("cut_share", "share cut at L0 (last quarter)", "{:.3f}", False),
     ("live_share_avg", "share of responses in groups with a signal", "{:.2f}", None),
-    ("ratio_dev_mean", "ratio |r - 1| at the update's start (stale runs)", "{:.3f}", None),
+    ("ratio_dev_mean", "ratio at the update's start, mean abs(r - 1) (stale runs)", "{:.3f}", None),
     ("ratio_out_share_avg", "share of tokens with r outside [0.8, 1.2]", "{:.3f}", None),
     ("gate_weight_avg", "soft gate's mean weight (apo loss)", "{:.3f}", None),
     ("grad_norm_mean", "grad norm before clip, mean", "{:.3f}", None),

@@ -62,6 +62,8 @@ def make_task(cfg: DictConfig) -> Task:
             filler_mean=cfg.task.filler_mean,
         )
     if name == "modsum":
+        if not OmegaConf.is_list(cfg.task.moduli):
+            raise ValueError(f"task.moduli must be a list of whole numbers >= 2, e.g. [2,4,8], got {cfg.task.moduli!r}")
         return ModSumTask(
             moduli=tuple(cfg.task.moduli),
             max_response_length=cfg.data.max_response_length,

@@ -116,6 +116,9 @@ def test_a_modsum_testbed_run_and_its_checks(hydra_ctx, tmp_path):
     with pytest.raises(ValueError, match="task.moduli must be distinct"):
         run_testbed(["seeds=[0]", *TINY_RUN, "task=modsum", "task.moduli=[1,2]", "method=grpo"], tmp_path,
                     show_progress=False)
+    with pytest.raises(ValueError, match=r"task.moduli must be a list of whole numbers >= 2, e.g. \[2,4,8\], got 5"):
+        run_testbed(["seeds=[0]", *TINY_RUN, "task=modsum", "task.moduli=5", "method=grpo"], tmp_path,
+                    show_progress=False)
     with pytest.raises(ValueError, match=r"task.name must be one of reverse, modsum"):
         run_testbed(["seeds=[0]", *TINY_RUN, "task.name=sort", "method=grpo"], tmp_path, show_progress=False)
     # The task is shared by the methods of a seed: a method's own entry may not change it.
