@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from recipe_apo.testbed.task import EOS, FILL, FIRST_SYMBOL, SEP, with_fillers
+from recipe_apo.testbed.task import FILL, FIRST_SYMBOL, SEP, answer_span, with_fillers
 
 DIGITS = 10
 FIRST_DIGIT = FIRST_SYMBOL
@@ -89,16 +89,11 @@ class ModSumTask:
     def score(self, prompts: torch.Tensor, k: torch.Tensor, responses: torch.Tensor) -> dict[str, torch.Tensor]:
         """``reward``, ``length``, ``cut`` and ``fillers`` as ``ReverseTask.score``; fillers counts every non-digit
         token before the end."""
-        width = responses.shape[1]
-        is_eos = responses == EOS
-        ended = is_eos.any(dim=1)
-        eos_at = torch.where(ended, is_eos.to(torch.int64).argmax(dim=1), torch.full_like(k, width))
-        before_end = torch.arange(width).unsqueeze(0) < eos_at.unsqueeze(1)
+        ended, before_end, length = answer_span(responses)
         digit = before_end & (responses >= FIRST_DIGIT) & (responses < FIRST_DIGIT + DIGITS)
         malformed = (before_end & ~digit & (responses != FILL)).any(dim=1)
         total = torch.where(digit, responses - FIRST_DIGIT, torch.zeros_like(responses)).sum(dim=1)
         correct = ended & ~malformed & digit.any(dim=1) & (total % k == self.targets(prompts))
-        length = torch.where(ended, eos_at + 1, torch.full_like(eos_at, width))
         fillers = (before_end & ~digit).sum(dim=1)
         return {"reward": correct.to(torch.float32), "length": length, "cut": ~ended, "fillers": fillers}
 

@@ -90,10 +90,7 @@ class ReverseTask:
         opposed to the string's length, which the prompt fixes).
         """
         width = responses.shape[1]
-        is_eos = responses == EOS
-        ended = is_eos.any(dim=1)
-        eos_at = torch.where(ended, is_eos.to(torch.int64).argmax(dim=1), torch.full_like(k, width))
-        before_end = torch.arange(width).unsqueeze(0) < eos_at.unsqueeze(1)
+        ended, before_end, length = answer_span(responses)
         content = before_end & (responses >= FIRST_SYMBOL)
         # A stable sort moves the content tokens to the front in their order: the filler-free answer.
         order = torch.sort((~content).to(torch.int8), dim=1, stable=True).indices
@@ -106,7 +103,6 @@ class ReverseTask:
         # L0 > max_len (checked above), so the first max_len packed tokens hold the whole answer when it has
         # exactly k symbols.
         correct = ended & (content.sum(dim=1) == k) & (packed[:, : self.max_len] == target).all(dim=1)
-        length = torch.where(ended, eos_at + 1, torch.full_like(eos_at, width))
         fillers = (before_end & ~content).sum(dim=1)
         return {"reward": correct.to(torch.float32), "length": length, "cut": ~ended, "fillers": fillers}
 
@@ -145,6 +141,17 @@ class Task(Protocol):
     ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
     def describe(self) -> str: ...
+
+
+def answer_span(responses: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Where each response [n, L0] ends: (ended [n]: an end token came within L0, before_end [n, L0]: the
+    positions before it (all L0 of a cut response), length [n]: tokens including the end token, L0 when cut)."""
+    width = responses.shape[1]
+    is_eos = responses == EOS
+    ended = is_eos.any(dim=1)
+    eos_at = torch.where(ended, is_eos.to(torch.int64).argmax(dim=1), torch.full((len(responses),), width))
+    before_end = torch.arange(width).unsqueeze(0) < eos_at.unsqueeze(1)
+    return ended, before_end, torch.where(ended, eos_at + 1, torch.full_like(eos_at, width))
 
 
 def with_fillers(
