@@ -20,7 +20,7 @@ from typing import Any
 from hydra import compose
 
 from recipe_apo.testbed.configs import CONFIG_NAME, _key, league_entries
-from recipe_apo.testbed.report import PAIRED, paired_between
+from recipe_apo.testbed.report import PAIRED, paired_between, task_text
 
 # Columns of a scenario's table beside the ranking metric: (summary key, header, format).
 COLUMNS = [
@@ -162,15 +162,6 @@ def build_league(
     out["labels"] = list(next(iter(summaries.values()))["methods"])
     out["families"] = families or {label: label for label in out["labels"]}
     return out
-
-
-def task_text(cfg: dict[str, Any]) -> str:
-    """The task of a summary's config in words ("strings of up to 8 symbols")."""
-    from omegaconf import OmegaConf
-
-    from recipe_apo.testbed.train import make_task
-
-    return make_task(OmegaConf.create(cfg)).describe()
 
 
 def _cell(stat: dict[str, float] | None, fmt: str) -> str:

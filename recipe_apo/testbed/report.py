@@ -296,14 +296,25 @@ def mean_and_spread(fmt: str, mean: float, std: float, mean_fmt: str | None = No
     return f"{mean_fmt.format(mean)} +- {fmt.format(std)}"
 
 
+def task_text(cfg: dict[str, Any]) -> str:
+    """The task of a summary's config in words ("strings of up to 8 symbols")."""
+    from omegaconf import OmegaConf
+
+    from recipe_apo.testbed.train import make_task
+
+    return make_task(OmegaConf.create(cfg)).describe()
+
+
 def report_markdown(summary: dict[str, Any]) -> str:
     labels = list(summary["methods"])
     seeds = summary["seeds"]
     cfg = summary["config"]
+    stale = f", responses from the policy of {cfg['staleness']} rounds before" if cfg.get("staleness") else ""
     lines = [
-        f"# CPU testbed: {', '.join(labels)} ({len(seeds)} seeds, scenario `{summary['scenario']}`)",
+        f"# CPU testbed: {', '.join(labels)} ({len(seeds)} seeds, scenario `{summary['scenario']}`, "
+        f"task `{cfg['task'].get('name', 'reverse')}`)",
         "",
-        f"{cfg['rounds']} rounds of {cfg['data']['train_batch_size']} prompts x "
+        f"Task: {task_text(cfg)}{stale}. {cfg['rounds']} rounds of {cfg['data']['train_batch_size']} prompts x "
         f"G={cfg['actor_rollout_ref']['rollout']['n']} responses, L0={cfg['data']['max_response_length']}, "
         f"ppo_epochs={cfg['actor_rollout_ref']['actor']['ppo_epochs']}, "
         f"mini-batch {cfg['actor_rollout_ref']['actor']['ppo_mini_batch_size']} prompts. Success = share of sampled "

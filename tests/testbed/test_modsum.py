@@ -111,6 +111,9 @@ def test_a_modsum_testbed_run_and_its_checks(hydra_ctx, tmp_path):
     summary = run_testbed(["seeds=[0]", *TINY_RUN, "task=modsum"], tmp_path, show_progress=False,
                           entries={"grpo": ["method=grpo"], "apo": ["method=apo"]})
     assert summary["config"]["task"]["name"] == "modsum"
+    report = (tmp_path / "report.md").read_text()
+    assert "scenario `default`, task `modsum`)" in report.splitlines()[0]
+    assert "Task: digit sums mod K in {2, 4, 8, 16, 32}. 4 rounds of 8 prompts" in report
     assert set(summary["aggregate"]) == {"grpo", "apo"}
     assert 0 <= summary["aggregate"]["apo"]["success_final"]["mean"] <= 1
     with pytest.raises(ValueError, match="task.moduli must be distinct"):

@@ -630,6 +630,7 @@ def test_the_report_shows_the_trust_region_metrics_and_a_dash_where_a_method_has
     gate = next(line for line in report.splitlines() if line.startswith("| soft gate's mean weight"))
     assert gate.split("|")[2].strip() == "-"  # grpo is the first column
     assert "| share of tokens with r outside [0.8, 1.2] |" in report
+    assert "Task: strings of up to 8 symbols, responses from the policy of 2 rounds before. 4 rounds" in report
 
 
 def test_no_report_header_breaks_its_markdown_table():
