@@ -15,11 +15,16 @@ from rehearsal_runs import checkpoint_root, dump, run, state, tail
 
 from recipe_apo.cpu import agent_loops, rehearse
 
-# The tiny model, warmed up on single-turn prompts, almost never answers its second turn right: a reward on the
-# last turn's text length gives both outcomes, so that groups carry a signal.
-EVEN_LENGTH_REWARD = '''
+# The tiny model, warmed up on single-turn prompts, almost never answers its second turn right, and its answers are
+# one or two characters long: a reward on their length's parity was 0 for every output of three steps once (CI), and
+# then nothing told the trajectory rule from the row rule. A pseudo-random bit of each output's text (md5) gives both
+# outcomes wherever the texts differ, and they do (one and two outputs per session, four prompts).
+HASHED_TEXT_REWARD = '''
+import hashlib
+
+
 def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
-    return float(len(solution_str.rsplit("assistant\\n", 1)[-1].strip()) % 2 == 0)
+    return float(hashlib.md5(solution_str.encode()).digest()[0] % 2 == 0)
 '''
 STEPS = 3
 LOOP_ARGS = (f"actor_rollout_ref.rollout.agent.agent_loop_config_path={agent_loops.CONFIG_PATH}",
@@ -36,8 +41,8 @@ LOOP_ARGS = (f"actor_rollout_ref.rollout.agent.agent_loop_config_path={agent_loo
 @pytest.fixture(scope="module")
 def agentic_runs(tiny, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("agentic")
-    reward = workdir / "even_length.py"
-    reward.write_text(EVEN_LENGTH_REWARD)
+    reward = workdir / "hashed_text.py"
+    reward.write_text(HASHED_TEXT_REWARD)
     paths = {**tiny, "reward": reward}
     first = run(rehearse.recipe_command(["apo"], paths, *LOOP_ARGS, f"trainer.total_training_steps={STEPS}"),
                 workdir, "first", workdir / "metrics" / "first")
