@@ -35,7 +35,10 @@ LOOP_ARGS = (f"actor_rollout_ref.rollout.agent.agent_loop_config_path={agent_loo
              # Generation paced and cut in batches of 6, as a GPU server's would be: requests are still under way
              # when the trainer has its batch and aborts them (a tiny model otherwise ends everything at once).
              "actor_rollout_ref.rollout.max_num_seqs=6",
-             "+ray_kwargs.ray_init.runtime_env.env_vars.RECIPE_APO_HF_SECONDS_PER_TOKEN='0.05'")
+             "+ray_kwargs.ray_init.runtime_env.env_vars.RECIPE_APO_HF_SECONDS_PER_TOKEN='0.05'",
+             # Two batches generated ahead, not verl's one: with one, a CI run under load (the training step slower,
+             # the paced generation not) had no request under way at any update.
+             "trainer.v1.colocate_async.num_warmup_batches=2")
 
 
 @pytest.fixture(scope="module")
