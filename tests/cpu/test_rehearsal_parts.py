@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_module
+from composing import compose_recipe
 from omegaconf import OmegaConf
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -213,11 +213,7 @@ def test_an_abort_that_rejects_turns_new_requests_back_at_once(model):
 
 # ---- what the rehearsal refuses ------------------------------------------------------------------------------
 def rehearsal_config(*overrides):
-    with initialize_config_module(config_module="recipe_apo.conf", version_base=None):
-        config = compose("apo_trainer",
-                         overrides=["method=apo", "rehearsal=cpu", "actor_rollout_ref.rollout.n=2", *overrides])
-    OmegaConf.resolve(config)
-    return config
+    return compose_recipe("method=apo", "rehearsal=cpu", "actor_rollout_ref.rollout.n=2", *overrides)
 
 
 def test_the_rehearsal_config_passes_its_checks_and_the_recipes():
@@ -256,19 +252,15 @@ def test_what_a_cpu_cannot_do_is_refused_naming_the_setting(override, key):
 
 
 def test_the_hf_backend_outside_a_rehearsal_is_refused():
-    with initialize_config_module(config_module="recipe_apo.conf", version_base=None):
-        config = compose("apo_trainer", overrides=["method=apo", "actor_rollout_ref.rollout.name=hf",
-                                                   "actor_rollout_ref.rollout.n=2"])
-    OmegaConf.resolve(config)
+    config = compose_recipe("method=apo", "actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.rollout.n=2")
     with pytest.raises(RecipeConfigError, match="add rehearsal=cpu"):
         validate_recipe_config(config)
 
 
 def test_a_refused_rehearsal_setting_stops_the_launch_with_one_line(tmp_path):
-    result = subprocess.run(
-        [sys.executable, "-m", "recipe_apo.main", "method=apo", "rehearsal=cpu", "trainer.nnodes=2", "dry_run=true"],
-        capture_output=True, text=True, cwd=tmp_path, timeout=120,
-    )
+    from in_process import run_recipe_main
+
+    result = run_recipe_main("method=apo", "rehearsal=cpu", "trainer.nnodes=2", "dry_run=true", cwd=tmp_path)
     assert result.returncode == 2
     last = result.stderr.strip().splitlines()[-1]
     assert last == "recipe-apo: error: trainer.nnodes=2: the CPU rehearsal runs on one machine"

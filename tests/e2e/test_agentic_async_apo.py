@@ -1,11 +1,13 @@
 """method=apo in an agentic, asynchronous run, in the real loop: verl's colocate_async trainer (rollouts go on
 across weight updates; requests under way at an update are aborted and resumed with their tokens so far) and the
 rehearsal's two-turn loop returning two outputs for odd sessions and one for even ones (recipe_apo/cpu/agent_loops.py),
-so a prompt's trajectories have different numbers of output rows. 3 steps with a checkpoint each, then a resume.
+so a prompt's trajectories have different numbers of output rows. 4 steps with a checkpoint each, in one Ray session.
 
 The recipe's trainer for the mode (apo_colocate_async) gives APO verl's final-output rule (one response per
 trajectory, its final output: the anchor's batch success the share of successful trajectories, every output of a
-trajectory its advantage), saves and restores the anchor, and dumps each response's staleness."""
+trajectory its advantage), saves the anchor with every checkpoint, and dumps each response's staleness. The restore
+is the sync trainer's own (the same ``_load_checkpoint`` hook, tests/integration/test_trainer.py), resumed in the
+real loop by tests/e2e/test_apo_resume.py and test_codapo_resume.py."""
 
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ import hashlib
 def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
     return float(hashlib.md5(solution_str.encode()).digest()[0] % 2 == 0)
 '''
-STEPS = 3
+STEPS = 4
 LOOP_ARGS = (f"actor_rollout_ref.rollout.agent.agent_loop_config_path={agent_loops.CONFIG_PATH}",
              "actor_rollout_ref.rollout.agent.default_agent_loop=recipe_two_turn_alternate",
              "data.max_response_length=48",  # two turns and the user turn; a later override wins over 16
@@ -47,17 +49,13 @@ def agentic_runs(tiny, tmp_path_factory):
     reward = workdir / "hashed_text.py"
     reward.write_text(HASHED_TEXT_REWARD)
     paths = {**tiny, "reward": reward}
-    first = run(rehearse.recipe_command(["apo"], paths, *LOOP_ARGS, f"trainer.total_training_steps={STEPS}"),
-                workdir, "first", workdir / "metrics" / "first")
-    assert first.returncode == 0, tail(first)
-    experiment = rehearse.experiment_names(first.log)[0]
-    second = run(rehearse.recipe_command(["apo"], paths, *LOOP_ARGS, f"trainer.total_training_steps={STEPS + 1}"),
-                 workdir, "second", workdir / "metrics" / "second")
-    assert second.returncode == 0, tail(second)
-    metrics = [rehearse.read_metrics(rehearse.metrics_file(workdir / "metrics" / phase, experiment))
-               for phase in ("first", "second")]
-    return {"metrics": metrics[0] + metrics[1], "ckpt": checkpoint_root(workdir, experiment),
-            "rollouts": checkpoint_root(workdir, experiment) / "rollouts", "log": first.log}
+    result = run(rehearse.recipe_command(["apo"], paths, *LOOP_ARGS, f"trainer.total_training_steps={STEPS}"),
+                 workdir, "agentic", workdir / "metrics")
+    assert result.returncode == 0, tail(result)
+    (experiment,) = rehearse.experiment_names(result.log)
+    return {"metrics": rehearse.read_metrics(rehearse.metrics_file(workdir / "metrics", experiment)),
+            "ckpt": checkpoint_root(workdir, experiment),
+            "rollouts": checkpoint_root(workdir, experiment) / "rollouts", "log": result.log}
 
 
 def trajectories(rows: list[dict]) -> dict[str, list[dict]]:
@@ -125,14 +123,15 @@ def test_staleness_and_partial_rollouts_are_in_the_dump_as_verl_measures_them(ag
     assert lagged and spanned
 
 
-def test_the_resume_continues_the_anchor_from_exactly_the_saved_state(agentic_runs):
+def test_every_checkpoint_holds_the_anchor_of_its_step(agentic_runs):
+    """Each saved anchor is the previous one moved by that step's logged batch success (the first from the
+    default start): what a resume restores is the anchor of the step it resumes after."""
     from recipe_apo.methods.anchor import AnchorBook
     from recipe_apo.methods.apo_settings import ApoSettings
 
-    ckpt, step4 = agentic_runs["ckpt"], agentic_runs["metrics"][-1]
-    assert step4["step"] == 4
-    book = AnchorBook()
-    book.load_state_dict(state(ckpt / "global_step_3"))
-    settings = ApoSettings()
-    book.anchor().update(step4["apo/batch_success"], settings.eta, settings.eta_min, settings.history)
-    assert book.state_dict()["anchors"] == state(ckpt / "global_step_4")["anchors"]
+    settings, book = ApoSettings(), AnchorBook()
+    for metrics in agentic_runs["metrics"]:
+        book.anchor().update(metrics["apo/batch_success"], settings.eta, settings.eta_min, settings.history)
+        saved = state(agentic_runs["ckpt"] / f"global_step_{metrics['step']}")
+        assert saved["global_step"] == metrics["step"]
+        assert book.state_dict()["anchors"] == saved["anchors"], metrics["step"]

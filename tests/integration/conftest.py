@@ -7,16 +7,10 @@ import pytest
 
 
 def _recipe_config(tmp_path, *overrides, method="apo"):
-    from hydra import compose, initialize_config_module
-    from omegaconf import OmegaConf
+    from composing import compose_recipe
 
-    with initialize_config_module(config_module="recipe_apo.conf", version_base=None):
-        config = compose("apo_trainer", overrides=[
-            f"method={method}", "actor_rollout_ref.rollout.n=2", "data.max_response_length=5",
-            "trainer.experiment_name=test", f"trainer.default_local_dir={tmp_path}/ckpt", *overrides,
-        ])
-    OmegaConf.resolve(config)
-    return config
+    return compose_recipe(f"method={method}", "actor_rollout_ref.rollout.n=2", "data.max_response_length=5",
+                          "trainer.experiment_name=test", f"trainer.default_local_dir={tmp_path}/ckpt", *overrides)
 
 
 def _bare_trainer(config):

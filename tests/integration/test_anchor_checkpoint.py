@@ -72,10 +72,14 @@ def test_resume_in_a_new_process_continues_bit_for_bit(tmp_path):
                 open("{tmp_path}/ckpt/latest_checkpointed_iteration.txt", "w").write("4")
         torch.save(outs, "{tmp_path}/uninterrupted.pt")
     """, tmp_path)
-    # A new process resumes from the latest checkpoint (resume_mode=auto) and runs steps 5 and 6.
+    # A new process runs steps 5 and 6 twice: from a fresh anchor (what a run without the state would do), then,
+    # the anchor reset, resumed from the latest checkpoint (resume_mode=auto).
     run_child(f"""
         from recipe_apo.integration.checkpoint import restore_for_run
+        from recipe_apo.methods.anchor import reset_driver_anchor
         config = OmegaConf.load("{config_path}")
+        torch.save([step(k, config.algorithm) for k in (5, 6)], "{tmp_path}/fresh.pt")
+        reset_driver_anchor()
         assert restore_for_run(config)
         torch.save([step(k, config.algorithm) for k in (5, 6)], "{tmp_path}/resumed.pt")
     """, tmp_path)
@@ -83,10 +87,6 @@ def test_resume_in_a_new_process_continues_bit_for_bit(tmp_path):
     resumed = torch.load(tmp_path / "resumed.pt")
     assert torch.equal(resumed[0], uninterrupted[4]) and torch.equal(resumed[1], uninterrupted[5])
     # Without the anchor state the same steps differ: the test can tell a restored anchor from a fresh one.
-    run_child(f"""
-        config = OmegaConf.load("{config_path}")
-        torch.save([step(k, config.algorithm) for k in (5, 6)], "{tmp_path}/fresh.pt")
-    """, tmp_path)
     assert not torch.equal(torch.load(tmp_path / "fresh.pt")[0], uninterrupted[4])
 
 

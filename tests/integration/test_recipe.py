@@ -5,7 +5,8 @@ import subprocess
 import sys
 
 import pytest
-from hydra import compose, initialize_config_module
+from composing import compose_recipe
+from in_process import run_recipe_main
 from omegaconf import OmegaConf
 
 from recipe_apo.integration.validation import RecipeConfigError, validate_recipe_config
@@ -15,11 +16,7 @@ L0 = 3000
 
 
 def composed(*overrides, resolve=True):
-    with initialize_config_module(config_module="recipe_apo.conf", version_base=None):
-        config = compose("apo_trainer", overrides=list(overrides))
-    if resolve:
-        OmegaConf.resolve(config)
-    return config
+    return compose_recipe(*overrides, resolve=resolve)
 
 
 def method_settings(config):
@@ -254,13 +251,14 @@ def test_experiment_names_are_deterministic_distinct_and_leave_out_paths():
 
 
 def run_main(*args, cwd):
+    """The entry as a process of its own (the other entry tests run it in this process: tests/in_process.py)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("VERL_USE_EXTERNAL")}
     return subprocess.run([sys.executable, "-m", "recipe_apo.main", *args], capture_output=True, text=True,
                           timeout=180, cwd=cwd, env=env)
 
 
 def test_cfg_job_prints_the_composed_config_without_starting_ray(tmp_path):
-    result = run_main("method=drgrpo", "data.max_response_length=1024", "--cfg", "job", cwd=tmp_path)
+    result = run_recipe_main("method=drgrpo", "data.max_response_length=1024", "--cfg", "job", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     config = OmegaConf.create(result.stdout)
     assert config.actor_rollout_ref.actor.loss_agg_mode == "seq-mean-token-sum-norm"
@@ -278,23 +276,23 @@ def test_a_bad_setting_stops_the_launch_with_one_line(tmp_path):
 
 
 def test_a_quoted_boolean_stops_a_dry_run_and_the_codapo_warning_is_said_once(tmp_path):
-    result = run_main("method=grpo", "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.n=8",
-                      "algorithm.norm_adv_by_std_in_grpo='false'", "dry_run=true", cwd=tmp_path)
+    result = run_recipe_main("method=grpo", "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.n=8",
+                             "algorithm.norm_adv_by_std_in_grpo='false'", "dry_run=true", cwd=tmp_path)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == (
         "recipe-apo: error: algorithm.norm_adv_by_std_in_grpo must be true or false, got 'false' "
         "(a string: drop the quotes)")
-    result = run_main("method=codapo", "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.n=8",
-                      "algorithm.codapo.repeat_count=2", "dry_run=true", cwd=tmp_path)
+    result = run_recipe_main("method=codapo", "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.n=8",
+                             "algorithm.codapo.repeat_count=2", "dry_run=true", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     warned = [line for line in result.stderr.splitlines() if "algorithm.codapo.repeat_count=2" in line]
     assert len(warned) == 1 and warned[0].startswith("recipe-apo: warning: ")
 
 
 def test_multirun_dry_run_gives_each_job_its_own_name_folders_and_method(tmp_path):
-    result = run_main("-m", "method=grpo,drgrpo,apo", "algorithm.apo.lambda_scale=1.1", "dry_run=true",
-                      "actor_rollout_ref.rollout.n=8", "actor_rollout_ref.rollout.name=vllm",
-                      f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=tmp_path)
+    result = run_recipe_main("-m", "method=grpo,drgrpo,apo", "algorithm.apo.lambda_scale=1.1", "dry_run=true",
+                             "actor_rollout_ref.rollout.n=8", "actor_rollout_ref.rollout.name=vllm",
+                             f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     experiments = [line.split(": ", 1)[1] for line in result.stdout.splitlines() if line.startswith("experiment:")]
     checkpoints = [line.split(": ", 1)[1] for line in result.stdout.splitlines() if line.startswith("checkpoints:")]
@@ -376,9 +374,9 @@ def test_balance_batch_off_is_said_to_have_no_effect_in_verls_v1_trainer():
 
 
 def test_verls_trainer_modes_run_the_recipes_trainer_for_each(tmp_path):
-    result = run_main("-m", "method=apo", "trainer.v1.trainer_mode=sync,colocate_async,separate_async", "dry_run=true",
-                      "actor_rollout_ref.rollout.n=8", "actor_rollout_ref.rollout.name=vllm",
-                      f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=tmp_path)
+    result = run_recipe_main("-m", "method=apo", "trainer.v1.trainer_mode=sync,colocate_async,separate_async",
+                             "dry_run=true", "actor_rollout_ref.rollout.n=8", "actor_rollout_ref.rollout.name=vllm",
+                             f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     trainers = [line for line in result.stdout.splitlines() if line.startswith("trainer:")]
     assert trainers == [f"trainer: apo_{mode} (verl's {mode} with the recipe's hooks)"

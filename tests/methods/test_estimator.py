@@ -478,6 +478,30 @@ def test_a_step_as_one_batch_or_as_mini_batches_leaves_the_same_anchors(steps, p
     assert sum(a["steps"] for a in free.state_dict()["anchors"].values()) == 4
 
 
+@given(st.lists(st.tuples(st.sampled_from("abcd"), st.integers(0, 1), st.integers(1, 4)), min_size=1, max_size=24),
+       st.randoms(use_true_random=False), st.booleans())
+@hsettings(max_examples=60, deadline=None)
+def test_rows_in_any_order_get_the_same_advantages_and_anchors(rows, rng, by_source):
+    """verl reorders a step's rows before the estimator sees them (balance_batch, data-parallel padding, the
+    workers' order): a permutation of the rows permutes the advantages, to the bit, and leaves the anchors alike."""
+    settings = ApoSettings(lambda_scale=1.1, anchor_init=0.3, anchor_scope="data_source" if by_source else "global")
+    order = list(range(len(rows)))
+    rng.shuffle(order)
+    results = []
+    for perm in (range(len(rows)), order):
+        groups = np.array([rows[i][0] for i in perm], dtype=object)
+        scopes = np.array(["x" if g in "ab" else "y" for g in groups], dtype=object) if by_source else None
+        token_rewards, mask = outcome_rewards([float(rows[i][1]) for i in perm], [rows[i][2] for i in perm])
+        book = AnchorBook(init=0.3)
+        adv, metrics = compute_apo_advantage(token_rewards, mask, groups, settings, book, scopes)
+        results.append((adv, book.state_dict(), metrics))
+    (adv, state, metrics), (adv_shuffled, state_shuffled, metrics_shuffled) = results
+    assert torch.equal(adv_shuffled, adv[order])
+    assert state_shuffled == state and metrics_shuffled.keys() == metrics.keys()
+    for key in metrics:
+        assert metrics_shuffled[key] == pytest.approx(metrics[key], rel=1e-12, abs=1e-12), key
+
+
 def test_the_step_pools_its_mini_batches_success_by_hand():
     settings = ApoSettings(eta=1.0, eta_min=0.5, anchor_init=0.5, history=4)
     book = AnchorBook(init=0.5, history=4)

@@ -15,6 +15,7 @@ import sys
 import pandas as pd
 import pytest
 import yaml
+from in_process import run_recipe_main
 from omegaconf import OmegaConf
 from repo_paths import ROOT as REPO_ROOT
 
@@ -46,19 +47,10 @@ def overrides_of(script, *args, env=None):
 
 @pytest.fixture(scope="module")
 def compose():
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_module
-    from hydra.core.global_hydra import GlobalHydra
+    from composing import compose_recipe
 
-    GlobalHydra.instance().clear()
-    with initialize_config_module(config_module="recipe_apo.conf", version_base=None):
-        def _compose(overrides):
-            config = hydra_compose(config_name="apo_trainer", overrides=list(overrides))
-            OmegaConf.resolve(config)  # what recipe_apo.main does before validating
-            return config
-
-        yield _compose
-    GlobalHydra.instance().clear()
+    # Resolved: what recipe_apo.main does before validating.
+    return lambda overrides: compose_recipe(*overrides)
 
 
 def validate(config):
@@ -181,32 +173,40 @@ def test_further_overrides_pass_through_and_win(compose):
     assert config.algorithm.apo.eta == 0.5
 
 
-def dry_run_names(script, *args, env=None):
+def dry_run_in_process(script, *args, cwd, env=None):
+    """The script's dry run (RECIPE_APO_DRY_RUN=1 appends dry_run=true): the command it would exec, as it prints
+    it, run through recipe_apo.main in this process (tests/in_process.py). Each script keeps one dry run as a
+    process of its own: test_every_script_dry_runs_through_the_recipe."""
+    return run_recipe_main(*overrides_of(script, *args, env=env), "dry_run=true", cwd=cwd)
+
+
+def dry_run_names(script, *args, cwd, env=None):
     """The experiment names recipe_apo.main gives the script's run(s), from its dry run (no Ray)."""
-    result = script_command(script, *args, env=env, dry_run="1")
+    result = dry_run_in_process(script, *args, cwd=cwd, env=env)
     assert result.returncode == 0, result.stderr[-2000:]
     return [line.split("/", 1)[1] for line in result.stdout.splitlines() if line.startswith("experiment: ")]
 
 
-def test_run_names_change_with_data_model_and_method_in_the_dry_run():
+def test_run_names_change_with_data_model_and_method_in_the_dry_run(tmp_path):
     # The bug this guards against: runs differing in data settings or the model shared a name, so
     # resume_mode=auto let the real run resume the smoke test's checkpoint.
     script = SCRIPTS["1.5b"]
-    (base,) = dry_run_names(script)
+    (base,) = dry_run_names(script, cwd=tmp_path)
     assert base.startswith("qwen2.5-math-1.5b-apo-")
     with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as handle:
         assert f"checkpoints/recipe_apo/{base}/global_step_" in handle.read()  # README's evaluate example
     # One sweep through the script (Hydra multirun: one name per job): data settings and the model.
     swept = dry_run_names(script, "-m", "data.max_response_length=3000,2048", "data.train_batch_size=128,64",
-                          "actor_rollout_ref.model.path=Qwen/Qwen2.5-Math-1.5B,/models/Qwen2.5-Math-1.5B-Instruct")
+                          "actor_rollout_ref.model.path=Qwen/Qwen2.5-Math-1.5B,/models/Qwen2.5-Math-1.5B-Instruct",
+                          cwd=tmp_path)
     assert len(swept) == 8 and len(set(swept) | {base}) == 9
     # A swept key is spelled out in every job, even at the script's own value; the hash is the script run's.
     assert swept[0].startswith("qwen2.5-math-1.5b-apo-model=Qwen2.5-Math-1.5B-data.max_response_length=3000-")
     assert swept[0].rsplit("-", 1)[1] == base.rsplit("-", 1)[1] and len(swept[0]) == 96
     assert swept[4].startswith("qwen2.5-math-1.5b-apo-model=Qwen2.5-Math-1.5B-data.max_response_length=2048-")
-    # The model from the environment, and the method, in their own processes.
-    (other_model,) = dry_run_names(script, env={"MODEL": "/models/Qwen2.5-Math-1.5B-Instruct"})
-    (grpo,) = dry_run_names(script, "method=grpo")
+    # The model from the environment, and the method, in runs of their own.
+    (other_model,) = dry_run_names(script, env={"MODEL": "/models/Qwen2.5-Math-1.5B-Instruct"}, cwd=tmp_path)
+    (grpo,) = dry_run_names(script, "method=grpo", cwd=tmp_path)
     assert len(set(swept) | {other_model, grpo}) == 10
 
 
@@ -245,9 +245,10 @@ def test_run_names_separate_settings_not_plumbing():
 
 
 @pytest.mark.parametrize("script", sorted(SCRIPTS))
-def test_every_script_dry_runs_through_the_recipe(script):
-    # RECIPE_APO_DRY_RUN=1: the recipe's dry_run=true, which names, validates and prints where the run writes.
-    result = script_command(SCRIPTS[script], dry_run="1")
+def test_every_script_dry_runs_through_the_recipe(script, tmp_path):
+    # RECIPE_APO_DRY_RUN=1: the recipe's dry_run=true, which names, validates and prints where the run writes (the
+    # script's command in this process; test_dry_run_prints_the_composed_config_end_to_end execs one for real).
+    result = dry_run_in_process(SCRIPTS[script], cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     lines = result.stdout.splitlines()
     (experiment,) = [line for line in lines if line.startswith("experiment: recipe_apo/")]
