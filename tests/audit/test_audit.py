@@ -9,8 +9,6 @@ Step 2, one group [0, 1, 0, 0]; [5, 5, 5, 5].
 
 import json
 import math
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -143,14 +141,16 @@ def test_unreadable_dumps_are_refused_naming_the_file(tmp_path):
         load_run(bad)
 
 
-def test_the_command_compares_runs_side_by_side(tmp_path):
+def test_the_command_compares_runs_side_by_side(tmp_path, capsys):
+    # The command's main in this process (its process-level behaviour, one line and no traceback on bad input, is
+    # tests/audit/test_untrusted_input.py's).
+    from recipe_apo.audit.__main__ import main
+
     first = write_dump(tmp_path / "grpo-run" / "rollouts", {1: STEP1, 2: STEP2})
     second = write_dump(tmp_path / "apo-run" / "rollouts", {1: STEP2})
     out = tmp_path / "report"
-    result = subprocess.run([sys.executable, "-m", "recipe_apo.audit", str(first.parent), str(second.parent),
-                             "--out", str(out), "--apo", "lambda_scale=2.0"], capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert f"report: {out / 'report.md'}" in result.stdout
+    assert main([str(first.parent), str(second.parent), "--out", str(out), "--apo", "lambda_scale=2.0"]) == 0
+    assert f"report: {out / 'report.md'}" in capsys.readouterr().out
     report = (out / "report.md").read_text()
     assert "| grpo-run | 25.0% | 0.0% | 25.0% | 15.8% |" in report  # dead groups: 1 of 4, 12 of 76 tokens
     assert "| apo-run | 0.0% | 0.0% | 0.0% | 0.0% |" in report
