@@ -25,12 +25,12 @@ $(STAMP): pyproject.toml Makefile
 demo: $(STAMP)
 	$(PY) -W ignore::UserWarning -m recipe_apo.testbed
 
-# ruff first (seconds); then every test, two processes side by side (the whole-loop tests of tests/e2e wait on
-# Ray and subprocesses much of their time). PYTEST_ARGS, e.g. PYTEST_ARGS='-m "not e2e"' or PYTEST_ARGS=-n0.
+# ruff first (seconds); then every test, two processes side by side, whole files each, the longest first
+# (tests/conftest.py, pyproject's addopts). PYTEST_ARGS, e.g. PYTEST_ARGS='-m "not e2e"' or PYTEST_ARGS=-n0.
 PYTEST_ARGS ?=
 test: $(STAMP)
 	$(PY) -m ruff check .
-	$(PY) -m pytest -n 2 --dist loadfile $(PYTEST_ARGS)
+	$(PY) -m pytest -n 2 $(PYTEST_ARGS)
 
 # REHEARSAL_ARGS, e.g. REHEARSAL_ARGS="--steps 4 --out /tmp/rehearsal"
 REHEARSAL_ARGS ?=
