@@ -42,7 +42,9 @@ WORKERS = 2
 APO_ARGS = ("algorithm.apo.anchor_scope=data_source", "data.shuffle=false", "trainer.save_freq=1",
             "actor_rollout_ref.actor.use_kl_loss=true", "algorithm.apo.lambda_scale=1.1",
             "actor_rollout_ref.actor.use_dynamic_bsz=true",
-            f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={TOKEN_BUDGET}", f"trainer.n_gpus_per_node={WORKERS}")
+            f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={TOKEN_BUDGET}", f"trainer.n_gpus_per_node={WORKERS}",
+            # The hf rollout samples each request from its own seed: the same samples every run on a machine.
+            "actor_rollout_ref.rollout.full_determinism=true")
 LAMBDA = 1.1
 
 
@@ -148,19 +150,20 @@ def test_kl_loss_runs_against_the_reference_model(apo_runs):
     from recipe_apo.audit import stats
     from recipe_apo.audit.dumps import load_run
 
-    rows = apo_runs["metrics_first"]
+    rows = apo_runs["metrics_first"] + apo_runs["metrics_second"]  # steps 1 to 4 (the resumed run's step 4)
+    assert [row["step"] for row in rows] == [1, 2, 3, 4]
     # Step 1's policy is the reference model itself.
     assert rows[0]["actor/kl_loss"] == pytest.approx(0.0, abs=1e-6)
     # A step whose groups all scored alike has every advantage 0 (on this toy task it happens: see the bias
     # audit's example); after the first step with a signal the policy has left the reference model.
-    steps = load_run(apo_runs["ckpt"]).steps[:len(rows)]
+    steps = load_run(apo_runs["ckpt"]).steps
     live = [not stats.dead_groups(s.scores, *stats.group_codes(s.groups)).all() for s in steps]
     moved = False
     for t in range(1, len(rows)):
         if any(live[:t]):
             assert rows[t]["actor/kl_loss"] > 0.0, t + 1
             moved = True
-    assert moved, "no step had a group with a signal before the last: nothing to check the KL term against"
+    assert moved, "none of steps 1 to 3 had a group with a signal: nothing to check the KL term against"
 
 
 def test_every_worker_cut_its_mini_batch_by_the_token_budget(apo_runs):
