@@ -107,18 +107,19 @@ def test_global_scope_step_adds_the_global_anchor_metrics(transfer_queue, tmp_pa
     reset_driver_anchor()
 
 
-def test_codapo_step_gets_the_old_log_probs_and_the_zero_variance_scale_then_resamples(transfer_queue, tmp_path,
-                                                                                        monkeypatch, recipe_config,
-                                                                                        bare_trainer):
+def test_codapo_step_gets_the_old_log_probs_and_the_zero_variance_scale_then_resamples_also_after_a_resume(
+        transfer_queue, tmp_path, monkeypatch, recipe_config, bare_trainer):
     """Groups e1 [1, 1] and h2 [0, 0] are dead; e2 and h1 are half right with old mean log-probs -0.3/-0.4 and
     -0.5/-0.6. Worked by hand: w = exp(group mean) * 1 + 0.1, A = +-0.5 / (sqrt(0.5) + 1e-6), and token-mean's
-    zero-variance scale T / T_live = 22 / 12."""
+    zero-variance scale T / T_live = 22 / 12. Then step 2's prompts, in this run and in a run resumed from step
+    1's checkpoint (the whole loop runs the pair in one run: tests/e2e/test_codapo_pair.py)."""
     from verl.utils import tensordict_utils as tu
 
     config = recipe_config(tmp_path, "algorithm.zero_variance=exclude", "data.train_batch_size=4", method="codapo")
     trainer = bare_trainer(config)
     prompts = tu.get_tensordict({"uid": np.array(["e1", "e2", "h1", "h2"], dtype=object),
-                                 "data_source": np.array(["easy", "easy", "hard", "hard"], dtype=object)})
+                                 "data_source": np.array(["easy", "easy", "hard", "hard"], dtype=object),
+                                 "raw_prompt": np.array(["q-e1", "q-e2", "q-h1", "q-h2"], dtype=object)})
     monkeypatch.setattr(PPOTrainerSync, "_next_train_batch", lambda self, num_prompts=None: prompts)
     trainer.global_steps = 1
     assert trainer._next_train_batch() is prompts  # an odd step reads the loader
@@ -134,12 +135,31 @@ def test_codapo_step_gets_the_old_log_probs_and_the_zero_variance_scale_then_res
         torch.testing.assert_close(padded[row, :length], torch.full((length,), value), rtol=1e-5, atol=1e-6)
     assert metrics["zero_variance/scale"] == pytest.approx(22 / 12)
     assert metrics["codapo/weight_mean"] == pytest.approx((0.1 + w_e2 + w_h1 + 0.1) / 4)
+    # Step 1's checkpoint keeps the pair's prompts (before verl's own save, which marks the folder latest).
+    monkeypatch.setattr(PPOTrainerSync, "_save_checkpoint", lambda self: None)
+    trainer._save_checkpoint()
     # Step 2: the 0.75 quantile of [0.1, 0.805, 0.677, 0.1] is 0.709: e2 alone, 4 times, fresh uids.
     trainer.global_steps = 2
     second = trainer._next_train_batch()
-    assert list(second["data_source"]) == ["easy"] * 4
+    assert list(second["raw_prompt"]) == ["q-e2"] * 4 and list(second["data_source"]) == ["easy"] * 4
     assert len(set(second["uid"])) == 4 and "e2" not in set(second["uid"])
     assert tu.get_non_tensor_data(second, "global_steps", None) == 2
+    # A new run resumed from step 1's folder, in the middle of the pair: step 2 on the same kept prompts, and the
+    # dataloader untouched.
+    resumed = bare_trainer(recipe_config(tmp_path, "algorithm.zero_variance=exclude", "data.train_batch_size=4",
+                                         "trainer.resume_mode=resume_path",
+                                         f"trainer.resume_from_path={tmp_path}/ckpt/global_step_1", method="codapo"))
+    monkeypatch.setattr(PPOTrainerSync, "_load_checkpoint", lambda self: setattr(self, "global_steps", 1))
+
+    def no_loader(self, num_prompts=None):
+        raise AssertionError("the even step of a pair read the dataloader")
+
+    monkeypatch.setattr(PPOTrainerSync, "_next_train_batch", no_loader)
+    resumed._load_checkpoint()
+    resumed.global_steps = 2
+    again = resumed._next_train_batch()
+    assert list(again["raw_prompt"]) == ["q-e2"] * 4 and list(again["data_source"]) == ["easy"] * 4
+    assert len(set(again["uid"])) == 4 and not set(again["uid"]) & (set(second["uid"]) | {"e2"})
 
 
 def test_init_keeps_verls_sync_mode_and_starts_a_fresh_anchor(tmp_path, monkeypatch, recipe_config):

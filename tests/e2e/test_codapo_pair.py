@@ -1,6 +1,7 @@
-"""method=codapo with the zero-variance denominator, 2 data-parallel workers and dynamic batch sizes: step 1, then a
-resume in the middle of its pair. (A resume whose ``codapo_state.pt`` is corrupt or missing is tested one level down,
-through the trainer's restore and Ray's wrappers: tests/integration/test_trainer.py.)"""
+"""method=codapo with the zero-variance denominator, 2 data-parallel workers and dynamic batch sizes: three steps,
+the second of them trained on the first's kept prompts, each step's checkpoint saved. (A resume in the middle of a
+pair, from the checkpoint folder the trainer's save wrote, and one whose ``codapo_state.pt`` is corrupt or missing,
+are tested one level down, through the trainer's restore and Ray's wrappers: tests/integration/test_trainer.py.)"""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from rehearsal_runs import checkpoint_root, dump, run, tail
 
 from recipe_apo.cpu import rehearse
 
-# ---- method=codapo with the zero-variance denominator: step 1, then a resume in the middle of its pair ----------
+# ---- method=codapo with the zero-variance denominator: a pair and the first step of the next ----------------------
 # Two data-parallel FSDP workers, each cutting its mini-batch into micro-batches by a token budget (as a GPU run
 # with use_dynamic_bsz does): the hand-off of old log-probs, the zero-variance scale and the resampled step in
 # that shape.
@@ -23,16 +24,12 @@ CODAPO_ARGS = ("algorithm.zero_variance=exclude", "data.shuffle=false", "trainer
 @pytest.fixture(scope="module")
 def codapo_runs(tiny, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("codapo")
-    first = run(rehearse.recipe_command(["codapo"], tiny, *CODAPO_ARGS, "trainer.total_training_steps=1"),
-                workdir, "first", workdir / "metrics" / "first")
-    assert first.returncode == 0, tail(first)
-    experiment = rehearse.experiment_names(first.log)[0]
-    second = run(rehearse.recipe_command(["codapo"], tiny, *CODAPO_ARGS, "trainer.total_training_steps=3"),
-                 workdir, "second", workdir / "metrics" / "second")
-    assert second.returncode == 0, tail(second)
+    result = run(rehearse.recipe_command(["codapo"], tiny, *CODAPO_ARGS, "trainer.total_training_steps=3"),
+                 workdir, "run", workdir / "metrics")
+    assert result.returncode == 0, tail(result)
+    experiment = rehearse.experiment_names(result.log)[0]
     ckpt = checkpoint_root(workdir, experiment)
-    metrics = [rehearse.read_metrics(rehearse.metrics_file(workdir / "metrics" / name, experiment))
-               for name in ("first", "second")]
+    metrics = rehearse.read_metrics(rehearse.metrics_file(workdir / "metrics", experiment))
     return {"ckpt": ckpt, "metrics": metrics, "dumps": {s: dump(ckpt / "rollouts" / f"{s}.jsonl") for s in (1, 2, 3)},
             "workdir": workdir, "tiny": tiny}
 
@@ -49,14 +46,14 @@ def groups_of(rows: list[dict]) -> dict[str, list[dict]]:
     return groups
 
 
-def test_codapo_resumes_in_the_middle_of_a_pair_and_trains_the_even_step_on_the_kept_prompts(codapo_runs):
+def test_codapo_trains_the_even_step_on_the_kept_prompts_and_saves_them_with_the_odd_steps(codapo_runs):
     from collections import Counter
 
     from recipe_apo.integration.resampling import STATE_FILE as CODAPO_STATE
     from recipe_apo.methods.codapo import resample_order, select_prompts
 
     ckpt, dumps = codapo_runs["ckpt"], codapo_runs["dumps"]
-    assert [row["step"] for row in codapo_runs["metrics"][1]] == [2, 3]  # the second run resumed at step 2
+    assert [row["step"] for row in codapo_runs["metrics"]] == [1, 2, 3]
     assert (ckpt / "global_step_1" / CODAPO_STATE).exists() and (ckpt / "global_step_3" / CODAPO_STATE).exists()
     assert not (ckpt / "global_step_2" / CODAPO_STATE).exists()  # nothing to keep after the second of a pair
     # The kept prompts are those of step 1 whose w_g reaches the 0.75 quantile of its four prompts' weights.
@@ -83,7 +80,7 @@ def test_codapo_resumes_in_the_middle_of_a_pair_and_trains_the_even_step_on_the_
 
 def test_codapo_advantages_in_the_real_loop_are_weight_times_normalized_reward_times_the_zero_variance_scale(
         codapo_runs):
-    logged = {row["step"]: row for rows in codapo_runs["metrics"] for row in rows}
+    logged = {row["step"]: row for row in codapo_runs["metrics"]}
     for step, rows in codapo_runs["dumps"].items():
         row_metrics = logged[step]
         live_tokens = total_tokens = 0
