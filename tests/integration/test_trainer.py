@@ -191,6 +191,9 @@ def test_checkpoint_save_writes_the_anchor_before_verl_marks_the_folder_latest(t
 
 
 def test_node_check_passes_where_the_plugin_is_installed(transfer_queue):
+    """Also the plugin's registration in a Ray worker by verl's entry point alone: the probe is shipped by value
+    (the worker imports nothing of recipe_apo) and the worker's environment, the driver's, names no plugin module."""
+    assert not any(key.startswith("VERL_USE_EXTERNAL") for key in os.environ)
     reports = check_apo_on_every_node(timeout_s=120)
     assert len(reports) == 1 and reports[0]["estimator"] and reports[0]["loss"] and reports[0]["missing"] == []
 
