@@ -19,6 +19,28 @@ SLOW_UNIT_FILES = ("testbed/test_testbed.py", "integration/test_recipe.py", "int
                    "scripts/test_train_scripts.py")
 
 
+# Files that share a Ray session through a package-scoped fixture: make test's workers take each group whole, as
+# they take whole files (pyproject's --dist loadfile). Each Ray session costs 10-80 CPU-seconds of start-up.
+SHARED_SESSIONS = {"integration/test_multi_output.py": "integration/test_trainer.py"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which answers for every --dist
+def pytest_xdist_make_scheduler(config, log):
+    if config.getoption("dist") != "loadfile":
+        return None  # xdist's own scheduler
+    from xdist.scheduler import LoadFileScheduling
+
+    class SharedSessionScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = super()._split_scope(nodeid)
+            for member, host in SHARED_SESSIONS.items():
+                if path.endswith(member):
+                    return path[: -len(member)] + host
+            return path
+
+    return SharedSessionScheduling(config, log)
+
+
 def pytest_collection_modifyitems(items):
     def rank(item) -> int:
         path = item.path.as_posix()

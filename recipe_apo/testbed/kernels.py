@@ -4,8 +4,10 @@ An RL run's trajectory diverges from a last-bit float difference, and torch pick
 (AVX-512 on one, AVX2 on another), as do MKL and oneDNN beneath it: the same seed then trains differently on two
 machines. The testbed pins all three to AVX2, the widest set nearly every x86-64 CPU since 2013 has, before torch
 loads: ``ATEN_CPU_CAPABILITY=avx2`` (torch's own kernels), ``MKL_CBWR=AVX2`` (MKL's conditional numerical
-reproducibility), ``DNNL_MAX_CPU_ISA=AVX2`` (oneDNN). ``python -m recipe_apo.testbed`` re-executes itself once
-with them when it started without them (importing the package loads torch before the testbed's code runs); its
+reproducibility), ``DNNL_MAX_CPU_ISA=AVX2`` (oneDNN). Each library reads its setting from the environment when
+it loads, and importing ``recipe_apo`` loads torch (through verl): so ``recipe_apo/__init__.py`` sets them first
+when the process was started as ``python -m recipe_apo.testbed`` (``pin_early``), and the testbed re-executes
+itself once with them where that could not happen (torch loaded before, an interpreter started another way). Its
 worker processes inherit them. ``RECIPE_APO_TESTBED_KERNELS=native`` lets torch choose, as before. Threads are the
 testbed's own setting (``threads_per_worker``), recorded beside the kernels in ``summary.json``.
 """
@@ -31,6 +33,28 @@ def pinned_env(env: Mapping[str, str]) -> Optional[dict[str, str]]:
     if not wanted(env) or all(env.get(key) == value for key, value in PINNED.items()):
         return None
     return {**env, **PINNED}
+
+
+def started_as(module: str, argv: list[str]) -> bool:
+    """Whether ``argv`` (``sys.orig_argv``) is ``python [options] -m module [arguments]``."""
+    rest = iter(argv[1:])
+    for arg in rest:
+        if arg == "-m":
+            return next(rest, None) == module
+        if arg.startswith("-m"):
+            return arg[2:] == module
+        if arg in ("-W", "-X", "--check-hash-based-pycs"):
+            next(rest, None)  # the option's value
+        elif arg == "-c" or not arg.startswith("-"):
+            return False  # a command or a script: no module
+    return False
+
+
+def pin_early(module: str = "recipe_apo.testbed") -> None:
+    """Put the pinned settings into this process's environment when it was started as ``python -m module`` and
+    torch has not loaded yet: the libraries then read them at load, and no second start is needed."""
+    if "torch" not in sys.modules and wanted(os.environ) and started_as(module, sys.orig_argv):
+        os.environ.update(PINNED)
 
 
 def reexec_pinned(module: str = "recipe_apo.testbed") -> None:

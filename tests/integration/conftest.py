@@ -36,8 +36,10 @@ def bare_trainer():
     return _bare_trainer
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def transfer_queue():
+    """A local Ray with TransferQueue, shared by the package's modules (tests/conftest.py, SHARED_SESSIONS: one
+    xdist worker takes them together)."""
     import ray
     import transfer_queue as tq
     from omegaconf import OmegaConf

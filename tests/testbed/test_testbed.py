@@ -540,8 +540,8 @@ def test_zero_variance_settings_are_checked_before_training(hydra_ctx, tmp_path)
 
 def test_the_same_numbers_under_two_kernel_settings_of_the_machine(tmp_path):
     """python -m recipe_apo.testbed started with the pinned kernels, and as a machine of other kernels would start
-    it (torch's scalar ones; the testbed re-executes itself on the pinned set): the same figures. Without the pin
-    the two differ in the last bits (grad norms at the 8th digit, measured here)."""
+    it (torch's scalar ones; the package's import sets the pinned ones before torch loads): the same figures.
+    Without the pin the two differ in the last bits (grad norms at the 8th digit, measured here)."""
     import json
     import os
     import subprocess
@@ -569,6 +569,28 @@ def test_the_same_numbers_under_two_kernel_settings_of_the_machine(tmp_path):
                 seed_run.pop("wall_s")
         figures.append(json.dumps(summary["runs"], sort_keys=True))  # NaN equals NaN through JSON
     assert figures[0] == figures[1]
+
+
+def test_the_testbed_start_is_told_from_the_interpreters_own_arguments(monkeypatch):
+    import os
+
+    from recipe_apo.testbed.kernels import PINNED, pin_early, started_as
+
+    module = "recipe_apo.testbed"
+    assert started_as(module, ["python", "-m", module, "seeds=[0]"])
+    assert started_as(module, ["python", "-W", "ignore::UserWarning", "-X", "importtime", "-B", "-m", module])
+    assert started_as(module, ["python", f"-m{module}"])
+    assert not started_as(module, ["python", "-m", "recipe_apo.audit", module])  # an argument, not the module
+    assert not started_as(module, ["python", "-c", "import recipe_apo", "-m", module])
+    assert not started_as(module, ["python", "script.py", "-m", module])
+    assert not started_as(module, ["python", "-W", "-m", module])  # -W's value
+    assert not started_as(module, ["python", "-m"])
+    # torch loaded already: the environment stays as it is (the testbed's re-execution does the pinning then)
+    monkeypatch.setattr("sys.orig_argv", ["python", "-m", module])
+    for key in PINNED:
+        monkeypatch.delenv(key, raising=False)
+    pin_early()
+    assert not any(key in os.environ for key in PINNED)
 
 
 # --- Stale responses -----------------------------------------------------------------------------------------
