@@ -60,18 +60,18 @@ def run_child(code, tmp_path):
 def test_resume_in_a_new_process_continues_bit_for_bit(tmp_path):
     config_path = tmp_path / "config.yaml"
     OmegaConf.save(trainer_config(tmp_path), config_path)
-    # Uninterrupted run of 6 steps, saving at step 4 as verl's trainer does, in a process of its own.
-    run_child(f"""
-        from recipe_apo.integration.checkpoint import save_anchor_state
-        config = OmegaConf.load("{config_path}")
-        outs = []
-        for k in range(1, 7):
-            outs.append(step(k, config.algorithm))
-            if k == 4:
-                save_anchor_state("{tmp_path}/ckpt/global_step_4", 4)
-                open("{tmp_path}/ckpt/latest_checkpointed_iteration.txt", "w").write("4")
-        torch.save(outs, "{tmp_path}/uninterrupted.pt")
-    """, tmp_path)
+    # Uninterrupted run of 6 steps from a fresh anchor, saving at step 4 as verl's trainer does (in this process).
+    namespace = {}
+    exec(STEP_SCRIPT, namespace)
+    config = OmegaConf.load(config_path)
+    reset_driver_anchor()
+    uninterrupted = []
+    for k in range(1, 7):
+        uninterrupted.append(namespace["step"](k, config.algorithm))
+        if k == 4:
+            save_anchor_state(str(tmp_path / "ckpt" / "global_step_4"), 4)
+            (tmp_path / "ckpt" / "latest_checkpointed_iteration.txt").write_text("4")
+    reset_driver_anchor()
     # A new process runs steps 5 and 6 twice: from a fresh anchor (what a run without the state would do), then,
     # the anchor reset, resumed from the latest checkpoint (resume_mode=auto).
     run_child(f"""
@@ -83,7 +83,6 @@ def test_resume_in_a_new_process_continues_bit_for_bit(tmp_path):
         assert restore_for_run(config)
         torch.save([step(k, config.algorithm) for k in (5, 6)], "{tmp_path}/resumed.pt")
     """, tmp_path)
-    uninterrupted = torch.load(tmp_path / "uninterrupted.pt")
     resumed = torch.load(tmp_path / "resumed.pt")
     assert torch.equal(resumed[0], uninterrupted[4]) and torch.equal(resumed[1], uninterrupted[5])
     # Without the anchor state the same steps differ: the test can tell a restored anchor from a fresh one.

@@ -312,23 +312,31 @@ def launchable(*overrides):
                  "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2", *overrides)
 
 
-def test_launch_hands_verl_the_recipe_task_runner_and_ends_its_ray_session(monkeypatch):
+@pytest.mark.parametrize("ray_before", [False, True])
+def test_launch_hands_verl_the_recipe_task_runner_and_ends_its_ray_session(monkeypatch, ray_before):
+    """Each multirun job gets its own Ray session: the one verl's run_ppo started ends with the job; a session the
+    caller had started stays. (Ray's state is a flag here: starting a real session costs seconds.)"""
     import ray
     import verl.trainer.main_ppo as main_ppo
 
     from recipe_apo.integration.task_runner import ApoTaskRunner
     from recipe_apo.main import run
 
-    seen = {}
+    seen = {"up": ray_before, "shutdowns": 0}
 
     def fake_run_ppo(config, task_runner_class):
         seen["runner"] = task_runner_class
-        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)  # as verl's run_ppo does
+        seen["up"] = True  # verl's run_ppo starts Ray unless it is up
+
+    def shutdown():
+        seen["up"], seen["shutdowns"] = False, seen["shutdowns"] + 1
 
     monkeypatch.setattr(main_ppo, "run_ppo", fake_run_ppo)
+    monkeypatch.setattr(ray, "is_initialized", lambda: seen["up"])
+    monkeypatch.setattr(ray, "shutdown", shutdown)
     run(launchable())
     assert seen["runner"] is ApoTaskRunner
-    assert not ray.is_initialized()  # each multirun job gets its own Ray session
+    assert (seen["up"], seen["shutdowns"]) == ((True, 0) if ray_before else (False, 1))
 
 
 @pytest.mark.parametrize("method, checked", [("apo", True), ("codapo", True), ("grpo", False), ("drgrpo", False)])

@@ -188,7 +188,7 @@ def test_signal_matches_the_closed_form_within_sampling_error():
     from recipe_apo.testbed.signal import closed_form, max_z, measure
 
     apo = dataclasses.asdict(ApoSettings())
-    result = measure(group_sizes=[4, 8], p_points=6, groups=3000, anchor=0.5, apo_node=apo, seed=0)
+    result = measure(group_sizes=[4, 8], p_points=6, groups=1000, anchor=0.5, apo_node=apo, seed=0)
     for size, entry in result["by_G"].items():
         # The exact expectation of Dr. GRPO, from the estimator's own outputs, is the closed form.
         np.testing.assert_allclose(entry["Dr. GRPO"]["exact"], closed_form(np.asarray(result["p"]), int(size)),
