@@ -1,11 +1,9 @@
-"""The CPU rehearsal's parts, without Ray: the hf rollout's sampling, the refusals, inertness, the rehearse table."""
+"""The CPU rehearsal's parts, without Ray: the hf rollout's sampling, the refusals, the rehearse table. (That a run
+without the rehearsal never loads it: tests/integration/test_quiet.py, the training entry's test.)"""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -264,23 +262,6 @@ def test_a_refused_rehearsal_setting_stops_the_launch_with_one_line(tmp_path):
     assert result.returncode == 2
     last = result.stderr.strip().splitlines()[-1]
     assert last == "recipe-apo: error: trainer.nnodes=2: the CPU rehearsal runs on one machine"
-
-
-def test_a_run_without_the_rehearsal_never_imports_it(tmp_path):
-    """A GPU run's process: the recipe entry, trainer, task runner and a dry run leave recipe_apo.cpu unloaded."""
-    code = (
-        "import runpy, sys\n"
-        "sys.argv = ['recipe_apo.main', 'method=apo', 'actor_rollout_ref.rollout.name=vllm',"
-        " 'actor_rollout_ref.rollout.n=2', 'dry_run=true']\n"
-        "import recipe_apo.integration.trainer, recipe_apo.integration.task_runner, recipe_apo.integration.checkpoint\n"
-        "runpy.run_module('recipe_apo.main', run_name='__main__')\n"
-        "from verl.plugin.platform import get_platform\n"
-        "print(sorted(m for m in sys.modules if m.startswith('recipe_apo.cpu')), type(get_platform()).__name__)\n"
-    )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120,
-                            env={k: v for k, v in os.environ.items() if not k.startswith("VERL_")})
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.strip().splitlines()[-1] == "[] PlatformCUDA"
 
 
 # ---- errors from inside Ray ------------------------------------------------------------------------------------

@@ -69,11 +69,24 @@ def test_the_demo_ends_with_its_result_and_unknown_warnings_still_show():
         assert line in result.stderr, f"{line!r} missing from\n{result.stderr}"
 
 
-def test_the_training_entry_keeps_verls_warnings():
-    script = "import recipe_apo.main, recipe_apo.integration.quiet\nimport verl.trainer.ppo.ray_trainer\n"
+def test_the_training_entry_keeps_verls_warnings_and_never_loads_the_cpu_rehearsal(tmp_path):
+    """A GPU run's process: the recipe entry's dry run, its trainer, task runner and checkpoint hooks, and verl's
+    trainer. verl's warnings all show, the platform is verl's own, and recipe_apo.cpu is never imported."""
+    script = (
+        "import runpy, sys\n"
+        "sys.argv = ['recipe_apo.main', 'method=apo', 'actor_rollout_ref.rollout.name=vllm',"
+        " 'actor_rollout_ref.rollout.n=2', 'dry_run=true']\n"
+        "import recipe_apo.integration.trainer, recipe_apo.integration.task_runner, recipe_apo.integration.checkpoint\n"
+        "import recipe_apo.integration.quiet\n"
+        "runpy.run_module('recipe_apo.main', run_name='__main__')\n"
+        "import verl.trainer.ppo.ray_trainer\n"
+        "from verl.plugin.platform import get_platform\n"
+        "print(sorted(m for m in sys.modules if m.startswith('recipe_apo.cpu')), type(get_platform()).__name__)\n"
+    )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=clean_env(),
-                            cwd=ROOT, timeout=120)
-    assert result.returncode == 0, result.stderr
+                            cwd=tmp_path, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip().splitlines()[-1] == "[] PlatformCUDA"
     for line in KNOWN:
         assert line in result.stderr, f"{line!r} missing from\n{result.stderr}"
 
