@@ -54,6 +54,36 @@ def pytest_collection_modifyitems(items):
     items.sort(key=rank)  # stable: each file's tests keep their order
 
 
+def _parse_each_yaml_text_once() -> None:
+    """Hydra reads and parses every YAML file of a config at every compose (verl's config: about 35 files, half
+    of a compose's 0.6 s in pure-Python YAML and OmegaConf), and the tests compose hundreds of times, in-process
+    runs of ``python -m recipe_apo.main`` and the testbed included. Here each text is parsed once per test
+    process and every load gets its own copy: ``OmegaConf.load`` is a function of the text alone. Loads by path
+    (files the tests write and read back) go through as they are."""
+    import copy
+    import io
+
+    from omegaconf import OmegaConf
+
+    parse = OmegaConf.load
+    parsed = {}
+
+    def load(file_):
+        if isinstance(file_, (str, os.PathLike)) or not hasattr(file_, "read"):
+            return parse(file_)
+        text = file_.read()
+        if isinstance(text, bytes):
+            text = text.decode("utf-8")
+        if text not in parsed:
+            parsed[text] = parse(io.StringIO(text))
+        return copy.deepcopy(parsed[text])
+
+    OmegaConf.load = load
+
+
+_parse_each_yaml_text_once()
+
+
 @pytest.fixture(scope="session")
 def tiny_task(tmp_path_factory) -> dict[str, Path]:
     """``recipe_apo.cpu.make_tiny``'s default model, tokenizer and dataset, built once per test run: by the first
