@@ -16,7 +16,7 @@ from typing import Any, Iterator
 from omegaconf import OmegaConf
 
 from recipe_apo.integration.errors import RecipeConfigError
-from recipe_apo.methods.settings import check_flag
+from recipe_apo.methods.checks import check_flag
 
 # Flags outside verl's algorithm node that the recipe reads: its own dry_run, and the two verl keys its checks
 # and warnings read (trainer.use_v1 in validation, actor.shuffle in config_warnings).

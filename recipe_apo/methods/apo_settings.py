@@ -25,11 +25,8 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from recipe_apo.methods.errors import MethodConfigError
-from recipe_apo.methods.settings import (
-    check_flag,
-    check_number,
-    read_settings,  # its home since issue 19; importable from here too
-)
+from recipe_apo.methods.checks import check_choice, check_flag, check_integer, check_number
+from recipe_apo.methods.settings import read_settings
 
 SUCCESS_MODES = ("binary", "threshold", "minmax")
 # Upper bounds far beyond the paper's ranges (lambda_scale 1.1-2.0, m 10-50), there so that no accepted value
@@ -93,17 +90,10 @@ class ApoSettings:
         _check_number("lambda_scale", self.lambda_scale, low=0.0, low_open=True, high=MAX_LAMBDA_SCALE)
         _check_number("eta", self.eta, low=0.0)
         _check_number("eta_min", self.eta_min, low=0.0, high=1.0)
-        if (isinstance(self.history, bool) or not isinstance(self.history, int)
-                or not 1 <= self.history <= MAX_HISTORY):
-            raise ApoConfigError(
-                f"algorithm.apo.history must be an integer in [1, {MAX_HISTORY}], got {self.history!r}"
-            )
+        check_integer("algorithm.apo.history", self.history, ApoConfigError, low=1, high=MAX_HISTORY)
         if self.anchor_init is not None:
             _check_number("anchor_init", self.anchor_init, low=0.0, high=1.0)
-        if self.success not in SUCCESS_MODES:
-            raise ApoConfigError(
-                f"algorithm.apo.success must be one of {', '.join(SUCCESS_MODES)}, got {self.success!r}"
-            )
+        check_choice("algorithm.apo.success", self.success, SUCCESS_MODES, ApoConfigError)
         _check_number("success_threshold", self.success_threshold)
         _check_number("success_min", self.success_min)
         _check_number("success_max", self.success_max)
@@ -113,19 +103,9 @@ class ApoSettings:
                 f"got min={self.success_min!r}, max={self.success_max!r}"
             )
         check_flag("algorithm.apo.reweight", self.reweight, ApoConfigError)
-        if self.anchor_scope not in ANCHOR_SCOPES:
-            raise ApoConfigError(
-                f"algorithm.apo.anchor_scope must be one of {', '.join(ANCHOR_SCOPES)}, got {self.anchor_scope!r}"
-            )
-        if self.anchor_order not in ANCHOR_ORDERS:
-            raise ApoConfigError(
-                f"algorithm.apo.anchor_order must be one of {', '.join(ANCHOR_ORDERS)}, got {self.anchor_order!r}"
-            )
-        if self.on_missing_state not in ON_MISSING_STATE:
-            raise ApoConfigError(
-                f"algorithm.apo.on_missing_state must be one of {', '.join(ON_MISSING_STATE)}, "
-                f"got {self.on_missing_state!r}"
-            )
+        check_choice("algorithm.apo.anchor_scope", self.anchor_scope, ANCHOR_SCOPES, ApoConfigError)
+        check_choice("algorithm.apo.anchor_order", self.anchor_order, ANCHOR_ORDERS, ApoConfigError)
+        check_choice("algorithm.apo.on_missing_state", self.on_missing_state, ON_MISSING_STATE, ApoConfigError)
 
     @classmethod
     def from_algorithm_config(cls, algorithm_config: Any) -> "ApoSettings":

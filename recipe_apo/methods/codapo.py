@@ -38,7 +38,8 @@ import torch
 
 from recipe_apo.methods.errors import BatchInputError, MethodConfigError
 from recipe_apo.methods.groups import group_ids, group_mean, response_rewards
-from recipe_apo.methods.settings import check_flag, check_number, read_flag, read_settings
+from recipe_apo.methods.checks import check_flag, check_integer, check_number
+from recipe_apo.methods.settings import read_flag, read_settings
 from recipe_apo.methods.tensors import empty_like, from_float64, to_numpy
 
 EPSILON = 1e-6
@@ -71,14 +72,10 @@ class CodapoSettings:
     def __post_init__(self) -> None:
         check_number("algorithm.codapo.weight_offset", self.weight_offset, CodapoConfigError, low=0.0,
                      high=MAX_WEIGHT_OFFSET)
-        p = self.percentile
-        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 < p < 1.0:
-            raise CodapoConfigError(f"algorithm.codapo.percentile must be a number in (0, 1), got {p!r}")
-        r = self.repeat_count
-        if isinstance(r, bool) or not isinstance(r, int) or not 1 <= r <= MAX_REPEAT_COUNT:
-            raise CodapoConfigError(
-                f"algorithm.codapo.repeat_count must be an integer in [1, {MAX_REPEAT_COUNT}], got {r!r}"
-            )
+        check_number("algorithm.codapo.percentile", self.percentile, CodapoConfigError, low=0.0, high=1.0,
+                     low_open=True, high_open=True)
+        check_integer("algorithm.codapo.repeat_count", self.repeat_count, CodapoConfigError, low=1,
+                      high=MAX_REPEAT_COUNT)
         check_flag("algorithm.codapo.resample", self.resample, CodapoConfigError)
 
     @classmethod

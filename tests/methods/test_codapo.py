@@ -248,7 +248,7 @@ def test_settings_that_could_overflow_or_exhaust_memory_are_refused_naming_the_k
         ({"weight_offset": float("inf")}, "algorithm.codapo.weight_offset must be a finite number, got inf"),
         ({"repeat_count": 1_000_000_000_000},
          f"algorithm.codapo.repeat_count must be an integer in [1, {MAX_REPEAT_COUNT}], got 1000000000000"),
-        ({"percentile": float("nan")}, "algorithm.codapo.percentile must be a number in (0, 1), got nan"),
+        ({"percentile": float("nan")}, "algorithm.codapo.percentile must be a finite number, got nan"),
         ({"resample": "false"},
          "algorithm.codapo.resample must be true or false, got 'false' (a string: drop the quotes)"),
     ]:

@@ -1,0 +1,122 @@
+"""The input checks every method shares: settings (numbers, whole numbers, flags, choices), batches (shapes,
+finite rewards, the advantages' dtype and range), and verl's list of loss aggregations.
+
+Each check raises with a one-line message that names the setting or the rows at fault: settings raise the
+caller's ``error`` class (``ApoConfigError``, ``CodapoConfigError``, the integration's ``RecipeConfigError``),
+batches ``BatchInputError``. A check returns nothing it did not check; a method adds its own wording of *why*
+(which setting scales an overflow, say) in ``because``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional, Sequence
+
+import numpy as np
+import torch
+
+from recipe_apo.methods.errors import BatchInputError
+
+__all__ = [
+    "AGG_MODES", "NORM_MODE", "check_choice", "check_finite", "check_flag", "check_integer", "check_no_overflow",
+    "check_number", "check_shapes", "output_dtype",
+]
+
+NORM_MODE = "seq-mean-token-sum-norm"
+# verl 0.9.1's loss aggregations (core_algos.agg_loss), in its own order: the one list the recipe checks against.
+AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", NORM_MODE)
+
+
+def _is_real(value: Any) -> bool:
+    # JSON's true/false and YAML's quoted numbers are not numbers here: a setting of the wrong type is a typo.
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def check_number(
+    name: str,
+    value: Any,
+    error: type[Exception],
+    low: Optional[float] = None,
+    high: Optional[float] = None,
+    low_open: bool = False,
+    high_open: bool = False,
+) -> float:
+    """``value`` if it is a finite real number in the bounds, else ``error`` naming ``name``. ``true`` is not 1
+    here, nor ``"1.5"`` 1.5."""
+    if not _is_real(value) or not math.isfinite(value):
+        raise error(f"{name} must be a finite number, got {value!r}")
+    if low is not None and high is not None and (low_open or high_open):
+        inside = (value > low if low_open else value >= low) and (value < high if high_open else value <= high)
+        if not inside:
+            span = f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+            raise error(f"{name} must be a number in {span}, got {value!r}")
+    if low is not None and (value <= low if low_open else value < low):
+        raise error(f"{name} must be {'>' if low_open else '>='} {low}, got {value!r}")
+    if high is not None and (value >= high if high_open else value > high):
+        raise error(f"{name} must be {'<' if high_open else '<='} {high}, got {value!r}")
+    return value
+
+
+def check_integer(name: str, value: Any, error: type[Exception], low: Optional[int] = None,
+                  high: Optional[int] = None) -> int:
+    """``value`` if it is a whole number (an int, not a bool) in [low, high], else ``error`` naming ``name``."""
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or \
+            (low is not None and value < low) or (high is not None and value > high):
+        if low is not None and high is not None:
+            raise error(f"{name} must be an integer in [{low}, {high}], got {value!r}")
+        if low is not None:
+            raise error(f"{name} must be an integer >= {low}, got {value!r}")
+        raise error(f"{name} must be an integer, got {value!r}")
+    return int(value)
+
+
+def check_flag(name: str, value: Any, error: type[Exception]) -> bool:
+    """``value`` if it is a bool, else ``error`` naming ``name``. A quoted ``'false'`` is a non-empty string,
+    which Python (and verl, which tests ``if flag:``) reads as true."""
+    if not isinstance(value, bool):
+        hint = " (a string: drop the quotes)" if isinstance(value, str) else ""
+        raise error(f"{name} must be true or false, got {value!r}{hint}")
+    return value
+
+
+def check_choice(name: str, value: Any, choices: Sequence[str], error: type[Exception]) -> str:
+    """``value`` if it is one of ``choices``, else ``error`` naming ``name`` and the choices."""
+    if value not in choices:
+        raise error(f"{name} must be one of {', '.join(choices)}, got {value!r}")
+    return value
+
+
+def check_shapes(**tensors: torch.Tensor) -> None:
+    """The named tensors are all (batch, response_len) of one shape, else ``BatchInputError`` naming them."""
+    shapes = {name: tuple(tensor.shape) for name, tensor in tensors.items()}
+    first = next(iter(shapes.values()))
+    if len(first) != 2 or any(shape != first for shape in shapes.values()):
+        listed = ", ".join(f"{name} {shape}" for name, shape in shapes.items())
+        raise BatchInputError(f"{listed} must all be (batch, response_len) of one shape")
+
+
+def check_finite(values: np.ndarray, valid: np.ndarray, what: str, prefix: str = "token_level_rewards") -> None:
+    """Every valid response's ``values`` (one per response) is finite, else ``BatchInputError`` counting the
+    responses and naming the first rows. Padding rows (``valid`` false) may hold anything."""
+    bad = valid & ~np.isfinite(values)
+    if bad.any():
+        rows = np.flatnonzero(bad)
+        raise BatchInputError(
+            f"{prefix}: {rows.size} of {valid.size} responses have NaN/inf {what}, first rows {rows[:5].tolist()}"
+        )
+
+
+def output_dtype(token_level_rewards: torch.Tensor) -> torch.dtype:
+    """The advantages' dtype: the rewards', or float32 for integer and bool rewards (verl's own scorers return
+    ints): advantages are real numbers whatever the rewards' dtype."""
+    return token_level_rewards.dtype if token_level_rewards.is_floating_point() else torch.float32
+
+
+def check_no_overflow(largest: float, dtype: torch.dtype, prefix: str, because: str) -> None:
+    """``largest`` (a bound on the advantages' magnitude; NaN and inf included) fits ``dtype``, else
+    ``BatchInputError``: "<prefix>advantages would overflow <dtype> (max ...): <because>"."""
+    limit = float(torch.finfo(dtype).max)
+    if not largest <= limit:  # also catches inf and NaN
+        raise BatchInputError(
+            f"{prefix}advantages would overflow {str(dtype).removeprefix('torch.')} (max {limit:.3g}): {because}"
+        )
