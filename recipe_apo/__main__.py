@@ -15,7 +15,8 @@ from omegaconf import OmegaConf
 
 import recipe_apo
 from recipe_apo.integration import presets
-from recipe_apo.methods.anchor import get_driver_anchor, reset_driver_anchor
+from recipe_apo.methods.anchor import GLOBAL_SCOPE
+from recipe_apo.methods.driver_state import driver_anchors, reset_driver_anchors
 
 TRAIN_COMMAND = r"""python -m recipe_apo.main method=apo \
     data.train_files=$HOME/data/math/train.parquet data.val_files=$HOME/data/math/test.parquet \
@@ -87,11 +88,11 @@ def main() -> None:
     columns = {}
     anchor = None
     for method, config in configs.items():
-        reset_driver_anchor()
+        reset_driver_anchors()
         columns[method] = advantages(config.algorithm, token_rewards, mask, uids)
         if config.algorithm.adv_estimator == "apo":
-            anchor = get_driver_anchor().value
-    reset_driver_anchor()
+            anchor = driver_anchors().anchor(GLOBAL_SCOPE).value
+    reset_driver_anchors()
 
     print("Method presets (conf/method/), as the recipe composes them:")
     for method, config in configs.items():

@@ -14,7 +14,7 @@ Every method is called the way verl calls it:
 - ``grpo``: ``core_algos.compute_grpo_outcome_advantage(..., norm_adv_by_std_in_grpo=True)``, verl's
   per-response Python loop.
 - ``grpo_vectorized``: ``get_adv_estimator_fn("grpo_vectorized")`` with the same config.
-- ``codapo``: ``get_adv_estimator_fn("codapo")`` with the same config, inside ``handed_log_probs`` with random
+- ``codapo``: ``get_adv_estimator_fn("codapo")`` with the same config, inside ``driver_state.handed`` with random
   float32 old log-probs (what the recipe's trainer hands it). CoDaPO's own code loops over responses in Python
   as verl's ``grpo`` does, so ``codapo/grpo`` is the gain of the vectorized version.
 
@@ -80,8 +80,7 @@ def make_methods(batch: dict) -> dict[str, Callable[[], object]]:
     from omegaconf import OmegaConf
     from verl.trainer.ppo import core_algos
 
-    from recipe_apo.methods.anchor import reset_driver_anchor
-    from recipe_apo.methods.codapo import handed_log_probs
+    from recipe_apo.methods.driver_state import handed, reset_driver_anchors
 
     config = OmegaConf.create({"apo": {}})
     apo_fn = core_algos.get_adv_estimator_fn("apo")
@@ -91,7 +90,7 @@ def make_methods(batch: dict) -> dict[str, Callable[[], object]]:
 
     def apo():
         # Without the reset, the first call warm-starts the anchor and later calls do a regular update.
-        reset_driver_anchor()
+        reset_driver_anchors()
         return apo_fn(token_level_rewards=rewards, response_mask=mask, config=config, index=index)
 
     def grpo():
@@ -103,7 +102,7 @@ def make_methods(batch: dict) -> dict[str, Callable[[], object]]:
         return grpo_vec_fn(token_level_rewards=rewards, response_mask=mask, config=config, index=index)
 
     def codapo():
-        with handed_log_probs(batch["old_log_probs"]):
+        with handed(old_log_probs=batch["old_log_probs"]):
             return codapo_fn(token_level_rewards=rewards, response_mask=mask, config=config, index=index)
 
     return {"apo": apo, "grpo": grpo, "grpo_vectorized": grpo_vectorized, "codapo": codapo}

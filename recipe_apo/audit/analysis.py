@@ -27,8 +27,8 @@ import numpy as np
 
 from recipe_apo.audit import stats
 from recipe_apo.audit.dumps import AuditError, Run, Step, check_data_sources
-from recipe_apo.methods.anchor import reset_driver_anchor
 from recipe_apo.methods.apo_settings import ApoSettings
+from recipe_apo.methods.driver_state import reset_driver_anchors
 from recipe_apo.methods.errors import BatchInputError
 from recipe_apo.methods.success import success_of
 
@@ -105,7 +105,7 @@ def audit_run(run: Run, apo: Optional[dict] = None, l0: float = 1.0) -> dict[str
     lag_counts: dict[int, int] = {}
     lag_mass = {m.name: {} for m in stats.METHODS}
 
-    reset_driver_anchor()  # APO's replay starts from a fresh anchor, as the run did
+    reset_driver_anchors()  # APO's replay starts from a fresh anchor, as the run did
     try:
         for step in run.steps:
             codes, n_groups = stats.group_codes(step.groups)
@@ -164,7 +164,7 @@ def audit_run(run: Run, apo: Optional[dict] = None, l0: float = 1.0) -> dict[str
             groups_pooled.append(per_group)
             steps_out.append(entry)
     finally:
-        reset_driver_anchor()
+        reset_driver_anchors()
 
     result = {
         "name": run.name, "folder": str(run.folder), "length_unit": run.length_unit,

@@ -23,14 +23,9 @@ from typing import Any, Optional
 from verl.trainer.ppo.checkpoint_callback import CheckpointCallback
 
 from recipe_apo.integration.errors import AnchorStateError, cause_of
-from recipe_apo.methods.anchor import (
-    GLOBAL_SCOPE,
-    AnchorBook,
-    driver_anchors,
-    install_driver_anchors,
-    reset_driver_anchor,
-)
+from recipe_apo.methods.anchor import GLOBAL_SCOPE, AnchorBook
 from recipe_apo.methods.apo_settings import ApoSettings
+from recipe_apo.methods.driver_state import driver_anchors, install_driver_anchors, reset_driver_anchors
 
 logger = logging.getLogger("recipe_apo")
 
@@ -113,7 +108,7 @@ def load_anchor_state(checkpoint_dir: str, settings: Optional[ApoSettings] = Non
                 f"cannot resume the APO anchor from {path}: {exc}; set algorithm.apo.on_missing_state=fresh to "
                 "start the anchor fresh instead"
             ) from None
-        reset_driver_anchor()
+        reset_driver_anchors()
         driver_anchors(init=settings.anchor_init, history=settings.history)
         start = settings.anchor_init if settings.anchor_init is not None else "null: first batch success rate"
         logger.warning("recipe-apo: %s: %s; the APO anchor restarts fresh (algorithm.apo.on_missing_state=fresh, "
@@ -148,7 +143,7 @@ _UNSET = object()
 def restore_for_run(config: Any, folder: Any = _UNSET) -> bool:
     """Start a run's anchors: fresh, or restored from ``folder`` (by default the one verl will resume from)."""
     settings = ApoSettings.from_algorithm_config(config.algorithm)
-    reset_driver_anchor()
+    reset_driver_anchors()
     driver_anchors(init=settings.anchor_init, history=settings.history)
     if folder is _UNSET:
         folder = resume_folder(config.trainer)

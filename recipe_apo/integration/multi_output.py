@@ -12,12 +12,12 @@ member of its group (``utils.py:167-175``), so a trajectory with three outputs w
 APO's group success rate, its anchor's batch success and CoDaPO's accuracy.
 
 The recipe's trainer gives ``apo`` and ``codapo`` the same rule as ``grpo``: for the duration of verl's own
-advantage step, ``final_output_rule`` swaps the one name verl's trainer looks up at call time
-(``trainer_base.compute_advantage_for_multi_trajectories``, ``trainer/ppo/v1/trainer_base.py:75,1775``) for
-``final_output_advantage``, which calls verl's ``compute_advantage`` on the final rows and broadcasts as verl
-does. verl's KL-in-reward, rollout correction and write-back around it run unchanged. A batch in which every
-trajectory has one output (verl's ``single_turn_agent`` and ``tool_agent`` loops) is left to verl's own
-function: the identity, bit for bit.
+advantage step, ``final_output_rule`` swaps (``recipe_apo.methods.driver_state.swapped``) the one name verl's
+trainer looks up at call time (``trainer_base.compute_advantage_for_multi_trajectories``,
+``trainer/ppo/v1/trainer_base.py:75,1775``) for ``final_output_advantage``, which calls verl's
+``compute_advantage`` on the final rows and broadcasts as verl does. verl's KL-in-reward, rollout correction and
+write-back around it run unchanged. A batch in which every trajectory has one output (verl's ``single_turn_agent``
+and ``tool_agent`` loops) is left to verl's own function: the identity, bit for bit.
 
 ``Sessions`` is the one pass over a step's keys that everything else reads: the hooks hand the estimator the
 final rows' data sources and old log-probs, broadcast its per-response values back to every row for the dump,
@@ -35,6 +35,7 @@ import pandas as pd
 import torch
 
 from recipe_apo.errors import RecipeError
+from recipe_apo.methods import driver_state
 
 # The estimators routed through the final-output rule; verl applies it to ``grpo`` itself.
 ROUTED_ESTIMATORS = frozenset({"apo", "codapo"})
@@ -203,8 +204,5 @@ def final_output_rule(adv_estimator: Any, sessions: Sessions) -> Iterator[None]:
     def routed(data, batch_keys, adv_estimator, **kwargs):
         return final_output_advantage(sessions, data, batch_keys, adv_estimator, **kwargs)
 
-    setattr(trainer_base, VERL_FUNCTION, routed)
-    try:
+    with driver_state.swapped(trainer_base, VERL_FUNCTION, routed):
         yield
-    finally:
-        setattr(trainer_base, VERL_FUNCTION, verl_function)

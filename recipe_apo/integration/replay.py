@@ -72,14 +72,14 @@ def method_advantages(scores: Any, groups: Any, method: Method, apo: Optional[di
     """A_i of one step's responses, as verl's ``compute_advantage`` returns them for ``method``.
 
     ``scores``: R_i per response; ``groups``: its prompt group (verl's uid); ``apo``: the ``algorithm.apo``
-    settings. APO's anchor is the driver's (``recipe_apo.methods.anchor``): calls in step order replay it, and
-    ``reset_driver_anchor()`` starts a fresh one. ``scopes``: per-response data sources, for
+    settings. APO's anchor is the driver's (``recipe_apo.methods.driver_state``): calls in step order replay it, and
+    ``driver_state.reset_driver_anchors()`` starts a fresh one. ``scopes``: per-response data sources, for
     ``anchor_scope=data_source``.
     """
     from verl import DataProto
     from verl.trainer.ppo.ray_trainer import compute_advantage
 
-    from recipe_apo.methods.anchor import batch_scopes
+    from recipe_apo.methods.driver_state import handed
 
     rewards = torch.as_tensor(np.asarray(scores, dtype=np.float64), dtype=torch.float32).reshape(-1, 1)
     labels = np.asarray(groups, dtype=object)
@@ -93,7 +93,7 @@ def method_advantages(scores: Any, groups: Any, method: Method, apo: Optional[di
         "adv_estimator": method.adv_estimator, "norm_adv_by_std_in_grpo": method.norm_adv_by_std_in_grpo,
         "gamma": 1.0, "lam": 1.0, "apo": dict(apo or {}),
     })
-    with batch_scopes(None if scopes is None else np.asarray(scopes, dtype=object)):
+    with handed(scopes=scopes):
         data = compute_advantage(data, adv_estimator=algorithm.adv_estimator,
                                  norm_adv_by_std_in_grpo=algorithm.norm_adv_by_std_in_grpo, config=algorithm)
     return data.batch["advantages"][:, 0].to(torch.float64).numpy()

@@ -14,17 +14,16 @@ C_0, so std(H) = 0, eta_t = 0 and the anchor never moves. ``eta_min > 0`` (the d
 ``ApoSettings.eta_min``) resolves it; so does nothing else in the paper's formula, since a warm start still
 leaves H constant.
 
-verl calls an advantage estimator as a plain function on the driver (the TaskRunner actor), so the anchor
-lives in this module: one object per driver process, which the recipe's trainer resets at the start of each
-run, saves into each checkpoint and restores on resume.
+verl calls an advantage estimator as a plain function on the driver (the TaskRunner actor), so the run's
+anchors are one object of the driver process (``recipe_apo.methods.driver_state``), which the recipe's trainer
+resets at the start of each run, saves into each checkpoint and restores on resume.
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
-from contextlib import contextmanager
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
 import numpy as np
 
@@ -148,10 +147,6 @@ class AnchorBook:
         self.init = init
         self.history = history
         self.anchors: dict[str, CapabilityAnchor] = {}
-        self.last_metrics: dict[str, float] = {}
-        # Per response of the last APO step, in the batch's order: Phi_i and the C_t it was measured against.
-        self.last_phi: Optional[np.ndarray] = None
-        self.last_anchor: Optional[np.ndarray] = None
         # An open step: each scope's state when it began (None: the scope did not exist) and what it has seen.
         self._step_start: Optional[dict[str, Optional[dict[str, Any]]]] = None
         self._step_seen: dict[str, tuple[float, float]] = {}
@@ -215,55 +210,3 @@ class AnchorBook:
             restored[str(scope)] = anchor
         self.anchors = restored
         self._step_start, self._step_seen, self.step_results = None, {}, {}
-
-
-_driver_book: Optional[AnchorBook] = None
-
-
-def driver_anchors(init: Optional[float] = None, history: int = 20) -> AnchorBook:
-    """The driver process's anchors, created on first use with ``init`` and ``history``."""
-    global _driver_book
-    if _driver_book is None:
-        _driver_book = AnchorBook(init=init, history=history)
-    return _driver_book
-
-
-def install_driver_anchors(book: AnchorBook) -> AnchorBook:
-    """Make ``book`` the driver process's anchors (a restored checkpoint's)."""
-    global _driver_book
-    _driver_book = book
-    return book
-
-
-def get_driver_anchor(init: Optional[float] = None, history: int = 20) -> CapabilityAnchor:
-    """The driver's global-scope anchor."""
-    return driver_anchors(init, history).anchor(GLOBAL_SCOPE)
-
-
-def reset_driver_anchor() -> None:
-    """Forget the driver's anchors; the next APO step starts fresh ones (a new run, a new multirun job)."""
-    global _driver_book
-    _driver_book = None
-
-
-_handed_scopes: Optional[Any] = None
-
-
-@contextmanager
-def batch_scopes(scopes: Optional[Any]) -> Iterator[None]:
-    """Hand the next estimator call the per-response scopes (data sources) that verl does not pass it.
-
-    verl calls an estimator with rewards, mask and uids only; the recipe's trainer, which runs in the same
-    driver process, wraps its advantage step in this context when ``algorithm.apo.anchor_scope=data_source``.
-    """
-    global _handed_scopes
-    _handed_scopes = scopes
-    try:
-        yield
-    finally:
-        _handed_scopes = None
-
-
-def handed_scopes() -> Optional[Any]:
-    """The scopes handed over by ``batch_scopes`` for the current advantage step, or None."""
-    return _handed_scopes

@@ -24,8 +24,8 @@ one made-up uid): they take no part in group means, p_hat_g or y_t, and get adva
 
 Per-response and per-group maths run in float64 numpy on vectors of batch size, where torch's per-op overhead
 would dominate. The (batch, length) work is the rewards' row sums and one copy of the mask into the output,
-scaled in place (``recipe_apo.methods.tensors`` allocates it); padding rows are found from the mask's first
-column, and the full rows of only those that start masked.
+scaled in place; padding rows are found from the mask's first column, and the full rows of only those that
+start masked.
 """
 
 from __future__ import annotations
@@ -38,18 +38,16 @@ import numpy as np
 import pandas as pd
 import torch
 
-from recipe_apo.methods.anchor import GLOBAL_SCOPE, AnchorBook, CapabilityAnchor, driver_anchors, handed_scopes
+from recipe_apo.methods import driver_state
+from recipe_apo.methods.anchor import GLOBAL_SCOPE, AnchorBook, CapabilityAnchor
 from recipe_apo.methods.apo_settings import ApoSettings
-from recipe_apo.methods.errors import ApoInputError, BatchInputError
+from recipe_apo.methods.checks import check_finite, check_no_overflow, check_shapes, output_dtype
+from recipe_apo.methods.errors import BatchInputError
 from recipe_apo.methods.groups import group_ids, group_mean, response_rewards
 from recipe_apo.methods.success import success_of
-from recipe_apo.methods.tensors import empty_like, from_float64, to_numpy
+from recipe_apo.methods.tensors import from_float64, to_numpy
 
-# group_ids, response_rewards and ApoInputError lived here before issue 19; still importable from here.
-__all__ = [
-    "ApoInputError", "BatchInputError", "apo_outcome_advantage", "compute_apo_advantage", "group_ids",
-    "response_rewards",
-]
+__all__ = ["apo_outcome_advantage", "compute_apo_advantage"]
 
 
 def compute_apo_advantage(
@@ -65,13 +63,12 @@ def compute_apo_advantage(
     ``anchors`` is one anchor for the whole batch, or a book of anchors by scope; with ``scopes`` (one name per
     response, e.g. its ``data_source``) each scope's anchor is updated with that scope's success rate and
     measures the groups of that scope. The anchors are the only state touched, and only after every check on
-    the batch has passed: a bad batch raises ``BatchInputError`` (alias ``ApoInputError``) and leaves them as
-    they were.
+    the batch has passed: a bad batch raises ``BatchInputError`` and leaves them as they were.
     """
     b = _check_batch(token_level_rewards, response_mask, index, settings, anchors, scopes)
     if b is None:  # no response, or no token in any: nothing observed, the anchors stay as they are
         shape, device = token_level_rewards.shape, token_level_rewards.device
-        return torch.zeros(shape, dtype=_output_dtype(token_level_rewards), device=device), {}
+        return torch.zeros(shape, dtype=output_dtype(token_level_rewards), device=device), {}
     # Padding rows count for nothing: they are not counted, and their scores and successes are 0.
     counts = np.bincount(b.codes, weights=b.valid, minlength=b.n_groups)
     centered = np.where(b.valid, b.scores - group_mean(b.codes, b.scores, counts)[b.codes], 0.0)  # A_i
@@ -93,10 +90,8 @@ def compute_apo_advantage(
     advantages = _mask_times(response_mask, phi * centered, b.dtype)  # A_i^eff on every valid token
 
     metrics = _step_metrics(b, counts, centered, gap, phi, y, anchor, rates, scoped=scopes is not None)
-    if isinstance(anchors, AnchorBook):
-        anchors.last_metrics = metrics
-        anchors.last_phi = phi
-        anchors.last_anchor = measured[b.group_scope[b.codes]]  # the C_t each response was measured against
+    # Phi_i and the C_t each response was measured against, for the trainer's dump.
+    driver_state.record_result("apo", metrics, phi=phi, anchor=measured[b.group_scope[b.codes]])
     return advantages, metrics
 
 
@@ -127,11 +122,7 @@ def _check_batch(
 
     None for an empty batch (no response, or no token in any), once its uids have passed their check.
     """
-    if token_level_rewards.dim() != 2 or response_mask.shape != token_level_rewards.shape:
-        raise BatchInputError(
-            f"token_level_rewards {tuple(token_level_rewards.shape)} and response_mask "
-            f"{tuple(response_mask.shape)} must both be (batch, response_len)"
-        )
+    check_shapes(token_level_rewards=token_level_rewards, response_mask=response_mask)
     if scopes is not None and isinstance(anchors, CapabilityAnchor):
         raise BatchInputError("per-scope anchors need an AnchorBook, not a single CapabilityAnchor")
     batch_size = token_level_rewards.shape[0]
@@ -140,13 +131,7 @@ def _check_batch(
         return None
     valid = _valid_rows(response_mask)
     scores = response_rewards(token_level_rewards)
-    bad = valid & ~np.isfinite(scores)
-    if bad.any():
-        rows = np.flatnonzero(bad)
-        raise BatchInputError(
-            f"token_level_rewards: {rows.size} of {batch_size} responses have NaN/inf rewards, "
-            f"first rows {rows[:5].tolist()}"
-        )
+    check_finite(scores, valid, "rewards")
     scores = np.where(valid, scores, 0.0)  # a padding row's reward may be anything, NaN included
     success = np.zeros(batch_size)
     success[valid] = success_of(scores[valid], settings)
@@ -157,14 +142,8 @@ def _check_batch(
     else:
         scope_codes, scope_names = _scope_ids(scopes, batch_size)
         group_scope = _group_scopes(scope_codes, codes, n_groups, index)
-    return _Batch(_output_dtype(token_level_rewards), valid, scores, success, codes, n_groups, scope_codes,
+    return _Batch(output_dtype(token_level_rewards), valid, scores, success, codes, n_groups, scope_codes,
                   scope_names, group_scope)
-
-
-def _output_dtype(token_level_rewards: torch.Tensor) -> torch.dtype:
-    """The rewards' dtype, or float32 for integer and bool rewards (verl's own scorers return ints): the
-    advantages are real numbers whatever the rewards' dtype."""
-    return token_level_rewards.dtype if token_level_rewards.is_floating_point() else torch.float32
 
 
 def _valid_rows(response_mask: torch.Tensor) -> np.ndarray:
@@ -191,7 +170,7 @@ def _mask_times(response_mask: torch.Tensor, values: np.ndarray, dtype: torch.dt
     The mask is copied in the output dtype and then scaled in place: torch's mixed-dtype product (verl's int64
     mask times float rows) takes a slower path than a conversion and a one-dtype product.
     """
-    out = empty_like(response_mask, dtype).copy_(response_mask)
+    out = torch.empty_like(response_mask, dtype=dtype).copy_(response_mask)
     return out.mul_(from_float64(values, dtype, out.device).unsqueeze(-1))
 
 
@@ -230,13 +209,8 @@ def _check_no_overflow(centered: np.ndarray, settings: ApoSettings, dtype: torch
     """
     largest = float(np.abs(centered).max(initial=0.0))
     bound = largest * (settings.lambda_scale * math.e if settings.reweight else 1.0)
-    limit = float(torch.finfo(dtype).max)
-    if not bound <= limit:  # also catches inf and NaN
-        raise BatchInputError(
-            f"advantages would overflow {str(dtype).removeprefix('torch.')} (max {limit:.3g}): "
-            f"algorithm.apo.lambda_scale={settings.lambda_scale:g} x e x the largest group-centered reward "
-            f"{largest:.3g}; lower lambda_scale or rescale the rewards"
-        )
+    check_no_overflow(bound, dtype, "", f"algorithm.apo.lambda_scale={settings.lambda_scale:g} x e x the largest "
+                      f"group-centered reward {largest:.3g}; lower lambda_scale or rescale the rewards")
 
 
 def _priors(anchors: AnchorBook | CapabilityAnchor, scope_names: tuple[str, ...]) -> np.ndarray:
@@ -321,21 +295,20 @@ def apo_outcome_advantage(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """verl's estimator signature for ``algorithm.adv_estimator=apo``; returns (advantages, returns).
 
-    ``config`` is verl's ``algorithm`` config node; settings come from its ``apo`` child. The anchors are the
-    driver process's (``recipe_apo.methods.anchor.driver_anchors``); the step's metrics are left on their
-    ``last_metrics`` for the trainer to log.
+    ``config`` is verl's ``algorithm`` config node; settings come from its ``apo`` child. The anchors, the
+    handed data sources and the step's results are the driver's (``recipe_apo.methods.driver_state``).
     """
     settings = ApoSettings.from_algorithm_config(config)
     if index is None:
         raise BatchInputError("the apo estimator needs the uid of each response (non_tensor_batch['uid'])")
     scopes = None
     if settings.anchor_scope == "data_source":
-        scopes = handed_scopes()
+        scopes = driver_state.handed_scopes()
         if scopes is None:
             raise BatchInputError(
                 "algorithm.apo.anchor_scope=data_source needs each response's data_source, which verl does not "
                 "pass to estimators: train with `python -m recipe_apo.main` (trainer.v1.trainer_mode=apo_sync)"
             )
-    book = driver_anchors(init=settings.anchor_init, history=settings.history)
+    book = driver_state.driver_anchors(init=settings.anchor_init, history=settings.history)
     advantages, _metrics = compute_apo_advantage(token_level_rewards, response_mask, index, settings, book, scopes)
     return advantages, advantages

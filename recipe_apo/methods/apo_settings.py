@@ -24,8 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from recipe_apo.methods.errors import MethodConfigError
 from recipe_apo.methods.checks import check_choice, check_flag, check_integer, check_number
+from recipe_apo.methods.errors import MethodConfigError
 from recipe_apo.methods.settings import read_settings
 
 SUCCESS_MODES = ("binary", "threshold", "minmax")

@@ -22,25 +22,34 @@ Resampling: each loader batch serves two steps. After the first, the prompts who
 prompt ``repeat_count`` times in place ([a, a, a, a, b, b, b, b, ...]), starts over from the first when the
 batch is not full, and is cut to the batch size. Each copy is a fresh group of its own.
 
-verl does not pass old log-probs to estimators: the recipe's trainer hands them over (``handed_log_probs``).
+verl does not pass old log-probs to estimators: the recipe's trainer hands them over
+(``recipe_apo.methods.driver_state.handed``).
 Needs torch, numpy and pandas only; no Ray, no Hydra.
 """
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
 import numpy as np
 import pandas as pd
 import torch
 
+from recipe_apo.methods import driver_state
+from recipe_apo.methods.checks import (
+    check_finite,
+    check_flag,
+    check_integer,
+    check_no_overflow,
+    check_number,
+    check_shapes,
+    output_dtype,
+)
 from recipe_apo.methods.errors import BatchInputError, MethodConfigError
 from recipe_apo.methods.groups import group_ids, group_mean, response_rewards
-from recipe_apo.methods.checks import check_flag, check_integer, check_number
 from recipe_apo.methods.settings import read_flag, read_settings
-from recipe_apo.methods.tensors import empty_like, from_float64, to_numpy
+from recipe_apo.methods.tensors import from_float64, to_numpy
 
 EPSILON = 1e-6
 
@@ -142,18 +151,13 @@ def compute_codapo_advantage(
     advantage 0 (CoDaPO's code has no padding rows). A group of one valid response has mean 0 and std 1, as
     in CoDaPO (A_i = R_i).
     """
-    shape = tuple(token_level_rewards.shape)
-    if token_level_rewards.dim() != 2 or tuple(response_mask.shape) != shape or tuple(old_log_probs.shape) != shape:
-        raise BatchInputError(
-            f"token_level_rewards {shape}, response_mask {tuple(response_mask.shape)} and old_log_probs "
-            f"{tuple(old_log_probs.shape)} must all be (batch, response_len)"
-        )
-    batch_size = shape[0]
-    out_dtype = token_level_rewards.dtype if token_level_rewards.is_floating_point() else torch.float32
+    check_shapes(token_level_rewards=token_level_rewards, response_mask=response_mask, old_log_probs=old_log_probs)
+    batch_size = token_level_rewards.shape[0]
+    out_dtype = output_dtype(token_level_rewards)
     codes, n_groups = group_ids(index, batch_size)
     # float32 for the token-level work: float64 copies of (batch, length) tensors cost more than the maths.
     # The float32 mask is also the output when the output is float32 (scaled in place at the end).
-    mask = empty_like(response_mask, torch.float32).copy_(response_mask.detach())
+    mask = torch.empty_like(response_mask, dtype=torch.float32).copy_(response_mask.detach())
     tokens = to_numpy(mask.sum(dim=-1)).astype(np.float64)  # exact: counts far below 2^24
     valid = tokens > 0
     scores = response_rewards(token_level_rewards)
@@ -180,7 +184,7 @@ def compute_codapo_advantage(
     weight = np.where(valid, group_weight[codes], 0.0)
     scalar = np.where(valid, centered * weight, 0.0)
     _check_no_overflow(scalar, centered, weight, weight_offset, out_dtype)
-    out = mask if out_dtype == torch.float32 else empty_like(response_mask, out_dtype).copy_(response_mask)
+    out = mask if out_dtype == torch.float32 else torch.empty_like(response_mask, dtype=out_dtype).copy_(response_mask)
     advantages = out.mul_(from_float64(scalar, out_dtype, out.device).unsqueeze(-1))
     observed = counts > 0
     metrics: dict[str, float] = {}
@@ -197,13 +201,7 @@ def compute_codapo_advantage(
 def _check_inputs(valid: np.ndarray, scores: np.ndarray, log_prob_sum: np.ndarray, log_prob_max: np.ndarray) -> None:
     """Refuse rewards or old log-probs the maths cannot use, naming the field and the first rows."""
     batch_size = valid.size
-    bad = valid & ~(np.isfinite(scores) & np.isfinite(log_prob_sum))
-    if bad.any():
-        rows = np.flatnonzero(bad)
-        raise BatchInputError(
-            f"codapo: {rows.size} of {batch_size} responses have NaN/inf rewards or old log-probs, "
-            f"first rows {rows[:5].tolist()}"
-        )
+    check_finite(scores + log_prob_sum, valid, "rewards or old log-probs", prefix="codapo")
     positive = valid & (log_prob_max > LOG_PROB_TOLERANCE)
     if positive.any():
         rows = np.flatnonzero(positive)
@@ -218,15 +216,13 @@ def _check_no_overflow(scalar: np.ndarray, centered: np.ndarray, weight: np.ndar
                        dtype: torch.dtype) -> None:
     """Refuse advantages that would leave ``dtype``'s range (inf, or NaN from inf - inf), naming the response and
     its two factors: the bounded settings keep w_g <= 1 + 1e3, but rewards of any finite size still get here."""
+    if not scalar.size:
+        return
     magnitude = np.where(np.isnan(scalar), np.inf, np.abs(scalar))
-    limit = float(torch.finfo(dtype).max)
-    if magnitude.size and not magnitude.max() <= limit:
-        row = int(np.argmax(magnitude))
-        raise BatchInputError(
-            f"codapo: advantages would overflow {str(dtype).removeprefix('torch.')} (max {limit:.3g}): response "
-            f"{row}'s group-centered reward {centered[row]:.3g} x w_g {weight[row]:.3g} "
-            f"(algorithm.codapo.weight_offset={weight_offset:g}); rescale the rewards or lower weight_offset"
-        )
+    row = int(np.argmax(magnitude))
+    check_no_overflow(float(magnitude[row]), dtype, "codapo: ",
+                      f"response {row}'s group-centered reward {centered[row]:.3g} x w_g {weight[row]:.3g} "
+                      f"(algorithm.codapo.weight_offset={weight_offset:g}); rescale the rewards or lower weight_offset")
 
 
 def select_prompts(prompt_uids: Any, response_uids: Any, response_weights: np.ndarray, percentile: float) -> np.ndarray:
@@ -268,35 +264,6 @@ def resample_order(kept: np.ndarray, batch_size: int, repeat_count: int) -> np.n
     return kept[slots % (kept.size * copies) // copies]
 
 
-class CodapoBook:
-    """Driver state of the ``codapo`` estimator: the old log-probs handed for the next call, and what the last
-    call computed (per-response uids and weights, metrics) for the trainer to resample from and log."""
-
-    def __init__(self) -> None:
-        self.handed_log_probs: Optional[torch.Tensor] = None
-        self.last_uids: Optional[np.ndarray] = None
-        self.last_weights: Optional[np.ndarray] = None
-        self.last_metrics: dict[str, float] = {}
-
-
-_book = CodapoBook()
-
-
-def codapo_book() -> CodapoBook:
-    return _book
-
-
-@contextmanager
-def handed_log_probs(old_log_probs: torch.Tensor) -> Iterator[None]:
-    """Hand the next ``codapo`` estimator call the old policy's log-probs (batch, response_len), which verl's
-    ``compute_advantage`` does not pass to estimators."""
-    _book.handed_log_probs = old_log_probs
-    try:
-        yield
-    finally:
-        _book.handed_log_probs = None
-
-
 def codapo_outcome_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
@@ -308,7 +275,7 @@ def codapo_outcome_advantage(
     settings = CodapoSettings.from_algorithm_config(config)
     if index is None:
         raise BatchInputError("the codapo estimator needs the uid of each response (non_tensor_batch['uid'])")
-    log_probs = _book.handed_log_probs
+    log_probs = driver_state.handed_log_probs()
     if log_probs is None:
         raise BatchInputError(
             "algorithm.adv_estimator=codapo needs the old policy's log-probs, which verl 0.9.1 does not pass to "
@@ -318,7 +285,6 @@ def codapo_outcome_advantage(
     advantages, weights, metrics = compute_codapo_advantage(
         token_level_rewards, response_mask, log_probs, index, norm, settings.weight_offset
     )
-    _book.last_uids = np.asarray(index, dtype=object)
-    _book.last_weights = weights
-    _book.last_metrics = metrics
+    # w_g per response with its prompt's uid: the trainer logs, dumps and resamples from them.
+    driver_state.record_result("codapo", metrics, uids=np.asarray(index, dtype=object), weights=weights)
     return advantages, advantages

@@ -1,15 +1,15 @@
 """The methods' errors: a batch an estimator cannot use, a method setting it refuses, a saved state it cannot
 restore.
 
-Each message is one line naming the data or the ``algorithm.<method>.<key>`` at fault. Both are ``ValueError``s
-too, so code written against the plain ``ValueError`` keeps catching them.
+Each message is one line naming the data or the ``algorithm.<method>.<key>`` at fault. Each is a ``ValueError``
+too: a bad value is what it reports.
 """
 
 from __future__ import annotations
 
 from recipe_apo.errors import RecipeError
 
-__all__ = ["ApoInputError", "BatchInputError", "MethodConfigError", "MethodStateError"]
+__all__ = ["BatchInputError", "MethodConfigError", "MethodStateError"]
 
 
 class BatchInputError(RecipeError, ValueError):
@@ -25,7 +25,3 @@ class MethodConfigError(RecipeError, ValueError):
 class MethodStateError(RecipeError, ValueError):
     """A method's saved state (the APO anchor's ``state_dict``) is not what this code writes; the message says
     which part. The file that held it is named by the caller (``integration.checkpoint``)."""
-
-
-# The name users and tests catch since the first release; the same class.
-ApoInputError = BatchInputError

@@ -2,8 +2,9 @@
 testbed.
 
 One module for both tools, so a number means the same in a report of a real run (``python -m recipe_apo.audit``)
-and in the testbed's (``recipe_apo.testbed``); a method's advantages to feed them come from
-``recipe_apo.integration.replay``. Symbols of the APO paper, for response i of prompt group g:
+and in the testbed's (``recipe_apo.testbed``); group ids and per-group sums come from
+``recipe_apo.methods.groups``, a method's advantages to feed them from ``recipe_apo.integration.replay``.
+Symbols of the APO paper, for response i of prompt group g:
 
 - G: responses per group; R_i: the response's score; s_i: its success in [0, 1] (``recipe_apo.methods.success``);
 - p_hat_g: the group's success rate; a group is *dead* when every response scored the same: its centered
@@ -23,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from recipe_apo.methods.groups import group_ids
+from recipe_apo.methods.groups import group_range, group_sums
 
 TOKEN_MEAN = "seq-mean-token-mean"
 TOKEN_SUM_NORM = "seq-mean-token-sum-norm"
@@ -31,29 +32,9 @@ TOKEN_SUM_NORM = "seq-mean-token-sum-norm"
 WEIGHT_RULES = (TOKEN_MEAN, TOKEN_SUM_NORM)
 
 
-def group_codes(groups: Any) -> tuple[np.ndarray, int]:
-    """Contiguous ids 0..n-1 (first-seen order) for per-response group labels; the estimator's own grouping."""
-    labels = np.asarray(groups, dtype=object)
-    return group_ids(labels, labels.shape[0])
-
-
-def group_sums(codes: np.ndarray, n_groups: int, values: Any) -> np.ndarray:
-    return np.bincount(codes, weights=np.asarray(values, dtype=np.float64), minlength=n_groups)
-
-
-def group_rates(codes: np.ndarray, n_groups: int, values: Any) -> np.ndarray:
-    """Per-group means (p_hat_g for successes)."""
-    counts = np.bincount(codes, minlength=n_groups)
-    return group_sums(codes, n_groups, values) / np.maximum(counts, 1)
-
-
 def dead_groups(scores: Any, codes: np.ndarray, n_groups: int) -> np.ndarray:
     """Per group: every response scored the same (no signal under any centered method)."""
-    scores = np.asarray(scores, dtype=np.float64)
-    low = np.full(n_groups, np.inf)
-    high = np.full(n_groups, -np.inf)
-    np.minimum.at(low, codes, scores)
-    np.maximum.at(high, codes, scores)
+    low, high = group_range(codes, n_groups, scores)
     return low == high
 
 

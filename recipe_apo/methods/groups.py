@@ -15,7 +15,7 @@ import torch
 
 from recipe_apo.methods.errors import BatchInputError
 
-__all__ = ["group_ids", "group_mean", "response_rewards"]
+__all__ = ["group_codes", "group_ids", "group_mean", "group_range", "group_rates", "group_sums", "response_rewards"]
 
 
 def group_ids(index: Any, batch_size: int) -> tuple[np.ndarray, int]:
@@ -60,6 +60,37 @@ def _factorize(labels: np.ndarray) -> tuple[np.ndarray, int]:
             return np.repeat(codes, np.diff(heads, append=labels.size)), len(uniques)
     codes, uniques = pd.factorize(labels)
     return codes, len(uniques)
+
+
+def group_codes(labels: Any) -> tuple[np.ndarray, int]:
+    """``group_ids`` of a sequence of per-response group labels (its length is the batch size)."""
+    labels = np.asarray(labels, dtype=object)
+    return group_ids(labels, labels.shape[0])
+
+
+def group_sums(codes: np.ndarray, n_groups: int, values: Any) -> np.ndarray:
+    """Per-group sums of per-response ``values`` (float64)."""
+    return np.bincount(codes, weights=np.asarray(values, dtype=np.float64), minlength=n_groups)
+
+
+def group_rates(codes: np.ndarray, n_groups: int, values: Any) -> np.ndarray:
+    """Per-group means of per-response ``values`` over every response of the group (p_hat_g for successes)."""
+    counts = np.bincount(codes, minlength=n_groups)
+    return group_sums(codes, n_groups, values) / np.maximum(counts, 1)
+
+
+def group_range(codes: np.ndarray, n_groups: int, values: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Per group, the (lowest, highest) of ``values``; (inf, -inf) for a group with no value.
+
+    A group's rewards are all equal when the two are: compared by min and max, not by the centered reward,
+    since the mean of equal floats can differ from them in the last bit.
+    """
+    values = np.asarray(values, dtype=np.float64)
+    low = np.full(n_groups, np.inf)
+    high = np.full(n_groups, -np.inf)
+    np.minimum.at(low, codes, values)
+    np.maximum.at(high, codes, values)
+    return low, high
 
 
 def group_mean(codes: np.ndarray, weighted_values: np.ndarray, counts: np.ndarray) -> np.ndarray:

@@ -44,14 +44,13 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
+from recipe_apo.methods.checks import AGG_MODES, check_choice, check_finite, check_no_overflow, check_shapes
 from recipe_apo.methods.errors import BatchInputError, MethodConfigError
-from recipe_apo.methods.groups import group_ids
+from recipe_apo.methods.groups import group_ids, group_range
 
 MODES = ("keep", "exclude")
 SEQUENCE_MODES = ("seq-mean-token-sum-norm", "seq-mean-token-mean", "seq-mean-token-sum")
 TOKEN_MODES = ("token-mean",)
-# verl 0.9.1's aggregation modes (core_algos.agg_loss), in its own order; token-sum has no denominator.
-VERL_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
 def check_mode(mode: Any, loss_agg_mode: Any, use_kl_in_reward: bool = False) -> str:
@@ -61,14 +60,12 @@ def check_mode(mode: Any, loss_agg_mode: Any, use_kl_in_reward: bool = False) ->
     ``algorithm.use_kl_in_reward=true`` the estimator centres other rewards, score - beta KL (verl's
     ``apply_kl_penalty``), so a group of equal scores still carries advantages: refused, not guessed at.
     """
-    if mode not in MODES:
-        raise MethodConfigError(f"algorithm.zero_variance must be one of {', '.join(MODES)}, got {mode!r}")
+    check_choice("algorithm.zero_variance", mode, MODES, MethodConfigError)
     if mode != "exclude":
         return mode
-    if loss_agg_mode not in VERL_AGG_MODES:
+    if loss_agg_mode not in AGG_MODES:
         raise MethodConfigError(
-            f"actor_rollout_ref.actor.loss_agg_mode={loss_agg_mode} is not one of verl's modes: "
-            f"{', '.join(VERL_AGG_MODES)}"
+            f"actor_rollout_ref.actor.loss_agg_mode={loss_agg_mode} is not one of verl's modes: {', '.join(AGG_MODES)}"
         )
     if loss_agg_mode not in SEQUENCE_MODES + TOKEN_MODES:
         raise MethodConfigError(
@@ -89,16 +86,13 @@ def live_rows(scores: np.ndarray, valid: np.ndarray, index: Any,
               outcome_rows: Optional[np.ndarray] = None) -> np.ndarray:
     """Per response: does its group have at least two distinct rewards among its valid responses?
 
-    Compared by min and max, not by the centered reward: the mean of equal floats can differ from them in
-    the last bit. Padding rows (``valid`` false) are never live. With ``outcome_rows`` (bool per row: the row
-    holds its trajectory's outcome) only those rows' rewards decide, and every valid row of a live group is live.
+    Compared by min and max (``groups.group_range``). Padding rows (``valid`` false) are never live. With
+    ``outcome_rows`` (bool per row: the row holds its trajectory's outcome) only those rows' rewards decide, and
+    every valid row of a live group is live.
     """
     codes, n_groups = group_ids(index, scores.shape[0])
     deciding = valid if outcome_rows is None else valid & np.asarray(outcome_rows, dtype=bool)
-    low = np.full(n_groups, np.inf)
-    high = np.full(n_groups, -np.inf)
-    np.minimum.at(low, codes[deciding], scores[deciding])
-    np.maximum.at(high, codes[deciding], scores[deciding])
+    low, high = group_range(codes[deciding], n_groups, scores[deciding])
     return valid & (high > low)[codes]
 
 
@@ -111,16 +105,11 @@ def zero_variance_scale(
     ``outcome_rows``: for multi-output trajectories, which rows hold their trajectory's outcome (module docstring).
     """
     check_mode("exclude", loss_agg_mode)
-    if token_level_rewards.shape != response_mask.shape or token_level_rewards.dim() != 2:
-        raise BatchInputError(
-            f"token_level_rewards {tuple(token_level_rewards.shape)} and response_mask "
-            f"{tuple(response_mask.shape)} must both be (batch, response_len)"
-        )
+    check_shapes(token_level_rewards=token_level_rewards, response_mask=response_mask)
     tokens = response_mask.detach().to(torch.float64).sum(dim=-1).cpu().numpy()
     valid = tokens > 0
     scores = token_level_rewards.detach().to(torch.float64).sum(dim=-1).cpu().numpy()
-    if not np.isfinite(scores[valid]).all():
-        raise BatchInputError("token_level_rewards: NaN/inf rewards; algorithm.zero_variance=exclude cannot group them")
+    check_finite(scores, valid, "rewards (algorithm.zero_variance=exclude cannot group them)")
     if outcome_rows is not None and np.shape(outcome_rows) != valid.shape:
         raise BatchInputError(f"outcome_rows: {np.size(outcome_rows)} flags for {valid.size} responses")
     live = live_rows(scores, valid, index, outcome_rows)
@@ -170,13 +159,8 @@ def _check_no_overflow(advantages: torch.Tensor, scale: float) -> None:
         return
     low, high = torch.aminmax(advantages.detach())  # no (n, T) temporary, unlike abs().amax()
     largest = max(-float(low), float(high))
-    limit = float(torch.finfo(advantages.dtype).max)
-    if not largest * scale <= limit:
-        raise BatchInputError(
-            f"algorithm.zero_variance=exclude: the scaled advantages would overflow "
-            f"{str(advantages.dtype).removeprefix('torch.')} (max {limit:.3g}): the largest advantage {largest:.3g} x "
-            f"the step's scale {scale:.3g}; rescale the rewards"
-        )
+    check_no_overflow(largest * scale, advantages.dtype, "algorithm.zero_variance=exclude: the scaled ",
+                      f"the largest advantage {largest:.3g} x the step's scale {scale:.3g}; rescale the rewards")
 
 
 def denominator_ratio(live: np.ndarray, rows: np.ndarray, tokens: np.ndarray, loss_agg_mode: str) -> float:

@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from recipe_apo.integration import replay
 from recipe_apo.methods import group_stats
-from recipe_apo.methods.anchor import reset_driver_anchor
+from recipe_apo.methods.driver_state import reset_driver_anchors
 from recipe_apo.methods.group_stats import closed_form
 
 # The methods compared, by name: the presets a replay from scores can run (recipe_apo.integration.replay, shared
@@ -39,11 +39,11 @@ def positive_signal(rewards: torch.Tensor, method: str, apo_node: dict, anchor: 
     # eta = eta_min = 0 hold the anchor at anchor_init, so every group is judged against the same C_t.
     apo = {**dict(apo_node), "anchor_init": anchor, "eta": 0.0, "eta_min": 0.0}
     codes = np.repeat(np.arange(groups), size)
-    reset_driver_anchor()
+    reset_driver_anchors()
     try:
         advantages = replay.method_advantages(rewards.reshape(-1).numpy(), codes, replay.method_named(method), apo)
     finally:
-        reset_driver_anchor()
+        reset_driver_anchors()
     positive, _ = group_stats.signal_per_group(advantages, codes, groups)
     return torch.from_numpy(positive)
 

@@ -26,9 +26,8 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from recipe_apo.methods import anchor as anchor_module
-from recipe_apo.methods.anchor import reset_driver_anchor
-from recipe_apo.methods.codapo import CodapoSettings, codapo_book, handed_log_probs, resample_order, select_prompts
+from recipe_apo.methods import driver_state
+from recipe_apo.methods.codapo import CodapoSettings, resample_order, select_prompts
 from recipe_apo.methods.group_stats import length_by_outcome
 from recipe_apo.methods.zero_variance import exclude_zero_variance, live_rows
 from recipe_apo.testbed.modsum import ModSumTask
@@ -160,7 +159,7 @@ def run_method(
     codapo_settings = CodapoSettings.from_algorithm_config(cfg.algorithm) if codapo else None
     resample = codapo and codapo_settings.resample
     zero_variance = cfg.algorithm.get("zero_variance", "keep")
-    reset_driver_anchor()
+    driver_state.reset_driver_anchors()
     sampling, shuffling = generator(seed, _SAMPLING), generator(seed, _SHUFFLE)
     group = cfg.actor_rollout_ref.rollout.n
     staleness = int(cfg.get("staleness", 0))  # checked by check_method
@@ -209,7 +208,7 @@ def run_method(
                 current = policy.log_probs(batch["prompts"], batch["responses"])
                 record("ratio_dev_mean", (current - old_log_prob).exp().sub(1).abs()[mask].mean())
         if codapo:
-            with handed_log_probs(old_log_prob):
+            with driver_state.handed(old_log_probs=old_log_prob):
                 advantages = compute_advantages(batch, cfg.algorithm)
         else:
             advantages = compute_advantages(batch, cfg.algorithm)
@@ -228,13 +227,14 @@ def run_method(
         # Share of the round's responses in groups with a signal (two distinct rewards or more).
         record("live_share", live.mean())
         if codapo:
-            book = codapo_book()
+            result = driver_state.last_result("codapo")
             for key in ("weight_mean", "confidence_mean", "difficulty_weight_mean"):
-                record(f"codapo_{key}", book.last_metrics.get(f"codapo/{key}", float("nan")))
+                record(f"codapo_{key}", result.metrics.get(f"codapo/{key}", float("nan")))
             record("resampled", float(second))
             if resample and not second:
                 prompt_uids = batch["uid"][::group]
-                kept = select_prompts(prompt_uids, book.last_uids, book.last_weights, codapo_settings.percentile)
+                kept = select_prompts(prompt_uids, result.per_response["uids"], result.per_response["weights"],
+                                      codapo_settings.percentile)
                 previous = (prompts, k)
                 record("kept_prompts", len(kept))
             else:
@@ -262,7 +262,7 @@ def run_method(
             run_eval(r + 1)
         if progress is not None:
             progress(1)
-    reset_driver_anchor()
+    driver_state.reset_driver_anchors()
     return {
         "label": label,
         "seed": seed,
@@ -273,8 +273,9 @@ def run_method(
 
 
 def _anchor_metrics() -> dict[str, float]:
-    """The APO estimator's metrics of the last step, left on the driver's anchor book."""
-    return anchor_module.driver_anchors().last_metrics
+    """The APO estimator's metrics of the last step."""
+    result = driver_state.last_result("apo")
+    return {} if result is None else result.metrics
 
 
 # --- process pool plumbing ------------------------------------------------------------------------------

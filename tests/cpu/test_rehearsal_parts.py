@@ -18,7 +18,7 @@ from recipe_apo.cpu.hf_server import RehearsalUnsupported, Sampling, generate_ba
 from recipe_apo.cpu.hf_server import request_seed as hf_server_seed
 from recipe_apo.integration.validation import RecipeConfigError, validate_recipe_config
 from recipe_apo.main import recipe_error
-from recipe_apo.methods.success import ApoInputError
+from recipe_apo.methods.errors import BatchInputError
 
 VOCAB, PAD = 40, 0
 PROMPTS = [[5, 9, 11, 3], [7, 2], [12, 30, 31]]  # different lengths: the batch is left-padded
@@ -268,7 +268,7 @@ def test_a_refused_rehearsal_setting_stops_the_launch_with_one_line(tmp_path):
 def test_the_recipes_error_is_found_behind_rays_wrappers():
     from ray.exceptions import RayTaskError
 
-    original = ApoInputError("token_level_rewards: 1 of 8 responses have NaN/inf rewards, first rows [3]")
+    original = BatchInputError("token_level_rewards: 1 of 8 responses have NaN/inf rewards, first rows [3]")
     inner = RayTaskError("AgentLoopWorker.generate", "Traceback ...", original).as_instanceof_cause()
     outer = RayTaskError("TaskRunner.run", "Traceback ...", inner).as_instanceof_cause()
     assert recipe_error(outer) is original
@@ -283,7 +283,7 @@ def _recipe_errors():
     from recipe_apo.reward.pool import WorkerError
     from recipe_apo.reward.settings import RewardConfigError
 
-    return [ApoInputError, ApoConfigError, CodapoConfigError, RecipeConfigError, AnchorStateError,
+    return [BatchInputError, ApoConfigError, CodapoConfigError, RecipeConfigError, AnchorStateError,
             ResamplingStateError, NodeCheckError, RewardConfigError, WorkerError, AuditError]
 
 

@@ -18,8 +18,8 @@ from recipe_apo.integration.checkpoint import (
     load_anchor_state,
     save_anchor_state,
 )
-from recipe_apo.methods.anchor import get_driver_anchor, reset_driver_anchor
 from recipe_apo.methods.apo_settings import ApoSettings
+from recipe_apo.methods.driver_state import driver_anchors, reset_driver_anchors
 
 # One step of training as the driver sees it: a batch through the registered estimator, seeded by the step.
 STEP_SCRIPT = """
@@ -64,22 +64,22 @@ def test_resume_in_a_new_process_continues_bit_for_bit(tmp_path):
     namespace = {}
     exec(STEP_SCRIPT, namespace)
     config = OmegaConf.load(config_path)
-    reset_driver_anchor()
+    reset_driver_anchors()
     uninterrupted = []
     for k in range(1, 7):
         uninterrupted.append(namespace["step"](k, config.algorithm))
         if k == 4:
             save_anchor_state(str(tmp_path / "ckpt" / "global_step_4"), 4)
             (tmp_path / "ckpt" / "latest_checkpointed_iteration.txt").write_text("4")
-    reset_driver_anchor()
+    reset_driver_anchors()
     # A new process runs steps 5 and 6 twice: from a fresh anchor (what a run without the state would do), then,
     # the anchor reset, resumed from the latest checkpoint (resume_mode=auto).
     run_child(f"""
         from recipe_apo.integration.checkpoint import restore_for_run
-        from recipe_apo.methods.anchor import reset_driver_anchor
+        from recipe_apo.methods.driver_state import reset_driver_anchors
         config = OmegaConf.load("{config_path}")
         torch.save([step(k, config.algorithm) for k in (5, 6)], "{tmp_path}/fresh.pt")
-        reset_driver_anchor()
+        reset_driver_anchors()
         assert restore_for_run(config)
         torch.save([step(k, config.algorithm) for k in (5, 6)], "{tmp_path}/resumed.pt")
     """, tmp_path)
@@ -90,14 +90,14 @@ def test_resume_in_a_new_process_continues_bit_for_bit(tmp_path):
 
 
 def test_state_file_is_json_written_atomically_with_the_step(tmp_path):
-    reset_driver_anchor()
-    get_driver_anchor(init=0.4).update(0.6, eta=1.0, eta_min=0.5, history=20)
+    reset_driver_anchors()
+    driver_anchors(init=0.4).anchor().update(0.6, eta=1.0, eta_min=0.5, history=20)
     path = save_anchor_state(str(tmp_path / "global_step_3"), 3)
     state = json.loads(open(path).read())
     assert state["global_step"] == 3 and state["anchors"]["global"]["value"] == 0.5
     assert os.listdir(tmp_path / "global_step_3") == [STATE_FILE]  # no temporary file left behind
     assert os.stat(path).st_mode & 0o777 == 0o644
-    reset_driver_anchor()
+    reset_driver_anchors()
 
 
 GOOD_ANCHOR = {"version": 1, "value": 0.5, "history": [0.4, 0.5], "history_len": 6, "steps": 2}
@@ -134,15 +134,15 @@ def test_a_broken_state_file_stops_the_resume_naming_the_file_and_leaves_the_anc
     folder.mkdir()
     if BROKEN_STATES[case] is not None:
         (folder / STATE_FILE).write_text(BROKEN_STATES[case])
-    reset_driver_anchor()
-    get_driver_anchor(init=0.9)
+    reset_driver_anchors()
+    driver_anchors(init=0.9).anchor()
     with pytest.raises(AnchorStateError) as info:
         load_anchor_state(str(folder), ApoSettings(history=6))
     message = str(info.value)
     assert message.startswith(f"cannot resume the APO anchor from {folder / STATE_FILE}: ")
     assert "algorithm.apo.on_missing_state=fresh" in message and "\n" not in message
-    assert get_driver_anchor().value == 0.9  # nothing was replaced
-    reset_driver_anchor()
+    assert driver_anchors().anchor().value == 0.9  # nothing was replaced
+    reset_driver_anchors()
 
 
 @pytest.mark.parametrize("saved_scopes, run_scope", [(["math", "code"], "global"), (["global"], "data_source")])
@@ -153,23 +153,23 @@ def test_a_state_of_the_other_anchor_scope_is_refused(tmp_path, saved_scopes, ru
                                                  "anchors": {s: GOOD_ANCHOR for s in saved_scopes}}))
     with pytest.raises(AnchorStateError, match=f"this run has algorithm.apo.anchor_scope={run_scope}"):
         load_anchor_state(str(folder), ApoSettings(anchor_scope=run_scope))
-    reset_driver_anchor()
+    reset_driver_anchors()
 
 
 def test_on_missing_state_fresh_warns_and_starts_a_fresh_anchor(tmp_path, caplog):
     folder = tmp_path / "global_step_9"
     folder.mkdir()
-    reset_driver_anchor()
-    get_driver_anchor(init=0.9)
+    reset_driver_anchors()
+    driver_anchors(init=0.9).anchor()
     for content in (None, "{not json", state_text(steps=2.7)):
         if content is not None:
             (folder / STATE_FILE).write_text(content)
         with caplog.at_level(logging.WARNING, logger="recipe_apo"):
             assert load_anchor_state(str(folder), ApoSettings(on_missing_state="fresh", anchor_init=0.2)) is False
         assert "restarts fresh" in caplog.text and str(folder / STATE_FILE) in caplog.text
-        assert get_driver_anchor().value == 0.2 and get_driver_anchor().steps == 0
+        assert driver_anchors().anchor().value == 0.2 and driver_anchors().anchor().steps == 0
         caplog.clear()
-    reset_driver_anchor()
+    reset_driver_anchors()
 
 
 def test_a_good_state_file_is_restored_exactly(tmp_path):
@@ -177,27 +177,27 @@ def test_a_good_state_file_is_restored_exactly(tmp_path):
     folder.mkdir()
     (folder / STATE_FILE).write_text(state_text())
     assert load_anchor_state(str(folder), ApoSettings(history=6)) is True
-    assert get_driver_anchor().state_dict() == GOOD_ANCHOR
-    reset_driver_anchor()
+    assert driver_anchors().anchor().state_dict() == GOOD_ANCHOR
+    reset_driver_anchors()
 
 
 def test_plain_verl_callback_restores_on_start_and_saves_on_each_checkpoint(tmp_path):
     callback = AnchorCheckpointCallback(trainer_config(tmp_path))  # nothing to resume: a fresh anchor
-    assert get_driver_anchor().value is None
-    get_driver_anchor().update(0.25, eta=1.0, eta_min=0.05, history=6)  # warm start at the first batch
+    assert driver_anchors().anchor().value is None
+    driver_anchors().anchor().update(0.25, eta=1.0, eta_min=0.05, history=6)  # warm start at the first batch
     callback.on_save(trainer=None, global_step=2, checkpoint_dir=str(tmp_path / "ckpt" / "global_step_2"))
     (tmp_path / "ckpt" / "latest_checkpointed_iteration.txt").write_text("2")
-    reset_driver_anchor()
+    reset_driver_anchors()
     AnchorCheckpointCallback(trainer_config(tmp_path))  # what verl builds when the resumed trainer starts
-    assert get_driver_anchor().value == 0.25
+    assert driver_anchors().anchor().value == 0.25
     AnchorCheckpointCallback(trainer_config(tmp_path, resume_mode="disable"))
-    assert get_driver_anchor().value is None
+    assert driver_anchors().anchor().value is None
 
     resume_path = trainer_config(tmp_path, resume_mode="resume_path")
     resume_path.trainer.resume_from_path = str(tmp_path / "ckpt" / "global_step_2")
     AnchorCheckpointCallback(resume_path)
-    assert get_driver_anchor().value == 0.25
-    reset_driver_anchor()
+    assert driver_anchors().anchor().value == 0.25
+    reset_driver_anchors()
 
 
 def test_callback_ignores_runs_of_other_estimators(tmp_path):

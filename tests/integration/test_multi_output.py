@@ -24,8 +24,7 @@ from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from recipe_apo.integration.hooks import AnchorHook, CodapoHook
 from recipe_apo.integration.hooks.base import DumpFieldsError
 from recipe_apo.integration.multi_output import Sessions
-from recipe_apo.methods.anchor import get_driver_anchor, reset_driver_anchor
-from recipe_apo.methods.codapo import handed_log_probs
+from recipe_apo.methods.driver_state import driver_anchors, handed, reset_driver_anchors
 
 # key: (reward, response length, old token log-prob). verl's completion order: a trajectory's rows are apart.
 ROWS = {
@@ -100,7 +99,7 @@ def test_apo_anchor_moves_with_the_share_of_successful_trajectories_and_advantag
     """C_1 = y_1 (a fresh anchor's warm start) = 2/6, not the output rows' 4/10. p_a = p_b = 1/2, p_c = 0, so
     Delta_a = Delta_b = 1/6 and Delta_c = -1/3; A = +-1/2 on a and b; Phi = exp(-1/6) for the right trajectories,
     exp(1/6) for the wrong ones (lambda_scale 1), 1 on c. Every output of a trajectory gets its advantage."""
-    reset_driver_anchor()
+    reset_driver_anchors()
     trainer = bare_trainer(recipe_config(tmp_path, "algorithm.apo.lambda_scale=1.0"))
     trainer.global_steps = 1
     metrics = {}
@@ -110,7 +109,7 @@ def test_apo_anchor_moves_with_the_share_of_successful_trajectories_and_advantag
     expected = by_trajectory({"a_0": up, "a_1": down, "b_0": up, "b_1": down, "c_0": 0.0, "c_1": 0.0})
     got = advantages_by_key(batch)
     assert got == pytest.approx(expected, rel=1e-6, abs=0)
-    assert get_driver_anchor().value == pytest.approx(1 / 3, abs=1e-15)
+    assert driver_anchors().anchor().value == pytest.approx(1 / 3, abs=1e-15)
     apo = {k: v for k, v in metrics.items() if k.startswith("apo/")}
     assert apo == pytest.approx({
         "apo/batch_success": 1 / 3, "apo/anchor": 1 / 3, "apo/anchor_rate": 1.0,
@@ -129,32 +128,32 @@ def test_apo_anchor_moves_with_the_share_of_successful_trajectories_and_advantag
     assert dumped["apo_anchor"] == pytest.approx([1 / 3] * len(ROWS), abs=1e-15)
     reverse = handle(batch.keys[::-1])
     assert trainer.hook(AnchorHook).dump_fields(reverse)["apo_phi"] == dumped["apo_phi"][::-1]
-    reset_driver_anchor()
+    reset_driver_anchors()
 
 
 def test_per_source_anchors_take_each_sources_trajectories(transfer_queue, tmp_path, recipe_config, bare_trainer):
     """easy: a0, a1 -> y = 1/2 (rows: 3/4); hard: b0, b1, c0, c1 -> y = 1/4 (rows: 1/6)."""
-    reset_driver_anchor()
+    reset_driver_anchors()
     trainer = bare_trainer(recipe_config(tmp_path, "algorithm.apo.anchor_scope=data_source"))
     metrics = {}
     trainer._compute_advantage(put_rows("scoped-"), metrics)
     assert metrics["apo/batch_success/easy"] == 0.5 and metrics["apo/anchor/easy"] == 0.5
     assert metrics["apo/batch_success/hard"] == 0.25 and metrics["apo/anchor/hard"] == 0.25
-    reset_driver_anchor()
+    reset_driver_anchors()
 
 
 def test_apo_without_reweighting_gives_verls_own_grpo_advantages_on_the_same_rows(
         transfer_queue, tmp_path, recipe_config, bare_trainer):
     """verl's grpo branch (Dr. GRPO: no std) applies the final-output rule itself; APO with reweight=false
     computes the same centered advantages: the recipe's rule and verl's agree row by row."""
-    reset_driver_anchor()
+    reset_driver_anchors()
     apo = bare_trainer(recipe_config(tmp_path, "algorithm.apo.reweight=false"))
     apo_values = advantages_by_key(apo._compute_advantage(put_rows("plain-"), {}))
     grpo = bare_trainer(recipe_config(tmp_path, method="drgrpo"))
     grpo_values = advantages_by_key(grpo._compute_advantage(put_rows("grpo-"), {}))
     assert apo_values == grpo_values
     assert apo_values == by_trajectory({"a_0": 0.5, "a_1": -0.5, "b_0": 0.5, "b_1": -0.5, "c_0": 0.0, "c_1": 0.0})
-    reset_driver_anchor()
+    reset_driver_anchors()
 
 
 def test_codapo_weights_groups_by_trajectories_with_the_final_outputs_log_probs_and_the_zero_variance_scale(
@@ -192,7 +191,7 @@ def test_apo_zero_variance_counts_every_output_row_in_the_sequence_denominator(
     leave it: 10 / 7. verl pads a multi-output step to whole mini-batches with rows of no valid token
     (``pad<hex>_{i}_0``), which its global_batch_size counts: with 2 of them, 12 / 9. The anchor ignores them."""
     rows = {**ROWS, **{f"pad9f_{i}_0": (0.0, 1, 0.0) for i in range(padding)}}
-    reset_driver_anchor()
+    reset_driver_anchors()
     trainer = bare_trainer(recipe_config(tmp_path, "algorithm.zero_variance=exclude", "algorithm.apo.lambda_scale=1.0"))
     metrics = {}
     batch = put_rows(f"zv{padding}-", rows)
@@ -207,7 +206,7 @@ def test_apo_zero_variance_counts_every_output_row_in_the_sequence_denominator(
     up, down = 0.5 * math.exp(-1 / 6) * scale, -0.5 * math.exp(1 / 6) * scale
     expected = by_trajectory({"a_0": up, "a_1": down, "b_0": up, "b_1": down, "c_0": 0.0, "c_1": 0.0})
     assert got == pytest.approx({**expected, **{f"pad9f_{i}_0": 0.0 for i in range(padding)}}, rel=1e-6, abs=0)
-    reset_driver_anchor()
+    reset_driver_anchors()
 
 
 def test_only_the_final_outputs_reward_decides_even_when_earlier_outputs_were_scored_apart(
@@ -217,7 +216,7 @@ def test_only_the_final_outputs_reward_decides_even_when_earlier_outputs_were_sc
     advantages as above, and c stays dead for the zero-variance scale."""
     rows = dict(ROWS)
     rows["a_0_0"], rows["a_0_1"], rows["c_0_0"] = (0.0, 2, -3.0), (0.0, 3, -3.0), (1.0, 2, -3.0)
-    reset_driver_anchor()
+    reset_driver_anchors()
     trainer = bare_trainer(recipe_config(tmp_path, "algorithm.zero_variance=exclude", "algorithm.apo.lambda_scale=1.0"))
     metrics = {}
     got = advantages_by_key(trainer._compute_advantage(put_rows("scored-", rows), metrics))
@@ -225,7 +224,7 @@ def test_only_the_final_outputs_reward_decides_even_when_earlier_outputs_were_sc
     assert got == pytest.approx(by_trajectory({"a_0": up, "a_1": down, "b_0": up, "b_1": down, "c_0": 0.0,
                                                "c_1": 0.0}), rel=1e-6, abs=0)
     assert metrics["apo/batch_success"] == pytest.approx(1 / 3, abs=1e-15)
-    reset_driver_anchor()
+    reset_driver_anchors()
 
 
 SINGLE = {f"{uid}_{session}_0": (float(uid == "s" and session == 0), 2 + session, -0.1 * (session + 1))
@@ -239,27 +238,27 @@ def test_single_output_batches_get_verls_own_advantages_bit_for_bit(transfer_que
     verl's own, to the bit, and logs no multi_output metric."""
     overrides = ["algorithm.codapo.resample=false"] if method == "codapo" else []
     trainer = bare_trainer(recipe_config(tmp_path, *overrides, method=method))
-    reset_driver_anchor()
+    reset_driver_anchors()
     metrics = {}
     ours = trainer._compute_advantage(put_rows(f"ours{method}-", SINGLE), metrics)
     assert not any(key.startswith("multi_output/") for key in metrics)
-    reset_driver_anchor()
+    reset_driver_anchors()
     theirs = put_rows(f"verl{method}-", SINGLE)
     log_probs = tq.kv_batch_get(keys=theirs.keys, partition_id="train", select_fields=["old_log_probs"])
-    with handed_log_probs(log_probs["old_log_probs"].to_padded_tensor(0.0)):
+    with handed(old_log_probs=log_probs["old_log_probs"].to_padded_tensor(0.0)):
         PPOTrainerSync._compute_advantage(trainer, theirs, {})
     ours_adv = tq.kv_batch_get(keys=ours.keys, partition_id="train", select_fields=["advantages"])["advantages"]
     theirs_adv = tq.kv_batch_get(keys=theirs.keys, partition_id="train", select_fields=["advantages"])["advantages"]
     assert torch.equal(ours_adv.to_padded_tensor(0.0), theirs_adv.to_padded_tensor(0.0))
     assert ours_adv.to_padded_tensor(0.0).abs().sum() > 0  # a live group: the comparison can fail
-    reset_driver_anchor()
+    reset_driver_anchors()
 
 
 def test_a_dump_of_rows_the_advantage_step_did_not_see_is_refused_not_silently_left_out(
         transfer_queue, tmp_path, recipe_config, bare_trainer, capsys):
     """Two advantage steps in one training step (``trainer.v1.sync.parameter_sync_step=2``) are dumped together;
     rows from no advantage step of the step raise, and the trainer's dump names the hook and keeps the others'."""
-    reset_driver_anchor()
+    reset_driver_anchors()
     trainer = bare_trainer(recipe_config(tmp_path))
     trainer.global_steps = 3
     first = trainer._compute_advantage(put_rows("sync1-"), {})
@@ -284,7 +283,7 @@ def test_a_dump_of_rows_the_advantage_step_did_not_see_is_refused_not_silently_l
     trainer.global_steps = 4
     trainer.hook(AnchorHook).around_advantage(first, Sessions.of(first.keys))
     assert trainer.hook(AnchorHook).dump_fields(first) == {}
-    reset_driver_anchor()
+    reset_driver_anchors()
 
 
 def test_the_launch_warns_that_verls_own_trainer_gives_apo_every_output_of_a_custom_agent_loop(tmp_path, recipe_config):

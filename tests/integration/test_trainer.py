@@ -22,8 +22,9 @@ from recipe_apo.integration.checkpoint import STATE_FILE
 from recipe_apo.integration.cluster import check_apo_on_every_node
 from recipe_apo.integration.hooks import AnchorHook
 from recipe_apo.integration.trainer import ApoSyncTrainer
-from recipe_apo.methods.anchor import AnchorBook, driver_anchors, get_driver_anchor, reset_driver_anchor
+from recipe_apo.methods.anchor import AnchorBook
 from recipe_apo.methods.apo import compute_apo_advantage
+from recipe_apo.methods.driver_state import driver_anchors, last_result, reset_driver_anchors
 
 REWARDS = [1.0, 1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.0]
 LENGTHS = [3, 2, 4, 1, 2, 5, 3, 2]
@@ -58,7 +59,7 @@ def test_advantage_step_uses_one_anchor_per_data_source_and_logs_its_metrics(tra
     config = recipe_config(tmp_path, "algorithm.apo.anchor_scope=data_source", "algorithm.apo.lambda_scale=1.0",
                            "algorithm.apo.eta_min=1.0")
     trainer = bare_trainer(config)
-    reset_driver_anchor()
+    reset_driver_anchors()
     keys = [f"step1-{i}" for i in range(len(UIDS))]
     metrics = {}
     batch = trainer._compute_advantage(put_batch(keys), metrics)  # verl's own V1 advantage step inside
@@ -91,17 +92,17 @@ def test_advantage_step_uses_one_anchor_per_data_source_and_logs_its_metrics(tra
         del os.environ["VERL_FILE_LOGGER_PATH"]
     logged = json.loads(log_path.read_text().splitlines()[0])
     assert logged["step"] == 1 and logged["data"]["apo/anchor/hard"] == 0.25
-    reset_driver_anchor()
+    reset_driver_anchors()
 
 
 def test_global_scope_step_adds_the_global_anchor_metrics(transfer_queue, tmp_path, recipe_config, bare_trainer):
     trainer = bare_trainer(recipe_config(tmp_path, "algorithm.apo.anchor_init=0.5"))
-    reset_driver_anchor()
+    reset_driver_anchors()
     metrics = {}
     trainer._compute_advantage(put_batch([f"step2-{i}" for i in range(len(UIDS))]), metrics)
     assert metrics["apo/batch_success"] == 0.5 and metrics["apo/anchor"] == 0.5
-    assert get_driver_anchor().steps == 1
-    reset_driver_anchor()
+    assert driver_anchors().anchor().steps == 1
+    reset_driver_anchors()
 
 
 def test_codapo_step_gets_the_old_log_probs_and_the_zero_variance_scale_then_resamples_also_after_a_resume(
@@ -163,10 +164,10 @@ def test_init_keeps_verls_sync_mode_and_starts_a_fresh_anchor(tmp_path, monkeypa
     seen = {}
     monkeypatch.setattr(PPOTrainerSync, "__init__",
                         lambda self, config: seen.setdefault("mode", config.trainer.v1.trainer_mode))
-    get_driver_anchor(init=0.7)
+    driver_anchors(init=0.7).anchor()
     trainer = ApoSyncTrainer(recipe_config(tmp_path))
     assert seen["mode"] == "sync" and trainer.hook(AnchorHook) is not None
-    assert get_driver_anchor().value is None  # the previous run's anchor is gone
+    assert driver_anchors().anchor().value is None  # the previous run's anchor is gone
 
 
 def test_checkpoint_save_writes_the_anchor_before_verl_marks_the_folder_latest(tmp_path, monkeypatch, recipe_config,
@@ -176,18 +177,18 @@ def test_checkpoint_save_writes_the_anchor_before_verl_marks_the_folder_latest(t
     state_file = tmp_path / "ckpt" / "global_step_7" / STATE_FILE
     seen = {}
     monkeypatch.setattr(PPOTrainerSync, "_save_checkpoint", lambda self: seen.setdefault("exists", state_file.exists()))
-    reset_driver_anchor()
-    get_driver_anchor(init=0.3)
+    reset_driver_anchors()
+    driver_anchors(init=0.3).anchor()
     trainer._save_checkpoint()
     assert seen["exists"] is True
     assert json.loads(state_file.read_text())["anchors"]["global"]["value"] == 0.3
 
     (tmp_path / "ckpt" / "latest_checkpointed_iteration.txt").write_text("7")
-    reset_driver_anchor()
+    reset_driver_anchors()
     monkeypatch.setattr(PPOTrainerSync, "_load_checkpoint", lambda self: None)
     trainer._load_checkpoint()
-    assert get_driver_anchor().value == 0.3
-    reset_driver_anchor()
+    assert driver_anchors().anchor().value == 0.3
+    reset_driver_anchors()
 
 
 def test_node_check_passes_where_the_plugin_is_installed(transfer_queue):
@@ -277,7 +278,7 @@ def test_the_anchor_moves_once_per_training_step_and_logs_the_steps_update(tmp_p
     config = recipe_config(tmp_path, "algorithm.apo.anchor_init=0.5", "algorithm.apo.eta_min=0.5",
                            "algorithm.apo.eta=1.0")
     trainer = bare_trainer(config)
-    reset_driver_anchor()
+    reset_driver_anchors()
 
     def verl_step(self, metrics, timing_raw):
         seen = []
@@ -286,7 +287,7 @@ def test_the_anchor_moves_once_per_training_step_and_logs_the_steps_update(tmp_p
             token_rewards[:, 1] = torch.tensor(rewards)
             apo_outcome_advantage(token_rewards, torch.ones(4, 2), config.algorithm,
                                   np.array(["a", "a", "b", "b"], dtype=object))
-            seen.append(dict(driver_anchors().last_metrics))
+            seen.append(dict(last_result("apo").metrics))
         # verl's MetricsAggregator: the mean of the mini-batches' values.
         metrics.update({key: (seen[0][key] + seen[1][key]) / 2 for key in seen[0]})
         return "batch"
@@ -294,11 +295,11 @@ def test_the_anchor_moves_once_per_training_step_and_logs_the_steps_update(tmp_p
     monkeypatch.setattr(PPOTrainerSync, "step", verl_step)
     metrics = {}
     assert trainer.step(metrics, {}) == "batch"
-    anchor = get_driver_anchor()
+    anchor = driver_anchors().anchor()
     # One update from 0.5 with pooled y = 4/8 and eta = max(1.0 * std([0.5]), 0.5) = 0.5: C = 0.5.
     assert anchor.steps == 1 and list(anchor.history) == [0.5, 0.5]
     assert (metrics["apo/anchor"], metrics["apo/anchor_rate"], metrics["apo/batch_success"]) == (0.5, 0.5, 0.5)
-    reset_driver_anchor()
+    reset_driver_anchors()
 
 
 def test_the_dump_gives_each_row_verls_staleness():

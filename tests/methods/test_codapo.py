@@ -20,14 +20,13 @@ from recipe_apo.methods.codapo import (
     MAX_WEIGHT_OFFSET,
     CodapoConfigError,
     CodapoSettings,
-    codapo_book,
     codapo_outcome_advantage,
     compute_codapo_advantage,
-    handed_log_probs,
     resample_order,
     select_prompts,
 )
-from recipe_apo.methods.success import ApoInputError
+from recipe_apo.methods.driver_state import handed, handed_log_probs, last_result
+from recipe_apo.methods.errors import BatchInputError
 
 LN2 = math.log(2.0)
 
@@ -131,12 +130,12 @@ def test_the_vectorized_estimator_equals_codapos_own_loop(groups, data, norm):
 
 def test_the_estimator_refuses_plain_verl_and_bad_batches():
     rewards, mask, log_probs, uid = hand_batch()
-    with pytest.raises(ApoInputError, match="python -m recipe_apo.main"):
+    with pytest.raises(BatchInputError, match="python -m recipe_apo.main"):
         codapo_outcome_advantage(rewards, mask, config={"norm_adv_by_std_in_grpo": True}, index=uid)
-    with pytest.raises(ApoInputError, match="old_log_probs"):
+    with pytest.raises(BatchInputError, match="old_log_probs"):
         compute_codapo_advantage(rewards, mask, log_probs[:, :2], uid)
     log_probs[0, 0] = float("nan")
-    with pytest.raises(ApoInputError, match="first rows \\[0\\]"):
+    with pytest.raises(BatchInputError, match="first rows \\[0\\]"):
         compute_codapo_advantage(rewards, mask, log_probs, uid)
 
 
@@ -147,13 +146,14 @@ def test_the_handed_log_probs_reach_the_registered_estimator_and_its_weights_sta
 
     rewards, mask, log_probs, uid = hand_batch()
     fn = core_algos.get_adv_estimator_fn("codapo")
-    with handed_log_probs(log_probs):
+    with handed(old_log_probs=log_probs):
         advantages, returns = fn(token_level_rewards=rewards, response_mask=mask,
                                  config={"norm_adv_by_std_in_grpo": True, "codapo": {"weight_offset": 0.0}}, index=uid)
-    assert codapo_book().handed_log_probs is None  # handed for one call only
+    assert handed_log_probs() is None  # handed for one call only
     assert advantages is returns
-    np.testing.assert_allclose(codapo_book().last_weights[4:6], [0.0, 0.0])  # weight_offset read from the config
-    assert codapo_book().last_uids.tolist() == uid.tolist()
+    # weight_offset read from the config
+    np.testing.assert_allclose(last_result("codapo").per_response["weights"][4:6], [0.0, 0.0])
+    assert last_result("codapo").per_response["uids"].tolist() == uid.tolist()
 
 
 def test_settings_refuse_bad_values_naming_the_key():
@@ -184,7 +184,7 @@ def test_the_second_batch_repeats_each_kept_prompt_in_place_and_wraps():
     assert resample_order(np.array([3, 7]), 6, 4).tolist() == [3, 3, 3, 3, 7, 7]
     # CoDaPO's loop: 3 kept prompts fill 16 slots as a x 8, b x 4, c x 4.
     assert np.bincount(resample_order(np.array([0, 1, 2]), 16, 4)).tolist() == [8, 4, 4]
-    with pytest.raises(ApoInputError, match="no prompt kept"):
+    with pytest.raises(BatchInputError, match="no prompt kept"):
         resample_order(np.array([], dtype=np.int64), 4, 4)
 
 
@@ -264,7 +264,7 @@ def test_an_advantage_that_would_overflow_is_refused_naming_the_cause():
     # A = +-3e38 without std, A * w = +-6e38, past float32's 3.4e38. Today's code returned [inf, -inf].
     rewards = torch.tensor([[3e38], [-3e38]])
     mask, log_probs = torch.ones(2, 1), torch.zeros(2, 1)
-    with pytest.raises(ApoInputError) as info:
+    with pytest.raises(BatchInputError) as info:
         compute_codapo_advantage(rewards, mask, log_probs, np.array(["a", "a"]), False, weight_offset=2.0)
     message = str(info.value)
     assert message.startswith("codapo: advantages would overflow float32 (max 3.4e+38): response 0's")
@@ -294,7 +294,7 @@ def test_accepted_settings_on_finite_inputs_give_finite_advantages_or_a_clear_er
     try:
         advantages, weights, _ = compute_codapo_advantage(token_rewards, torch.ones(n, 1), torch.full((n, 1), log_prob),
                                                           index, norm, settings_.weight_offset)
-    except ApoInputError as exc:
+    except BatchInputError as exc:
         assert "would overflow" in str(exc) and "\n" not in str(exc)
         return
     assert torch.isfinite(advantages).all() and np.isfinite(weights).all()
@@ -320,7 +320,7 @@ def test_positive_old_log_probs_are_refused_naming_the_field_and_rows():
     rewards, mask, log_probs, uid = hand_batch()
     log_probs[0, 1] = 100.0  # a valid token of row 0
     log_probs[3, 0] = 800.0
-    with pytest.raises(ApoInputError) as info:
+    with pytest.raises(BatchInputError) as info:
         compute_codapo_advantage(rewards, mask, log_probs, uid)
     assert str(info.value) == (
         "old_log_probs: 2 of 9 responses have a token log-prob above 0 (largest 800; a log-probability is <= 0), "
@@ -339,26 +339,27 @@ def test_positive_old_log_probs_are_refused_naming_the_field_and_rows():
 def test_a_refused_batch_leaves_the_book_as_the_last_good_batch_left_it():
     rewards, mask, log_probs, uid = hand_batch()
     config = {"norm_adv_by_std_in_grpo": True}
-    with handed_log_probs(log_probs):
+    with handed(old_log_probs=log_probs):
         codapo_outcome_advantage(rewards, mask, config=config, index=uid)
-    book = codapo_book()
-    before = (book.last_uids.copy(), book.last_weights.copy(), dict(book.last_metrics))
+    book = last_result("codapo")
+    before = (book.per_response["uids"].copy(), book.per_response["weights"].copy(), dict(book.metrics))
     broken = log_probs.clone()
     broken[2, 0] = 800.0
     for bad_log_probs, bad_config in [(broken, config), (log_probs, {"norm_adv_by_std_in_grpo": "false"}),
                                       (log_probs, {**config, "codapo": {"weight_offset": 1e39}})]:
-        with handed_log_probs(bad_log_probs), pytest.raises(RecipeError):
+        with handed(old_log_probs=bad_log_probs), pytest.raises(RecipeError):
             codapo_outcome_advantage(rewards, mask, config=bad_config, index=uid)
-        assert book.last_uids.tolist() == before[0].tolist()
-        np.testing.assert_array_equal(book.last_weights, before[1])
-        assert book.last_metrics == before[2]
+        after = last_result("codapo")
+        assert after.per_response["uids"].tolist() == before[0].tolist()
+        np.testing.assert_array_equal(after.per_response["weights"], before[1])
+        assert after.metrics == before[2]
 
 
 def test_a_quoted_boolean_is_refused_by_the_estimator_itself():
     """Plain verl hands the estimator its algorithm node as is: 'false' is a non-empty string, read as true."""
     rewards, mask, log_probs, uid = hand_batch()
     for value in ("false", "true", 0, None):
-        with handed_log_probs(log_probs), pytest.raises(RecipeError) as info:
+        with handed(old_log_probs=log_probs), pytest.raises(RecipeError) as info:
             codapo_outcome_advantage(rewards, mask, config={"norm_adv_by_std_in_grpo": value}, index=uid)
         assert str(info.value) == f"algorithm.norm_adv_by_std_in_grpo must be true or false, got {value!r}" + (
             " (a string: drop the quotes)" if isinstance(value, str) else "")

@@ -14,15 +14,11 @@ from verl import DataProto
 from verl.trainer.ppo import core_algos
 from verl.trainer.ppo.ray_trainer import compute_advantage
 
-from recipe_apo.methods.anchor import (
-    AnchorBook,
-    CapabilityAnchor,
-    driver_anchors,
-    get_driver_anchor,
-    reset_driver_anchor,
-)
-from recipe_apo.methods.apo import ApoInputError, compute_apo_advantage
+from recipe_apo.methods.anchor import AnchorBook, CapabilityAnchor
+from recipe_apo.methods.apo import compute_apo_advantage
 from recipe_apo.methods.apo_settings import ApoConfigError, ApoSettings
+from recipe_apo.methods.driver_state import driver_anchors, last_result, reset_driver_anchors
+from recipe_apo.methods.errors import BatchInputError
 
 E_QUARTER = 1.2840254166877414  # exp(0.25)
 E_MINUS_QUARTER = 0.7788007830714049  # exp(-0.25)
@@ -42,9 +38,9 @@ def outcome_rewards(rewards, lengths, width=6):
 
 @pytest.fixture(autouse=True)
 def fresh_driver_anchor():
-    reset_driver_anchor()
+    reset_driver_anchors()
     yield
-    reset_driver_anchor()
+    reset_driver_anchors()
 
 
 def test_four_quadrants_of_table_4_5_by_hand():
@@ -275,7 +271,7 @@ def assert_anchor_untouched(call):
     anchor = CapabilityAnchor(0.4)
     run_steps(anchor, ApoSettings(), 0.6, 3)
     before = anchor.state_dict()
-    with pytest.raises(ApoInputError) as info:
+    with pytest.raises(BatchInputError) as info:
         call(anchor)
     assert anchor.state_dict() == before
     return str(info.value)
@@ -367,10 +363,10 @@ def test_through_verl_compute_advantage_with_a_real_dataproto():
     )
     torch.testing.assert_close(out.batch["advantages"], direct)
     torch.testing.assert_close(out.batch["returns"], direct)
-    assert get_driver_anchor().steps == 1 and driver_anchors().last_metrics["apo/anchor"] == 0.5
+    assert driver_anchors().anchor().steps == 1 and last_result("apo").metrics["apo/anchor"] == 0.5
 
     compute_advantage(data, adv_estimator="apo", config=algorithm)
-    assert get_driver_anchor().steps == 2  # one anchor per driver process, carried across steps
+    assert driver_anchors().anchor().steps == 2  # one anchor per driver process, carried across steps
 
 
 def test_one_anchor_per_data_source_measures_its_own_groups():
@@ -400,7 +396,7 @@ def test_a_group_spanning_two_data_sources_is_refused():
     book = AnchorBook(init=0.5)
     book.anchor("a")
     before = book.state_dict()
-    with pytest.raises(ApoInputError, match="mix data sources"):
+    with pytest.raises(BatchInputError, match="mix data sources"):
         compute_apo_advantage(token_rewards, mask, np.array([0, 0, 1, 1]), ApoSettings(anchor_scope="data_source"),
                               book, np.array(["a", "b", "b", "b"], dtype=object))
     assert book.state_dict() == before
@@ -409,7 +405,7 @@ def test_a_group_spanning_two_data_sources_is_refused():
 def test_data_source_scope_without_the_recipe_trainer_is_a_clear_error():
     token_rewards, mask = outcome_rewards([1, 0], [2, 2])
     algorithm = OmegaConf.create({"apo": {"anchor_scope": "data_source"}})
-    with pytest.raises(ApoInputError, match="python -m recipe_apo.main"):
+    with pytest.raises(BatchInputError, match="python -m recipe_apo.main"):
         core_algos.get_adv_estimator_fn("apo")(token_level_rewards=token_rewards, response_mask=mask,
                                                config=algorithm, index=np.array([0, 0]))
 
@@ -523,7 +519,7 @@ def test_a_refused_mini_batch_leaves_the_step_as_it_was():
     apo_step(book, [1, 0, 0, 0], ["a", "a", "b", "b"], settings)
     before = (book.state_dict(), dict(book._step_seen), dict(book.step_results))
     token_rewards, mask = outcome_rewards([math.nan, 0], [2, 2])
-    with pytest.raises(ApoInputError):
+    with pytest.raises(BatchInputError):
         compute_apo_advantage(token_rewards, mask, np.array(["c", "c"], dtype=object), settings, book)
     assert (book.state_dict(), dict(book._step_seen), dict(book.step_results)) == before
 
@@ -553,10 +549,10 @@ def test_the_prior_order_warm_starts_at_the_first_batchs_success_and_then_lags_a
     # Step 1 without anchor_init: the prior is the first batch's success rate, 3/4; p_hat = 3/4: Delta = 0.
     first, _ = compute_apo_advantage(*outcome_rewards([1, 1, 1, 0], [2] * 4), index, settings, book)
     torch.testing.assert_close(first[:, 0], torch.tensor([0.25, 0.25, 0.25, -0.75]))
-    assert book.last_anchor.tolist() == [0.75] * 4
+    assert last_result("apo").per_response["anchor"].tolist() == [0.75] * 4
     # Step 2: measured against C_1 = 0.75 (the paper's order would use C_2 = 0.5 * 0.75 + 0.5 * 0.25 = 0.5).
     second, _ = compute_apo_advantage(*outcome_rewards([1, 0, 0, 0], [2] * 4), index, settings, book)
     torch.testing.assert_close(second[:, 0], torch.tensor([0.75 * math.exp(0.5)] + [-0.25 * math.exp(-0.5)] * 3))
-    assert book.anchor().value == 0.5 and book.last_anchor.tolist() == [0.75] * 4
+    assert book.anchor().value == 0.5 and last_result("apo").per_response["anchor"].tolist() == [0.75] * 4
     with pytest.raises(ApoConfigError, match="algorithm.apo.anchor_order must be one of paper, prior, got 'before'"):
         ApoSettings(anchor_order="before")

@@ -10,8 +10,9 @@ from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
 from recipe_apo.methods.anchor import AnchorBook, CapabilityAnchor
-from recipe_apo.methods.apo import ApoInputError, compute_apo_advantage
+from recipe_apo.methods.apo import compute_apo_advantage
 from recipe_apo.methods.apo_settings import MAX_HISTORY, MAX_LAMBDA_SCALE, ApoConfigError, ApoSettings
+from recipe_apo.methods.errors import BatchInputError
 
 DTYPES = [torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool,
           torch.float16, torch.bfloat16, torch.float32, torch.float64]
@@ -78,7 +79,7 @@ def test_accepted_settings_on_finite_rewards_give_finite_advantages_or_a_clear_e
     cfg = ApoSettings(lambda_scale=lambda_scale, success="threshold", success_threshold=0.0)
     try:
         advantages, _ = compute_apo_advantage(token_rewards, torch.ones_like(token_rewards), groups, cfg, anchor)
-    except ApoInputError as error:
+    except BatchInputError as error:
         assert "would overflow" in str(error) and "algorithm.apo.lambda_scale" in str(error)
         assert anchor.state_dict() == CapabilityAnchor(0.5).state_dict()
     else:
@@ -88,7 +89,7 @@ def test_accepted_settings_on_finite_rewards_give_finite_advantages_or_a_clear_e
 def test_an_overflowing_advantage_is_refused_before_the_anchor_moves():
     token_rewards = torch.tensor([[3e38], [0.0]])
     anchor = CapabilityAnchor(0.5)
-    with pytest.raises(ApoInputError, match=r"advantages would overflow float32 .*lambda_scale=1\.5"):
+    with pytest.raises(BatchInputError, match=r"advantages would overflow float32 .*lambda_scale=1\.5"):
         compute_apo_advantage(token_rewards, torch.ones(2, 1), np.array(["g", "g"]),
                               ApoSettings(success="threshold"), anchor)
     assert anchor.steps == 0 and anchor.value == 0.5
@@ -123,7 +124,7 @@ def test_a_missing_data_source_is_named_with_its_rows(missing):
     token_rewards, mask = token_rewards_of([1, 0, 1, 0], [1, 1, 1, 1], torch.float32)
     book = AnchorBook(init=0.5)
     message = r"data_source is missing \(None/NaN\) for 2 of 4 responses, first rows \[2, 3\]"
-    with pytest.raises(ApoInputError, match=message):
+    with pytest.raises(BatchInputError, match=message):
         compute_apo_advantage(token_rewards, mask, np.array(["a", "a", "b", "b"]), ApoSettings(), book,
                               scopes=np.array(["math", "math", missing, missing], dtype=object))
     assert book.anchors == {}
@@ -152,6 +153,6 @@ def test_every_refused_batch_leaves_every_anchor_of_the_book_as_it_was():
         (good, np.array([0, 0, 1, 1]), ["x", None, "z", "z"]),  # a missing data source
     ]
     for rewards, index, scopes in refusals:
-        with pytest.raises(ApoInputError):
+        with pytest.raises(BatchInputError):
             compute_apo_advantage(rewards, mask, index, settings, book, np.array(scopes, dtype=object))
         assert book.state_dict() == before and "z" not in book.anchors

@@ -9,17 +9,15 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from recipe_apo.errors import RecipeError
-from recipe_apo.methods import apo, apo_settings, codapo, errors, groups, settings, success, tensors
+from recipe_apo.methods import apo, checks, driver_state, groups, settings
 from recipe_apo.methods.apo_settings import ApoConfigError, ApoSettings
 from recipe_apo.methods.codapo import CodapoConfigError, CodapoSettings
-from recipe_apo.methods.errors import ApoInputError, BatchInputError, MethodConfigError
+from recipe_apo.methods.errors import BatchInputError, MethodConfigError
 
 
-def test_errors_are_recipe_errors_and_value_errors_under_their_old_names_too():
+def test_errors_are_recipe_errors_and_value_errors():
     assert issubclass(BatchInputError, RecipeError) and issubclass(BatchInputError, ValueError)
     assert issubclass(MethodConfigError, RecipeError) and issubclass(MethodConfigError, ValueError)
-    assert ApoInputError is BatchInputError
-    assert success.ApoInputError is apo.ApoInputError is errors.ApoInputError is BatchInputError
     assert issubclass(ApoConfigError, MethodConfigError) and issubclass(CodapoConfigError, MethodConfigError)
     with pytest.raises(MethodConfigError, match="algorithm.apo.eta"):
         ApoSettings.from_algorithm_config({"apo": {"eta": -1.0}})
@@ -27,10 +25,92 @@ def test_errors_are_recipe_errors_and_value_errors_under_their_old_names_too():
         CodapoSettings.from_algorithm_config({"codapo": {"percentile": 2.0}})
 
 
-def test_moved_helpers_stay_importable_from_their_old_modules():
-    assert apo_settings.read_settings is settings.read_settings
-    assert apo.group_ids is groups.group_ids and apo.response_rewards is groups.response_rewards
-    assert codapo.read_settings is settings.read_settings
+@pytest.mark.parametrize("value, kwargs, message", [
+    (True, {}, "x must be a finite number, got True"),
+    ("1.5", {}, "x must be a finite number, got '1.5'"),
+    (float("inf"), {}, "x must be a finite number, got inf"),
+    (-1, {"low": 0.0}, "x must be >= 0.0, got -1"),
+    (0.0, {"low": 0.0, "low_open": True}, "x must be > 0.0, got 0.0"),
+    (2, {"high": 1.0}, "x must be <= 1.0, got 2"),
+    (1.0, {"low": 0.0, "high": 1.0, "low_open": True, "high_open": True}, "x must be a number in (0, 1), got 1.0"),
+    (0.0, {"low": 0.0, "high": 1.0, "high_open": True}, None),
+])
+def test_check_number_takes_finite_reals_in_the_bounds_only(value, kwargs, message):
+    if message is None:
+        assert checks.check_number("x", value, MethodConfigError, **kwargs) == value
+        return
+    with pytest.raises(MethodConfigError) as info:
+        checks.check_number("x", value, MethodConfigError, **kwargs)
+    assert str(info.value) == message
+
+
+def test_check_integer_flag_and_choice_name_the_setting():
+    assert checks.check_integer("n", np.int64(3), MethodConfigError, low=1) == 3
+    for value, message in [(True, "n must be an integer in [1, 5], got True"),
+                           (2.0, "n must be an integer in [1, 5], got 2.0"),
+                           (6, "n must be an integer in [1, 5], got 6")]:
+        with pytest.raises(MethodConfigError) as info:
+            checks.check_integer("n", value, MethodConfigError, low=1, high=5)
+        assert str(info.value) == message
+    with pytest.raises(MethodConfigError, match=r"^f must be true or false, got 'no' \(a string: drop the quotes\)$"):
+        checks.check_flag("f", "no", MethodConfigError)
+    with pytest.raises(MethodConfigError, match="^c must be one of a, b, got 'z'$"):
+        checks.check_choice("c", "z", ("a", "b"), MethodConfigError)
+
+
+def test_batch_checks_count_and_name_the_rows_at_fault():
+    with pytest.raises(BatchInputError, match=r"^a \(2, 3\), b \(2, 4\) must all be \(batch, response_len\)"):
+        checks.check_shapes(a=torch.zeros(2, 3), b=torch.zeros(2, 4))
+    with pytest.raises(BatchInputError, match=r"must all be"):
+        checks.check_shapes(a=torch.zeros(3))
+    values = np.array([1.0, np.nan, np.inf, np.nan])
+    checks.check_finite(values, np.array([True, False, False, False]), "rewards")  # padding may hold anything
+    with pytest.raises(BatchInputError) as info:
+        checks.check_finite(values, np.ones(4, dtype=bool), "rewards")
+    assert str(info.value) == "token_level_rewards: 3 of 4 responses have NaN/inf rewards, first rows [1, 2, 3]"
+    assert checks.output_dtype(torch.zeros(1, dtype=torch.int64)) == torch.float32
+    assert checks.output_dtype(torch.zeros(1, dtype=torch.bfloat16)) == torch.bfloat16
+    checks.check_no_overflow(65504.0, torch.float16, "", "fits")
+    for largest in (65520.0, float("nan"), float("inf")):
+        with pytest.raises(BatchInputError, match=r"^p: advantages would overflow float16 \(max 6.55e\+04\): why$"):
+            checks.check_no_overflow(largest, torch.float16, "p: ", "why")
+
+
+def test_group_range_and_rates():
+    codes, n_groups = groups.group_codes(["a", "b", "a", "c"])
+    assert codes.tolist() == [0, 1, 0, 2] and n_groups == 3
+    low, high = groups.group_range(codes[:3], n_groups, [2.0, 5.0, -1.0])
+    assert low.tolist() == [-1.0, 5.0, np.inf] and high.tolist() == [2.0, 5.0, -np.inf]
+    assert groups.group_rates(codes, n_groups, [1, 0, 0, 1]).tolist() == [0.5, 0.0, 1.0]
+
+
+def test_the_driver_state_restores_what_it_replaced():
+    assert driver_state.handed_scopes() is None and driver_state.handed_log_probs() is None
+    log_probs = torch.zeros(2, 3)
+    with driver_state.handed(scopes=["a", "b"], old_log_probs=log_probs):
+        assert driver_state.handed_scopes().tolist() == ["a", "b"] and driver_state.handed_log_probs() is log_probs
+        with driver_state.handed():
+            assert driver_state.handed_scopes() is None
+        assert driver_state.handed_scopes().tolist() == ["a", "b"]
+    assert driver_state.handed_scopes() is None and driver_state.handed_log_probs() is None
+
+    class Module:
+        name = "verl's"
+
+    with pytest.raises(RuntimeError):
+        with driver_state.swapped(Module, "name", "ours"):
+            assert Module.name == "ours"
+            raise RuntimeError
+    assert Module.name == "verl's"
+
+    driver_state.record_result("x", {"m": 1.0}, phi=np.ones(2))
+    assert driver_state.last_result("x").metrics == {"m": 1.0}
+    driver_state.clear_results("x")
+    assert driver_state.last_result("x") is None
+    book = driver_state.driver_anchors(init=0.5, history=3)
+    assert driver_state.driver_anchors() is book and book.init == 0.5
+    driver_state.reset_driver_anchors()
+    assert driver_state.driver_anchors() is not book
 
 
 def test_read_settings_takes_a_dict_a_node_an_object_or_nothing_and_refuses_unknown_keys():
@@ -115,28 +195,3 @@ def test_most_rows_starting_masked_take_the_full_maxima():
     assert apo._valid_rows(mask).tolist() == [True] * 7 + [False] * 3
     mask[8, 0] = 1
     assert apo._valid_rows(mask).tolist() == [True] * 7 + [False, True, False]
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64])
-def test_empty_like_is_torchs_empty_like(dtype):
-    for like in (torch.ones(3, 5, dtype=torch.int64), torch.ones(5, 3, dtype=torch.int64).t(),
-                 torch.ones(6, 1 << 21, dtype=torch.int8)):
-        out = tensors.empty_like(like, dtype)
-        assert out.dtype == dtype and out.shape == like.shape
-        assert out.stride() == torch.empty_like(like, dtype=dtype).stride()
-        assert torch.equal(out.copy_(like), like.to(dtype))
-
-
-def test_empty_like_hints_huge_pages_for_the_aligned_inside_of_a_large_tensor_only(monkeypatch):
-    import mmap
-
-    calls = []
-    monkeypatch.setattr(tensors, "_MADVISE", lambda start, length, advice: calls.append((start, length, advice)))
-    tensors.empty_like(torch.ones(4, 4, dtype=torch.int8), torch.float32)
-    assert calls == []
-    out = tensors.empty_like(torch.ones(5, 1 << 22, dtype=torch.int8), torch.float32)  # 80 MiB
-    (start, length, advice), = calls
-    end = out.data_ptr() + out.numel() * out.element_size()
-    huge = 2 << 20
-    assert advice == mmap.MADV_HUGEPAGE and start % huge == 0 and length % huge == 0
-    assert out.data_ptr() <= start and start + length <= end and length >= end - out.data_ptr() - 2 * huge

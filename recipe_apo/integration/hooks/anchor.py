@@ -10,13 +10,11 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-import numpy as np
-
 from recipe_apo.integration import batch_fields
 from recipe_apo.integration.checkpoint import restore_for_run, save_anchor_state, uses_apo
 from recipe_apo.integration.hooks.base import RowColumns, TrainerHook
 from recipe_apo.integration.multi_output import Sessions
-from recipe_apo.methods.anchor import batch_scopes, driver_anchors, reset_driver_anchor
+from recipe_apo.methods import driver_state
 from recipe_apo.methods.apo_settings import ApoSettings
 
 
@@ -29,7 +27,7 @@ class AnchorHook(TrainerHook):
         super().__init__(trainer, config)
         self.settings = ApoSettings.from_algorithm_config(self.config.algorithm)
         self.columns = RowColumns()
-        reset_driver_anchor()
+        driver_state.reset_driver_anchors()
 
     def restored(self, folder: Optional[str], step: int) -> None:
         restore_for_run(self.config, folder)
@@ -39,7 +37,7 @@ class AnchorHook(TrainerHook):
 
     def book(self):
         """The driver's anchors (created with this run's settings when the run has none yet)."""
-        return driver_anchors(init=self.settings.anchor_init, history=self.settings.history)
+        return driver_state.driver_anchors(init=self.settings.anchor_init, history=self.settings.history)
 
     def begin_step(self) -> None:
         self.book().begin_step()
@@ -53,20 +51,19 @@ class AnchorHook(TrainerHook):
             metrics[f"apo/batch_success{suffix}"] = y
 
     def around_advantage(self, batch: Any, sessions: Sessions):
-        book = self.book()
         # A step that computes no APO advantages logs and dumps no stale anchor.
-        book.last_metrics, book.last_phi, book.last_anchor = {}, None, None
+        driver_state.clear_results("apo")
         if self.trainer.global_steps != self.columns.step:
             self.columns.clear()
         by_source = self.settings.anchor_scope == "data_source"
-        return batch_scopes(sessions.finals(batch_fields.data_sources(batch)) if by_source else None)
+        return driver_state.handed(scopes=sessions.finals(batch_fields.data_sources(batch)) if by_source else None)
 
     def after_advantage(self, batch: Any, metrics: dict, sessions: Sessions) -> None:
-        book = self.book()
-        metrics.update(book.last_metrics)
-        if book.last_phi is not None:  # None: the estimator saw no response with a token
+        result = driver_state.last_result("apo")
+        if result is not None:  # None: the estimator saw no response with a token
+            metrics.update(result.metrics)
             self.columns.add(self.trainer.global_steps, sessions,
-                             {"apo_phi": np.asarray(book.last_phi), "apo_anchor": np.asarray(book.last_anchor)})
+                             {"apo_phi": result.per_response["phi"], "apo_anchor": result.per_response["anchor"]})
 
     def dump_fields(self, batch: Any) -> dict[str, list]:
         return self.columns.for_rows(batch.keys)

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-import numpy as np
-
 from recipe_apo.integration import batch_fields
 from recipe_apo.integration.hooks.base import RowColumns, TrainerHook
 from recipe_apo.integration.multi_output import Sessions
 from recipe_apo.integration.resampling import PromptResampler, first_of_pair
-from recipe_apo.methods.codapo import CodapoSettings, codapo_book, handed_log_probs
+from recipe_apo.methods import driver_state
+from recipe_apo.methods.codapo import CodapoSettings
 
 
 def _uses_codapo(config: Any) -> bool:
@@ -36,17 +35,16 @@ class CodapoHook(TrainerHook):
         self.columns = RowColumns()
 
     def around_advantage(self, batch: Any, sessions: Sessions):
-        book = codapo_book()
-        book.last_metrics, book.last_uids, book.last_weights = {}, None, None
+        driver_state.clear_results("codapo")
         if self.trainer.global_steps != self.columns.step:
             self.columns.clear()
-        return handed_log_probs(sessions.finals(batch_fields.old_log_probs(batch)))
+        return driver_state.handed(old_log_probs=sessions.finals(batch_fields.old_log_probs(batch)))
 
     def after_advantage(self, batch: Any, metrics: dict, sessions: Sessions) -> None:
-        book = codapo_book()
-        metrics.update(book.last_metrics)
-        if book.last_weights is not None:
-            self.columns.add(self.trainer.global_steps, sessions, {"codapo_weight": np.asarray(book.last_weights)})
+        result = driver_state.last_result("codapo")
+        if result is not None:
+            metrics.update(result.metrics)
+            self.columns.add(self.trainer.global_steps, sessions, {"codapo_weight": result.per_response["weights"]})
 
     def dump_fields(self, batch: Any) -> dict[str, list]:
         return self.columns.for_rows(batch.keys)
@@ -90,5 +88,5 @@ class ResamplingHook(TrainerHook):
     def after_advantage(self, batch: Any, metrics: dict, sessions: Sessions) -> None:
         # One weight per trajectory of the estimator's rows, with its prompt's uid: a prompt's w_g either way.
         if first_of_pair(self.step):
-            book = codapo_book()
-            self.resampler.add_weights(book.last_uids, book.last_weights)
+            result = driver_state.last_result("codapo")
+            self.resampler.add_weights(result.per_response["uids"], result.per_response["weights"])
