@@ -34,7 +34,7 @@ from typing import Any, Optional, Sequence
 from recipe_apo.integration.errors import RecipeConfigError
 from recipe_apo.plugin import CODAPO
 
-PACKAGE = "recipe_apo.conf.method"
+CONFIG_PACKAGE, GROUP = "recipe_apo.conf", "method"
 RECIPE_CONFIG = "apo_trainer"
 _DECLARATION = re.compile(r"^#\s*preset:(?P<body>.*)$")
 _HYDRA_HEADER = re.compile(r"^#\s*@")
@@ -90,7 +90,7 @@ class MethodSettings:
 
 def _directory():
     """The preset files' folder, as a Traversable of the installed package."""
-    return resources.files(PACKAGE)
+    return resources.files(CONFIG_PACKAGE) / GROUP
 
 
 def parse_declaration(text: str, where: str = "preset") -> dict[str, Any]:

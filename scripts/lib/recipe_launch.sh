@@ -36,9 +36,9 @@ recipe_parse_method() {
     recipe_check_method
 }
 
-# The method presets: the files of recipe_apo/conf/method/ (what recipe_apo/integration/presets.py lists, here
+# The method presets: the files of conf/method/ (what recipe_apo/integration/presets.py lists, here
 # in file-name order), found from this file's place in the checkout.
-RECIPE_METHOD_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../recipe_apo/conf/method" 2>/dev/null && pwd)"
+RECIPE_METHOD_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../conf/method" 2>/dev/null && pwd)"
 
 recipe_methods() {
     local file
@@ -52,7 +52,7 @@ recipe_check_method() {
     if [[ -z "$METHOD" || "$METHOD" == */* || ! -f "$RECIPE_METHOD_DIR/$METHOD.yaml" ]]; then
         local known="" name
         while IFS= read -r name; do known+="${known:+, }$name"; done < <(recipe_methods)
-        echo "error: method must be one of the presets in recipe_apo/conf/method/ ($known), got '$METHOD'" >&2
+        echo "error: method must be one of the presets in conf/method/ ($known), got '$METHOD'" >&2
         exit 2
     fi
 }

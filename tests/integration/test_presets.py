@@ -11,7 +11,7 @@ from repo_paths import ROOT
 
 from recipe_apo.integration import presets
 
-METHOD_DIR = ROOT / "recipe_apo" / "conf" / "method"
+METHOD_DIR = ROOT / "conf" / "method"
 
 # A preset that is not the recipe's, declared between Dr. GRPO and APO: verl's rloo estimator needs nothing but
 # the batch, so the demo and the audit can run it too.
@@ -107,7 +107,7 @@ def extra_preset(tmp_path, monkeypatch):
     from recipe_apo.integration import replay
     from recipe_apo.testbed import configs
 
-    folder = tmp_path / "recipe_apo" / "conf" / "method"
+    folder = tmp_path / "conf" / "method"
     folder.mkdir(parents=True)
     for path in METHOD_DIR.glob("*.yaml"):
         shutil.copy(path, folder)
@@ -130,8 +130,8 @@ def test_an_extra_preset_appears_everywhere(extra_preset, capsys, monkeypatch):
     from hydra import compose, initialize_config_module
 
     from recipe_apo.__main__ import main as demo
-    from recipe_apo.audit import stats
     from recipe_apo.cpu import rehearse
+    from recipe_apo.integration import replay
     from recipe_apo.testbed.configs import method_configs
 
     order = ("grpo", "drgrpo", EXTRA, "apo", "codapo")
@@ -145,8 +145,8 @@ def test_an_extra_preset_appears_everywhere(extra_preset, capsys, monkeypatch):
     assert runs == [list(order), [EXTRA, "apo"]]
 
     # The audit replays it, in its place, by its title.
-    assert [m.name for m in stats.preset_methods()] == ["GRPO", "Dr. GRPO", "RLOO", "APO"]
-    assert stats.method_named("RLOO").adv_estimator == "rloo"
+    assert [m.name for m in replay.preset_methods()] == ["GRPO", "Dr. GRPO", "RLOO", "APO"]
+    assert replay.method_named("RLOO").adv_estimator == "rloo"
 
     # The testbed runs it by default, in the league too.
     with initialize_config_module(config_module="recipe_apo.conf", version_base="1.3"):

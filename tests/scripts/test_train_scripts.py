@@ -160,8 +160,8 @@ def test_method_from_environment_and_default(compose):
 
 def test_bad_method_is_refused():
     result = script_command(SCRIPTS["7b"], "method=ppo")
-    # The message names every preset (the files of recipe_apo/conf/method/, by file name).
-    assert result.returncode == 2 and (f"method must be one of the presets in recipe_apo/conf/method/ "
+    # The message names every preset (the files of conf/method/, by file name).
+    assert result.returncode == 2 and (f"method must be one of the presets in conf/method/ "
                                        f"({', '.join(sorted(METHODS))}), got 'ppo'") in result.stderr
 
 

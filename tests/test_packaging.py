@@ -1,0 +1,74 @@
+"""The package as a user installs it: ``conf/`` sits at the top of the repository and ships inside the wheel as
+``recipe_apo.conf``, so Hydra composes the presets from a built wheel in a fresh environment, from any directory."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tomllib
+import zipfile
+from pathlib import Path
+
+from helpers.paths import ROOT
+
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def test_the_listed_packages_are_the_trees():
+    listed = set(PYPROJECT["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "recipe_apo").rglob("__init__.py")}
+    assert listed == found | {"recipe_apo.conf"}
+    assert PYPROJECT["tool"]["setuptools"]["package-dir"] == {"recipe_apo.conf": "conf"}
+    assert not (ROOT / "recipe_apo" / "conf").exists() and (ROOT / "conf" / "method" / "apo.yaml").is_file()
+
+
+COMPOSE = """
+import json, sys
+from hydra import compose, initialize_config_module
+import recipe_apo
+out = {"file": recipe_apo.__file__}
+with initialize_config_module(config_module="recipe_apo.conf", version_base=None):
+    for method in ("grpo", "drgrpo", "apo", "codapo"):
+        cfg = compose("apo_trainer", overrides=[f"method={method}"])
+        out[method] = [cfg.algorithm.adv_estimator, cfg.actor_rollout_ref.actor.policy_loss.loss_mode]
+print(json.dumps(out))
+"""
+
+
+def test_a_built_wheel_composes_the_presets_in_a_fresh_environment(tmp_path):
+    source = tmp_path / "source"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy(ROOT / name, source / name)
+    for folder in ("recipe_apo", "conf"):
+        shutil.copytree(ROOT / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--quiet"]
+    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp_path / "dist"), str(source)],
+                   check=True, cwd=tmp_path)
+    wheel, = (tmp_path / "dist").glob("recipe_apo-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert {"recipe_apo/conf/apo_trainer.yaml", "recipe_apo/conf/method/apo.yaml", "recipe_apo/conf/testbed.yaml",
+            "recipe_apo/cpu/agent_loops.yaml"} <= names
+    assert {f"recipe_apo/{p.relative_to(ROOT / 'recipe_apo').as_posix()}"
+            for p in (ROOT / "recipe_apo").rglob("*.py")} <= names
+
+    env = tmp_path / "env"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True)
+    python = env / "bin" / "python"
+    subprocess.run([*pip, "--python", str(python), "install", "--no-deps", "--no-index", str(wheel)], check=True)
+    # The fresh environment borrows this one's dependencies (verl, torch, hydra) as a plain path entry: this
+    # environment's editable install of the recipe is a .pth hook, which a path entry does not run.
+    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                               check=True, capture_output=True, text=True).stdout.strip())
+    (site / "dependencies.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    result = subprocess.run([str(python), "-c", COMPOSE], cwd=elsewhere, capture_output=True, text=True,
+                            check=True)
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert Path(out.pop("file")).is_relative_to(env)
+    assert out == {"grpo": ["grpo", "vanilla"], "drgrpo": ["grpo", "vanilla"], "apo": ["apo", "apo"],
+                   "codapo": ["codapo", "vanilla"]}
