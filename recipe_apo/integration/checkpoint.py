@@ -156,7 +156,7 @@ def uses_apo(config: Any) -> bool:
 
 class AnchorCheckpointCallback(CheckpointCallback):
     """For plain ``verl.trainer.main_ppo``:
-    ``trainer.checkpoint_callback_class=recipe_apo.checkpoint.AnchorCheckpointCallback`` (the kept path).
+    ``trainer.checkpoint_callback_class=recipe_apo.integration.checkpoint.AnchorCheckpointCallback``.
 
     verl builds the callback on the driver when the trainer starts, before it loads its checkpoint: the
     anchors are restored here from the folder verl will resume from, and saved after each checkpoint.

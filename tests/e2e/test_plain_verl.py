@@ -40,7 +40,7 @@ def test_readme_plain_verl_command_is_apo(tiny):
     overrides = readme_plain_verl_overrides()
     assert "algorithm.adv_estimator=apo" in overrides
     assert "actor_rollout_ref.actor.policy_loss.loss_mode=apo" in overrides
-    assert "trainer.checkpoint_callback_class=recipe_apo.checkpoint.AnchorCheckpointCallback" in overrides
+    assert "trainer.checkpoint_callback_class=recipe_apo.integration.checkpoint.AnchorCheckpointCallback" in overrides
 
 
 def test_plain_verl_trains_with_apo_and_saves_the_anchor(plain_verl):

@@ -1,5 +1,5 @@
-"""Every path users and configs name keeps working after the package's move into layers, loaded the way verl
-(or Python, or Hydra) loads it."""
+"""Every path users and configs name (README's entry points) is where they name it, loaded the way verl (or
+Python, or Hydra) loads it."""
 
 import importlib.resources
 import importlib.util
@@ -15,32 +15,29 @@ def test_the_reward_function_by_its_pkg_path_is_the_scorer():
     assert load_extern_object(module_path="pkg://recipe_apo.reward", object_name="compute_score") is compute_score
 
 
-def test_the_reward_manager_by_its_old_and_new_pkg_paths_is_one_class():
+def test_the_reward_manager_by_its_pkg_path():
     from recipe_apo.reward.truncation import TruncationAwareRewardManager
 
-    for path in ("pkg://recipe_apo.reward_manager", "pkg://recipe_apo.reward.truncation"):
-        assert load_extern_object(module_path=path, object_name="TruncationAwareRewardManager") \
-            is TruncationAwareRewardManager
+    assert load_extern_object(module_path="pkg://recipe_apo.reward.truncation",
+                              object_name="TruncationAwareRewardManager") is TruncationAwareRewardManager
 
 
 def test_the_plain_verl_checkpoint_callback_by_its_documented_name():
     from recipe_apo.integration.checkpoint import AnchorCheckpointCallback
 
     config = OmegaConf.create({
-        "trainer": {"checkpoint_callback_class": "recipe_apo.checkpoint.AnchorCheckpointCallback"},
+        "trainer": {"checkpoint_callback_class": "recipe_apo.integration.checkpoint.AnchorCheckpointCallback"},
         "algorithm": {"adv_estimator": "grpo"},
     })
     callback = build_checkpoint_callback(config)
     assert type(callback) is AnchorCheckpointCallback and not callback.active
 
 
-def test_importing_recipe_apo_trainer_registers_the_recipes_trainer_mode():
+def test_importing_the_recipes_trainer_registers_its_trainer_mode():
     from verl.trainer.ppo.v1 import get_trainer_cls
 
-    import recipe_apo.trainer
     from recipe_apo.integration.trainer import ApoSyncTrainer
 
-    assert recipe_apo.trainer.ApoSyncTrainer is ApoSyncTrainer
     assert get_trainer_cls("apo_sync") is ApoSyncTrainer
 
 
