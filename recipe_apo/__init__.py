@@ -7,12 +7,9 @@ then registers explicitly, which also covers ``VERL_USE_EXTERNAL_PLUGINS=none``.
 
 import sys as _sys
 
-if "recipe_apo.testbed" in _sys.orig_argv:
-    # ``python -m recipe_apo.testbed``: its pinned CPU kernels must be in the environment before verl loads torch
-    # (recipe_apo/testbed/kernels.py); setting them here spares the testbed a second start.
-    from recipe_apo.testbed import kernels as _kernels
-
-    _kernels.pin_early()
+# The one line of a tool's work here: `python -m recipe_apo.testbed` pins the CPU kernels, which the libraries read
+# only when torch loads, and the verl import below loads torch (testbed/kernels.py; spares the testbed a restart).
+if "recipe_apo.testbed" in _sys.orig_argv: __import__("recipe_apo.testbed.kernels").testbed.kernels.pin_early()  # noqa: E701
 
 import verl  # noqa: E402,F401  (loads verl's plugins, this package's among them)
 

@@ -2,9 +2,10 @@
 
 What is measured: wall time of one estimator call on the driver (CPU), on the same batch for every method.
 The batch is shaped like verl's: groups of ``--group`` responses sharing a uid (uuid4 strings, each repeated
-``--group`` times in a row, as ``DataProto.repeat(interleave=True)`` lays them out), ``--length`` response
-tokens, random response lengths, an int64 ``response_mask`` (what verl's agent loop produces) and a binary
-0/1 reward on the last valid token of each response.
+``--group`` times in a row, as ``DataProto.repeat(interleave=True)`` lays them out), random response lengths
+and a binary 0/1 reward on the last valid token of each response. Two inputs (``--inputs``), each measured on
+its own batch: ``int64-mask``, an int64 ``response_mask`` (what verl's agent loop produces) of ``--length``
+tokens; ``float-mask-256``, a float32 mask of 256 tokens (verl's trainer casts the mask to float in places).
 
 Every method is called the way verl calls it:
 
@@ -17,13 +18,17 @@ Every method is called the way verl calls it:
 - ``codapo``: ``get_adv_estimator_fn("codapo")`` with the same config, inside ``driver_state.handed`` with random
   float32 old log-probs (what the recipe's trainer hands it). CoDaPO's own code loops over responses in Python
   as verl's ``grpo`` does, so ``codapo/grpo`` is the gain of the vectorized version.
+- ``floor``: the least any outcome estimator does: group the uids (``pandas.factorize``), sum each response's
+  rewards, and write a float32 (batch, length) output, the mask times one value per row. ``apo/floor`` is what
+  APO costs beyond that.
 
 Repeats are interleaved (one call of each method per round, method order rotated every round), so load from
 other processes on the machine falls on all methods in the same time window. It does not slow them alike: a
 method made of many small multi-threaded torch ops stalls far more than one made of a few large ones when
 another process holds a core, so the table header gives the 1-min load average; trust ratios from a quiet
 machine (or compare with ``--threads 1``). The table gives the median per method and the ratios of medians,
-with the targets apo <= 0.05x grpo, apo <= 0.5x grpo_vectorized and codapo <= 0.1x grpo at 65,536 responses.
+with the targets apo <= 0.05x grpo, apo <= 2x floor, apo <= 0.5x grpo_vectorized and codapo <= 0.1x grpo at
+65,536 responses, on both inputs.
 
 Run from the repository root::
 
@@ -51,20 +56,22 @@ from typing import Callable
 import numpy as np
 import torch
 
-METHODS = ("apo", "grpo", "grpo_vectorized", "codapo")
+METHODS = ("apo", "grpo", "grpo_vectorized", "codapo", "floor")
 # Targets are stated for this size only.
 TARGET_SIZE = 65_536
-TARGETS = {"apo/grpo": 0.05, "apo/grpo_vectorized": 0.5, "codapo/grpo": 0.1}
+TARGETS = {"apo/grpo": 0.05, "apo/floor": 2.0, "apo/grpo_vectorized": 0.5, "codapo/grpo": 0.1}
+# Input name -> (mask dtype, response length; None: --length).
+INPUTS = {"int64-mask": (torch.int64, None), "float-mask-256": (torch.float32, 256)}
 # Above this size verl's per-response Python loop is slow enough that --skip-slow thins its repeats.
 SLOW_ABOVE = 65_536
 
 
-def make_batch(n: int, group: int, length: int, seed: int) -> dict:
+def make_batch(n: int, group: int, length: int, seed: int, mask_dtype: torch.dtype = torch.int64) -> dict:
     if n % group:
         raise SystemExit(f"--sizes: {n} is not a multiple of the group size {group}")
     gen = torch.Generator().manual_seed(seed)
     lengths = torch.randint(1, length + 1, (n,), generator=gen)
-    response_mask = (torch.arange(length).unsqueeze(0) < lengths.unsqueeze(1)).to(torch.int64)
+    response_mask = (torch.arange(length).unsqueeze(0) < lengths.unsqueeze(1)).to(mask_dtype)
     rewards = torch.zeros(n, length, dtype=torch.float32)
     rewards[torch.arange(n), lengths - 1] = torch.randint(0, 2, (n,), generator=gen).to(torch.float32)
     # uuid4 strings from a seeded RNG: verl's uids are random, but a seed keeps runs comparable.
@@ -77,6 +84,7 @@ def make_batch(n: int, group: int, length: int, seed: int) -> dict:
 
 
 def make_methods(batch: dict) -> dict[str, Callable[[], object]]:
+    import pandas as pd
     from omegaconf import OmegaConf
     from verl.trainer.ppo import core_algos
 
@@ -105,7 +113,12 @@ def make_methods(batch: dict) -> dict[str, Callable[[], object]]:
         with handed(old_log_probs=batch["old_log_probs"]):
             return codapo_fn(token_level_rewards=rewards, response_mask=mask, config=config, index=index)
 
-    return {"apo": apo, "grpo": grpo, "grpo_vectorized": grpo_vectorized, "codapo": codapo}
+    def floor():
+        pd.factorize(index)
+        sums = rewards.sum(dim=-1)
+        return torch.empty_like(mask, dtype=torch.float32).copy_(mask).mul_(sums.unsqueeze(-1))
+
+    return {"apo": apo, "grpo": grpo, "grpo_vectorized": grpo_vectorized, "codapo": codapo, "floor": floor}
 
 
 def time_call(fn: Callable[[], object]) -> float:
@@ -117,9 +130,11 @@ def time_call(fn: Callable[[], object]) -> float:
     return elapsed
 
 
-def bench_size(n: int, args: argparse.Namespace) -> dict:
-    log(f"[n={n}] building batch ({n} x {args.length}, group {args.group})")
-    batch = make_batch(n, args.group, args.length, args.seed)
+def bench_size(n: int, args: argparse.Namespace, input_name: str) -> dict:
+    mask_dtype, length = INPUTS[input_name]
+    length = length or args.length
+    log(f"[{input_name} n={n}] building batch ({n} x {length}, group {args.group})")
+    batch = make_batch(n, args.group, length, args.seed, mask_dtype)
     methods = make_methods(batch)
     repeats = {name: args.repeats for name in METHODS}
     if args.skip_slow and n > SLOW_ABOVE:
@@ -139,10 +154,10 @@ def bench_size(n: int, args: argparse.Namespace) -> dict:
                 continue
             seconds = time_call(methods[name])
             samples[name].append(seconds)
-            log(f"[n={n}] round {rnd + 1}/{args.repeats} {name:<16} {seconds * 1e3:10.1f} ms")
+            log(f"[{input_name} n={n}] round {rnd + 1}/{args.repeats} {name:<16} {seconds * 1e3:10.1f} ms")
     del batch, methods
     medians = {name: statistics.median(s) if s else None for name, s in samples.items()}
-    return {"responses": n, "samples_s": samples, "median_s": medians}
+    return {"input": input_name, "length": length, "responses": n, "samples_s": samples, "median_s": medians}
 
 
 def ratio(a, b):
@@ -164,18 +179,17 @@ def fmt_ratio(value, target, n) -> str:
 
 def render(results: list[dict]) -> str:
     lines = [
-        "| responses | apo median ms | grpo median ms (calls) | grpo_vectorized median ms "
-        "| codapo median ms | apo/grpo | apo/grpo_vectorized | codapo/grpo |",
-        "|---:|---:|---:|---:|---:|---|---|---|",
+        "| input | responses | apo median ms | grpo median ms (calls) | grpo_vectorized median ms "
+        "| codapo median ms | floor median ms | " + " | ".join(TARGETS) + " |",
+        "|---|---:|---:|---:|---:|---:|---:|" + "---|" * len(TARGETS),
     ]
     for row in results:
         n, med = row["responses"], row["median_s"]
         lines.append(
-            f"| {n:,} | {fmt_ms(med['apo'])} | {fmt_ms(med['grpo'])} ({len(row['samples_s']['grpo'])}) "
-            f"| {fmt_ms(med['grpo_vectorized'])} | {fmt_ms(med['codapo'])} "
-            f"| {fmt_ratio(row['ratios']['apo/grpo'], TARGETS['apo/grpo'], n)} "
-            f"| {fmt_ratio(row['ratios']['apo/grpo_vectorized'], TARGETS['apo/grpo_vectorized'], n)} "
-            f"| {fmt_ratio(row['ratios']['codapo/grpo'], TARGETS['codapo/grpo'], n)} |"
+            f"| {row['input']} (length {row['length']}) | {n:,} | {fmt_ms(med['apo'])} "
+            f"| {fmt_ms(med['grpo'])} ({len(row['samples_s']['grpo'])}) "
+            f"| {fmt_ms(med['grpo_vectorized'])} | {fmt_ms(med['codapo'])} | {fmt_ms(med['floor'])} | "
+            + " | ".join(fmt_ratio(row["ratios"][key], target, n) for key, target in TARGETS.items()) + " |"
         )
     return "\n".join(lines)
 
@@ -198,6 +212,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="grpo calls at the slow sizes with --skip-slow (0 leaves grpo out there)")
     parser.add_argument("--group", type=int, default=8, help="responses per prompt (rollout.n)")
     parser.add_argument("--length", type=int, default=512, help="response length (padded width)")
+    parser.add_argument("--inputs", nargs="+", choices=tuple(INPUTS), default=list(INPUTS),
+                        help="the batches to measure on (default: both)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None, help="also write the results as JSON to this path")
     args = parser.parse_args(argv)
@@ -217,19 +233,16 @@ def main(argv=None) -> None:
 
     load_before = os.getloadavg()[0]
     results = []
-    for n in args.sizes:
-        row = bench_size(n, args)
-        med = row["median_s"]
-        row["ratios"] = {
-            "apo/grpo": ratio(med["apo"], med["grpo"]),
-            "apo/grpo_vectorized": ratio(med["apo"], med["grpo_vectorized"]),
-            "codapo/grpo": ratio(med["codapo"], med["grpo"]),
-        }
-        results.append(row)
+    for input_name in args.inputs:
+        for n in args.sizes:
+            row = bench_size(n, args, input_name)
+            med = row["median_s"]
+            row["ratios"] = {key: ratio(med[key.split("/")[0]], med[key.split("/")[1]]) for key in TARGETS}
+            results.append(row)
 
     print(
         f"\nAdvantage estimators, median wall time per call ({args.repeats} interleaved repeats; grpo count in "
-        f"brackets), group {args.group}, length {args.length}, torch {torch.__version__}, "
+        f"brackets), group {args.group}, torch {torch.__version__}, "
         f"{torch.get_num_threads()} threads; 1-min load average {load_before:.2f} before, "
         f"{os.getloadavg()[0]:.2f} after (the benchmark itself adds up to {args.threads})\n"
     )
@@ -241,7 +254,7 @@ def main(argv=None) -> None:
             value = row["ratios"][key]
             verdicts.append(f"{key} = {'n/a' if value is None else f'{value:.3f}'} (target <= {target})"
                             f" {'met' if value is not None and value <= target else 'MISSED'}")
-        print(f"\nTargets at {TARGET_SIZE:,}: " + "; ".join(verdicts))
+        print(f"\nTargets at {TARGET_SIZE:,}, {row['input']}: " + "; ".join(verdicts))
 
     if args.out:
         payload = {

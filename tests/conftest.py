@@ -54,12 +54,13 @@ def pytest_collection_modifyitems(items):
     items.sort(key=rank)  # stable: each file's tests keep their order
 
 
-def _parse_each_yaml_text_once() -> None:
+@pytest.fixture(autouse=True, scope="session")
+def _parse_each_yaml_text_once():
     """Hydra reads and parses every YAML file of a config at every compose (verl's config: about 35 files, half
     of a compose's 0.6 s in pure-Python YAML and OmegaConf), and the tests compose hundreds of times, in-process
-    runs of ``python -m recipe_apo.main`` and the testbed included. Here each text is parsed once per test
-    process and every load gets its own copy: ``OmegaConf.load`` is a function of the text alone. Loads by path
-    (files the tests write and read back) go through as they are."""
+    runs of ``python -m recipe_apo.main`` and the testbed included. While the tests run, each text is parsed once
+    per test process and every load gets its own copy: ``OmegaConf.load`` is a function of the text alone. Loads
+    by path (files the tests write and read back) go through as they are."""
     import copy
     import io
 
@@ -79,9 +80,8 @@ def _parse_each_yaml_text_once() -> None:
         return copy.deepcopy(parsed[text])
 
     OmegaConf.load = load
-
-
-_parse_each_yaml_text_once()
+    yield
+    OmegaConf.load = parse
 
 
 @pytest.fixture(scope="session")

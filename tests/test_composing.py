@@ -1,9 +1,9 @@
-"""tests/composing.py's cached compose gives the config Hydra's compose gives, for the kinds of overrides the
+"""tests/helpers/composing.py's cached compose gives the config Hydra's compose gives, for the kinds of overrides the
 suite uses (group choices, appended groups, plain keys, added and deleted keys, lists), and refuses what Hydra
 refuses."""
 
 import pytest
-from composing import compose_recipe, hydra_compose
+from helpers.composing import compose_recipe, hydra_compose
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from composing import compose_recipe
+from helpers.composing import compose_recipe
 from omegaconf import OmegaConf
 from transformers import Qwen2Config, Qwen2ForCausalLM
 

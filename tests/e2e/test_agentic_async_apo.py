@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from rehearsal_runs import checkpoint_root, dump, run, state, tail
+from helpers.rehearsal_runs import checkpoint_root, dump, run, state, tail
 
 from recipe_apo.cpu import agent_loops, rehearse
 

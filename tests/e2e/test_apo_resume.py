@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from rehearsal_runs import SOURCES, checkpoint_root, dump, run, state, tail
+from helpers.rehearsal_runs import SOURCES, checkpoint_root, dump, run, state, tail
 
 from recipe_apo.cpu import rehearse
 from recipe_apo.integration.checkpoint import load_anchor_state

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from rehearsal_runs import checkpoint_root, dump, run, tail
+from helpers.rehearsal_runs import checkpoint_root, dump, run, tail
 
 from recipe_apo.cpu import rehearse
 from recipe_apo.integration.checkpoint import STATE_FILE

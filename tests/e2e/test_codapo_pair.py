@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from rehearsal_runs import checkpoint_root, dump, run, tail
+from helpers.rehearsal_runs import checkpoint_root, dump, run, tail
 
 from recipe_apo.cpu import rehearse
 

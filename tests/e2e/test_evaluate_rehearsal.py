@@ -24,8 +24,8 @@ import aiohttp
 import pandas as pd
 import pytest
 import torch
+from helpers.paths import ROOT
 from omegaconf import OmegaConf
-from repo_paths import ROOT
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from recipe_apo.cpu import chat_http, hf_server, rehearse

@@ -7,7 +7,7 @@ import shlex
 import sys
 
 import pytest
-from rehearsal_runs import README, checkpoint_root, run, state, tail
+from helpers.rehearsal_runs import README, checkpoint_root, run, state, tail
 
 from recipe_apo.cpu import rehearse
 

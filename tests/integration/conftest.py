@@ -7,7 +7,7 @@ import pytest
 
 
 def _recipe_config(tmp_path, *overrides, method="apo"):
-    from composing import compose_recipe
+    from helpers.composing import compose_recipe
 
     return compose_recipe(f"method={method}", "actor_rollout_ref.rollout.n=2", "data.max_response_length=5",
                           "trainer.experiment_name=test", f"trainer.default_local_dir={tmp_path}/ckpt", *overrides)

@@ -6,8 +6,8 @@ import shutil
 import subprocess
 
 import pytest
+from helpers.paths import ROOT
 from omegaconf import OmegaConf
-from repo_paths import ROOT
 
 from recipe_apo.integration import presets
 

@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 
-from repo_paths import ROOT
+from helpers.paths import ROOT
 
 from recipe_apo.integration import quiet
 

@@ -5,8 +5,8 @@ import subprocess
 import sys
 
 import pytest
-from composing import compose_recipe
-from in_process import run_recipe_main
+from helpers.composing import compose_recipe
+from helpers.in_process import run_recipe_main
 from omegaconf import OmegaConf
 
 from recipe_apo.integration.validation import RecipeConfigError, validate_recipe_config
@@ -251,7 +251,7 @@ def test_experiment_names_are_deterministic_distinct_and_leave_out_paths():
 
 
 def run_main(*args, cwd):
-    """The entry as a process of its own (the other entry tests run it in this process: tests/in_process.py)."""
+    """The entry as a process of its own (the other entry tests run it in this process: tests/helpers/in_process.py)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("VERL_USE_EXTERNAL")}
     return subprocess.run([sys.executable, "-m", "recipe_apo.main", *args], capture_output=True, text=True,
                           timeout=180, cwd=cwd, env=env)

@@ -10,7 +10,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from repo_paths import ROOT as REPO_ROOT
+from helpers.paths import ROOT as REPO_ROOT
 
 ROOT = str(REPO_ROOT)
 SCRIPT = os.path.join(ROOT, "scripts", "prepare_data.py")

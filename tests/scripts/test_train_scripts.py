@@ -15,9 +15,9 @@ import sys
 import pandas as pd
 import pytest
 import yaml
-from in_process import run_recipe_main
+from helpers.in_process import run_recipe_main
+from helpers.paths import ROOT as REPO_ROOT
 from omegaconf import OmegaConf
-from repo_paths import ROOT as REPO_ROOT
 
 ROOT = str(REPO_ROOT)
 SCRIPTS = {
@@ -47,7 +47,7 @@ def overrides_of(script, *args, env=None):
 
 @pytest.fixture(scope="module")
 def compose():
-    from composing import compose_recipe
+    from helpers.composing import compose_recipe
 
     # Resolved: what recipe_apo.main does before validating.
     return lambda overrides: compose_recipe(*overrides)
@@ -175,7 +175,7 @@ def test_further_overrides_pass_through_and_win(compose):
 
 def dry_run_in_process(script, *args, cwd, env=None):
     """The script's dry run (RECIPE_APO_DRY_RUN=1 appends dry_run=true): the command it would exec, as it prints
-    it, run through recipe_apo.main in this process (tests/in_process.py). Each script keeps one dry run as a
+    it, run through recipe_apo.main in this process (tests/helpers/in_process.py). Each script keeps one dry run as a
     process of its own: test_every_script_dry_runs_through_the_recipe."""
     return run_recipe_main(*overrides_of(script, *args, env=env), "dry_run=true", cwd=cwd)
 

@@ -1,0 +1,44 @@
+"""What the whole-loop tests of tests/e2e share: launching a rehearsal run as a user would, and reading what it
+left (checkpoints, metrics, dumps). Each run is one real ``python -m recipe_apo.main ... rehearsal=cpu`` (Ray,
+TransferQueue, the agent loop with the ``hf`` rollout, the reward loop, the FSDP2 actor, the estimator in the
+driver, the loss in the worker, checkpoints, the file logger) on the tiny model and dataset of
+``recipe_apo.cpu.make_tiny``; about a minute a Ray session on 2 cores (mostly the start: every Ray worker
+imports torch, transformers and verl)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from helpers.paths import ROOT
+from recipe_apo.cpu import rehearse
+from recipe_apo.integration.checkpoint import STATE_FILE
+
+README = ROOT / "README.md"
+SOURCES = ("tiny_add", "tiny_reverse")
+
+# A hung run fails its tests instead of holding CI: each run takes about a minute a job.
+RUN_TIMEOUT_S = 600
+
+
+def run(command, workdir: Path, name: str, metrics: Path, env_extra=None) -> rehearse.RunResult:
+    env = {**rehearse.rehearsal_env(metrics), **(env_extra or {})}
+    return rehearse.run_logged(command, workdir / f"{name}.log", cwd=workdir, env=env, label=name,
+                               timeout=RUN_TIMEOUT_S)
+
+
+def tail(result: rehearse.RunResult, lines: int = 40) -> str:
+    return "\n".join(result.log.read_text().splitlines()[-lines:])
+
+
+def checkpoint_root(workdir: Path, experiment: str) -> Path:
+    return workdir / "checkpoints" / rehearse.PROJECT / experiment
+
+
+def state(folder: Path) -> dict:
+    return json.loads((folder / STATE_FILE).read_text())
+
+
+
+def dump(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
