@@ -429,5 +429,5 @@ def test_data_parallel_workers_are_allowed_and_ray_counts_one_gpu_each():
     check_rehearsal_config(config)
     validate_recipe_config(config, rehearsal=True)
     assert config.ray_kwargs.ray_init.num_gpus == 2
-    # The multi_turn.enable key is not read by verl's V1 trainer: the rehearsal no longer refuses it.
+    # verl's V1 trainer does not read the multi_turn.enable key: the rehearsal accepts it.
     check_rehearsal_config(rehearsal_config("actor_rollout_ref.rollout.multi_turn.enable=true"))

@@ -145,7 +145,7 @@ def test_kl_in_reward_is_fine_with_a_threshold_success_and_data_sources_with_the
         # The type, not the count, is at fault:
         (["actor_rollout_ref.rollout.n='8'"], "actor_rollout_ref.rollout.n must be an integer"),
         (["actor_rollout_ref.rollout.n=2.5"], "actor_rollout_ref.rollout.n must be an integer"),
-        # Quoted booleans: a non-empty string is true to Python, whatever it says (issue 20).
+        # Quoted booleans: a non-empty string is true to Python, whatever it says.
         (["method=grpo", "algorithm.norm_adv_by_std_in_grpo='false'"],
          "algorithm.norm_adv_by_std_in_grpo must be true or false, got 'false' (a string: drop the quotes)"),
         (["method=codapo", "algorithm.norm_adv_by_std_in_grpo='true'"], "algorithm.norm_adv_by_std_in_grpo must be"),

@@ -241,7 +241,7 @@ def test_the_resampler_refuses_a_missing_state_or_the_wrong_step(tmp_path):
         PromptResampler(CodapoSettings()).load(str(tmp_path), step=7)
 
 
-# ---- hostile inputs (issue 20): overflow, broken log-probs, huge repeat counts, quoted booleans ----------------
+# ---- hostile inputs: overflow, broken log-probs, huge repeat counts, quoted booleans ----------------
 def test_settings_that_could_overflow_or_exhaust_memory_are_refused_naming_the_key():
     for node, message in [
         ({"weight_offset": 1e39}, f"algorithm.codapo.weight_offset must be <= {MAX_WEIGHT_OFFSET}, got 1e+39"),

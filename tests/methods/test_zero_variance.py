@@ -183,7 +183,7 @@ def test_off_policy_the_registered_losses_see_the_scale_as_the_exact_denominator
     torch.testing.assert_close(ours[1], exact[1])
 
 
-# ---- settings and refusals (issue 20) ----------------------------------------------------------------------------
+# ---- settings and refusals -----------------------------------------------------------------------------------------
 def test_a_misspelt_aggregation_mode_is_named_with_verls_modes():
     with pytest.raises(MethodConfigError) as info:
         check_mode("exclude", "tokenmean")
