@@ -1,6 +1,6 @@
 """``python -m recipe_apo.audit RUN_DIR [RUN_DIR ...]``: where each run's learning signal goes, and what GRPO,
 Dr. GRPO and APO would have done with the same rollouts (the recipe's presets that a replay from scores alone can
-run: ``recipe_apo.audit.stats.preset_methods``).
+run: ``recipe_apo.integration.replay.preset_methods``).
 
 RUN_DIR is a run's ``trainer.rollout_data_dir`` (one ``<step>.jsonl`` per step) or a recipe run's checkpoint
 folder (its ``rollouts/``). Several RUN_DIRs are compared side by side. Writes ``report.md``, ``audit.png`` and

@@ -2,8 +2,9 @@
 
 Every method is applied to the same rollouts (the run's own scores and groups), whatever method the run
 trained with, so the numbers say what each method would have done with them. APO's anchor is replayed over the
-steps in order from a fresh start, with the run's ``algorithm.apo`` settings (or the defaults). Statistics are
-``recipe_apo.audit.stats``'s, shared with the CPU testbed.
+steps in order from a fresh start, with the run's ``algorithm.apo`` settings (or the defaults). The statistics
+are ``recipe_apo.methods.group_stats``'s and the replays ``recipe_apo.integration.replay``'s, shared with the CPU
+testbed, so that S means the same in both reports.
 
 The result is a plain dict (JSON-safe), so that the report, the tests and ``audit.json`` read the same numbers:
 
@@ -25,11 +26,13 @@ from typing import Any, Optional
 
 import numpy as np
 
-from recipe_apo.audit import stats
 from recipe_apo.audit.dumps import AuditError, Run, Step, check_data_sources
+from recipe_apo.integration.replay import Method, method_advantages, methods
 from recipe_apo.methods.apo_settings import ApoSettings
 from recipe_apo.methods.driver_state import reset_driver_anchors
 from recipe_apo.methods.errors import BatchInputError
+from recipe_apo.methods.group_stats import closed_form, dead_groups, length_by_outcome, signal_per_group, update_mass
+from recipe_apo.methods.groups import group_codes, group_rates
 from recipe_apo.methods.success import success_of
 
 CELLS = ("short_correct", "long_correct", "short_wrong", "long_wrong")
@@ -69,11 +72,11 @@ def _successes(step: Step, settings: ApoSettings) -> np.ndarray:
                      "and success_max")
 
 
-def _replayed(step: Step, method: stats.Method, apo: dict, scopes: Any) -> np.ndarray:
+def _replayed(step: Step, method: Method, apo: dict, scopes: Any) -> np.ndarray:
     """``method``'s advantages on ``step``; a step the estimator refuses, or whose advantages overflow, is
     refused naming its file (and the row)."""
     try:
-        advantages = stats.method_advantages(step.scores, step.groups, method, apo, scopes)
+        advantages = method_advantages(step.scores, step.groups, method, apo, scopes)
     except BatchInputError as exc:  # its rows are the step's rows: the file tells which step
         raise AuditError(f"{step.path}: {method.name}'s replay: {exc}") from None
     bad = np.flatnonzero(~np.isfinite(advantages))
@@ -93,104 +96,175 @@ def audit_run(run: Run, apo: Optional[dict] = None, l0: float = 1.0) -> dict[str
     scoped = settings.anchor_scope == "data_source"
     if scoped:
         check_data_sources(run, "the replay with anchor_scope=data_source")
-    steps_out, pooled = [], {m.name: [] for m in stats.METHODS}
-    groups_pooled: list[dict[str, Any]] = []
-    mass_totals = {m.name: dict.fromkeys(CELLS, 0.0) for m in stats.METHODS}
-    dead_count = group_count = dead_tokens = all_tokens = 0.0
-    all_wrong = all_right = 0
-    lengths_right, lengths_wrong, truncated_flags = [], [], []
-    logged_gap = {m.name: 0.0 for m in stats.METHODS}
-    has_logged = all(step.logged_advantages is not None for step in run.steps)
-    has_lags = all(step.policy_lag is not None for step in run.steps)
-    lag_counts: dict[int, int] = {}
-    lag_mass = {m.name: {} for m in stats.METHODS}
-
+    totals = _RunTotals(run)
     reset_driver_anchors()  # APO's replay starts from a fresh anchor, as the run did
     try:
         for step in run.steps:
-            codes, n_groups = stats.group_codes(step.groups)
-            success = _successes(step, settings)
-            correct = success >= 0.5
-            p_hat = stats.group_rates(codes, n_groups, success)
-            sizes = np.bincount(codes, minlength=n_groups)
-            dead = stats.dead_groups(step.scores, codes, n_groups)
-            lengths = step.lengths
-            dead_group_tokens = float(lengths[dead[codes]].sum())
-            cells = _cells(correct, lengths)
-            right, wrong = stats.length_by_outcome(lengths, correct)
-            entry: dict[str, Any] = {
-                "step": step.step, "responses": int(len(step.scores)), "groups": int(n_groups),
-                "success": float(success.mean()), "dead_share": float(dead.mean()),
-                "dead_token_share": dead_group_tokens / max(float(lengths.sum()), 1e-12),
-                "length_correct": _finite(right), "length_incorrect": _finite(wrong),
-                "truncated_share": None if step.truncated is None else float(step.truncated.mean()),
-                "methods": {},
-            }
-            dead_count += float(dead.sum())
-            group_count += n_groups
-            dead_tokens += dead_group_tokens
-            all_tokens += float(lengths.sum())
-            all_wrong += int((dead & (p_hat == 0)).sum())
-            all_right += int((dead & (p_hat == 1)).sum())
-            lengths_right.append(lengths[correct])
-            lengths_wrong.append(lengths[~correct])
-            if step.truncated is not None:
-                truncated_flags.append(step.truncated)
-
-            if has_lags:
-                for lag, count in zip(*np.unique(step.policy_lag, return_counts=True)):
-                    lag_counts[int(lag)] = lag_counts.get(int(lag), 0) + int(count)
-            per_group = {"p_hat": p_hat, "size": sizes}
-            for method in stats.METHODS:
-                scopes = step.data_sources if (scoped and method.adv_estimator == "apo") else None
-                advantages = _replayed(step, method, apo_node, scopes)
-                positive, negative = stats.signal_per_group(advantages, codes, n_groups)
-                per_group[method.name] = (positive, negative)
-                mass = stats.update_mass(advantages, lengths, method.loss_agg_mode, l0)
-                total = float(mass.sum())
-                shares = {cell: (float(mass[mask].sum()) / total if total > 0 else 0.0)
-                          for cell, mask in cells.items()}
-                for cell in CELLS:
-                    mass_totals[method.name][cell] += float(mass[cells[cell]].sum())
-                if has_lags:
-                    by_lag = np.bincount(step.policy_lag, weights=mass)
-                    for lag in np.flatnonzero(np.bincount(step.policy_lag)):
-                        lag_mass[method.name][int(lag)] = lag_mass[method.name].get(int(lag), 0.0) + by_lag[lag]
-                entry["methods"][method.name] = {"max_abs_advantage": float(np.abs(advantages).max()), **shares}
-                pooled[method.name].append(np.abs(advantages))
-                if has_logged:
-                    gap = np.abs(advantages - step.logged_advantages)
-                    logged_gap[method.name] = max(logged_gap[method.name], float(gap.max()))
-            groups_pooled.append(per_group)
-            steps_out.append(entry)
+            outcomes = _outcomes(step, settings)
+            replays = _replay_step(step, apo_node, scoped)
+            totals.add(step, outcomes, {name: _measure(advantages, method, outcomes, l0)
+                                        for name, (method, advantages) in replays.items()})
     finally:
         reset_driver_anchors()
+    return totals.result(run, settings)
 
-    result = {
-        "name": run.name, "folder": str(run.folder), "length_unit": run.length_unit,
-        "apo_settings": dataclasses.asdict(settings),
-        "steps": steps_out,
-        "dead": {
-            "share": dead_count / max(group_count, 1), "token_share": dead_tokens / max(all_tokens, 1e-12),
-            "all_wrong_share": all_wrong / max(group_count, 1), "all_right_share": all_right / max(group_count, 1),
-            "groups": int(group_count),
-        },
-        "difficulty": _difficulty(groups_pooled),
-        "length": _length_summary(lengths_right, lengths_wrong, truncated_flags),
-        "mass": {name: _normalized(cells) for name, cells in mass_totals.items()},
-        "scale": {name: _scale(np.concatenate(values)) for name, values in pooled.items()},
-    }
-    if has_lags:
-        responses = sum(lag_counts.values())
-        result["staleness"] = {
-            "response_share": {lag: count / responses for lag, count in sorted(lag_counts.items())},
-            "mass": {name: _normalized(dict(sorted(by_lag.items()))) for name, by_lag in lag_mass.items()},
+
+@dataclasses.dataclass(frozen=True)
+class _Outcomes:
+    """One step's responses as every method sees them: their groups, successes and lengths."""
+
+    codes: np.ndarray  # the group of each response, 0 .. n_groups - 1
+    n_groups: int
+    success: np.ndarray  # s_i
+    correct: np.ndarray  # s_i >= 0.5
+    p_hat: np.ndarray  # per group: mean s_i
+    sizes: np.ndarray  # per group: G
+    dead: np.ndarray  # per group: every score equal
+    lengths: np.ndarray
+    cells: dict[str, np.ndarray]  # the 2x2 split (``CELLS``)
+
+
+def _outcomes(step: Step, settings: ApoSettings) -> _Outcomes:
+    codes, n_groups = group_codes(step.groups)
+    success = _successes(step, settings)
+    correct = success >= 0.5
+    return _Outcomes(codes=codes, n_groups=n_groups, success=success, correct=correct,
+                     p_hat=group_rates(codes, n_groups, success), sizes=np.bincount(codes, minlength=n_groups),
+                     dead=dead_groups(step.scores, codes, n_groups), lengths=step.lengths,
+                     cells=_cells(correct, step.lengths))
+
+
+def _replay_step(step: Step, apo: dict, scoped: bool) -> dict[str, tuple[Method, np.ndarray]]:
+    """Each method's advantages on ``step``, replayed in ``methods()``'s order (APO's anchor advances once per
+    step). With ``anchor_scope=data_source`` APO's anchor is kept per response's data source; the other
+    estimators take no scopes."""
+    replays = {}
+    for method in methods():
+        scopes = step.data_sources if (scoped and method.adv_estimator == "apo") else None
+        replays[method.name] = (method, _replayed(step, method, apo, scopes))
+    return replays
+
+
+@dataclasses.dataclass(frozen=True)
+class _Measures:
+    """One method's biases on one step."""
+
+    advantages: np.ndarray
+    positive: np.ndarray  # S+ per group
+    negative: np.ndarray  # S- per group
+    mass: np.ndarray  # update mass per response
+    shares: dict[str, float]  # the step's update mass per cell of ``CELLS``, as a share
+
+
+def _measure(advantages: np.ndarray, method: Method, outcomes: _Outcomes, l0: float) -> _Measures:
+    positive, negative = signal_per_group(advantages, outcomes.codes, outcomes.n_groups)
+    mass = update_mass(advantages, outcomes.lengths, method.loss_agg_mode, l0)
+    total = float(mass.sum())
+    shares = {cell: (float(mass[mask].sum()) / total if total > 0 else 0.0) for cell, mask in outcomes.cells.items()}
+    return _Measures(advantages, positive, negative, mass, shares)
+
+
+class _RunTotals:
+    """The run's numbers, collected step by step in step order: each step's entry, and the sums and pools the
+    run's summaries are made of."""
+
+    def __init__(self, run: Run) -> None:
+        names = [method.name for method in methods()]
+        self.has_logged = all(step.logged_advantages is not None for step in run.steps)
+        self.has_lags = all(step.policy_lag is not None for step in run.steps)
+        self.steps: list[dict[str, Any]] = []
+        self.groups_pooled: list[dict[str, Any]] = []
+        self.pooled: dict[str, list[np.ndarray]] = {name: [] for name in names}
+        self.mass_totals = {name: dict.fromkeys(CELLS, 0.0) for name in names}
+        self.dead_count = self.group_count = self.dead_tokens = self.all_tokens = 0.0
+        self.all_wrong = self.all_right = 0
+        self.lengths_right: list[np.ndarray] = []
+        self.lengths_wrong: list[np.ndarray] = []
+        self.truncated_flags: list[np.ndarray] = []
+        self.logged_gap = {name: 0.0 for name in names}
+        self.lag_counts: dict[int, int] = {}
+        self.lag_mass: dict[str, dict[int, float]] = {name: {} for name in names}
+
+    def add(self, step: Step, outcomes: _Outcomes, measures: dict[str, _Measures]) -> None:
+        entry = self._add_outcomes(step, outcomes)
+        per_group: dict[str, Any] = {"p_hat": outcomes.p_hat, "size": outcomes.sizes}
+        for name, measured in measures.items():
+            per_group[name] = (measured.positive, measured.negative)
+            entry["methods"][name] = {"max_abs_advantage": float(np.abs(measured.advantages).max()),
+                                      **measured.shares}
+            self._add_method(step, outcomes, name, measured)
+        self.groups_pooled.append(per_group)
+        self.steps.append(entry)
+
+    def _add_outcomes(self, step: Step, outcomes: _Outcomes) -> dict[str, Any]:
+        """The step's entry (its ``methods`` still empty), its dead groups, lengths and lags added to the run's."""
+        dead, lengths, correct = outcomes.dead, outcomes.lengths, outcomes.correct
+        dead_group_tokens = float(lengths[dead[outcomes.codes]].sum())
+        right, wrong = length_by_outcome(lengths, correct)
+        entry: dict[str, Any] = {
+            "step": step.step, "responses": int(len(step.scores)), "groups": int(outcomes.n_groups),
+            "success": float(outcomes.success.mean()), "dead_share": float(dead.mean()),
+            "dead_token_share": dead_group_tokens / max(float(lengths.sum()), 1e-12),
+            "length_correct": _finite(right), "length_incorrect": _finite(wrong),
+            "truncated_share": None if step.truncated is None else float(step.truncated.mean()),
+            "methods": {},
         }
-    if has_logged:
-        # Several methods match when no group had a signal (all advantages 0 under every method).
-        result["logged"] = {"max_abs_difference": logged_gap,
-                            "matches": [name for name, gap in logged_gap.items() if gap <= MATCH_TOLERANCE]}
-    return result
+        self.dead_count += float(dead.sum())
+        self.group_count += outcomes.n_groups
+        self.dead_tokens += dead_group_tokens
+        self.all_tokens += float(lengths.sum())
+        self.all_wrong += int((dead & (outcomes.p_hat == 0)).sum())
+        self.all_right += int((dead & (outcomes.p_hat == 1)).sum())
+        self.lengths_right.append(lengths[correct])
+        self.lengths_wrong.append(lengths[~correct])
+        if step.truncated is not None:
+            self.truncated_flags.append(step.truncated)
+        if self.has_lags:
+            for lag, count in zip(*np.unique(step.policy_lag, return_counts=True)):
+                self.lag_counts[int(lag)] = self.lag_counts.get(int(lag), 0) + int(count)
+        return entry
+
+    def _add_method(self, step: Step, outcomes: _Outcomes, name: str, measured: _Measures) -> None:
+        """One method's update mass, |A| and distance to the logged advantages on the step, added to the run's."""
+        for cell in CELLS:
+            self.mass_totals[name][cell] += float(measured.mass[outcomes.cells[cell]].sum())
+        if self.has_lags:
+            by_lag = np.bincount(step.policy_lag, weights=measured.mass)
+            lag_mass = self.lag_mass[name]
+            for lag in np.flatnonzero(np.bincount(step.policy_lag)):
+                lag_mass[int(lag)] = lag_mass.get(int(lag), 0.0) + by_lag[lag]
+        self.pooled[name].append(np.abs(measured.advantages))
+        if self.has_logged:
+            gap = np.abs(measured.advantages - step.logged_advantages)
+            self.logged_gap[name] = max(self.logged_gap[name], float(gap.max()))
+
+    def result(self, run: Run, settings: ApoSettings) -> dict[str, Any]:
+        groups = max(self.group_count, 1)
+        result = {
+            "name": run.name, "folder": str(run.folder), "length_unit": run.length_unit,
+            "apo_settings": dataclasses.asdict(settings),
+            "steps": self.steps,
+            "dead": {
+                "share": self.dead_count / groups, "token_share": self.dead_tokens / max(self.all_tokens, 1e-12),
+                "all_wrong_share": self.all_wrong / groups, "all_right_share": self.all_right / groups,
+                "groups": int(self.group_count),
+            },
+            "difficulty": _difficulty(self.groups_pooled),
+            "length": _length_summary(self.lengths_right, self.lengths_wrong, self.truncated_flags),
+            "mass": {name: _normalized(cells) for name, cells in self.mass_totals.items()},
+            "scale": {name: _scale(np.concatenate(values)) for name, values in self.pooled.items()},
+        }
+        if self.has_lags:
+            responses = sum(self.lag_counts.values())
+            result["staleness"] = {
+                "response_share": {lag: count / responses for lag, count in sorted(self.lag_counts.items())},
+                "mass": {name: _normalized(dict(sorted(by_lag.items()))) for name, by_lag in self.lag_mass.items()},
+            }
+        if self.has_logged:
+            # Several methods match when no group had a signal (all advantages 0 under every method).
+            result["logged"] = {"max_abs_difference": self.logged_gap,
+                                "matches": [name for name, gap in self.logged_gap.items() if gap <= MATCH_TOLERANCE]}
+        return result
 
 
 def _normalized(cells: dict[str, float]) -> dict[str, float]:
@@ -224,8 +298,8 @@ def _difficulty(per_step: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 continue
             p = successes / int(size)
             row: dict[str, Any] = {"G": int(size), "k": successes, "p_hat": p, "groups": int(mask.sum()),
-                                   "closed_form": float(stats.closed_form(p, int(size)))}
-            for method in stats.METHODS:
+                                   "closed_form": float(closed_form(p, int(size)))}
+            for method in methods():
                 positive = np.concatenate([g[method.name][0] for g in per_step])
                 negative = np.concatenate([g[method.name][1] for g in per_step])
                 row[method.name] = {"positive": float(positive[mask].mean()), "negative": float(negative[mask].mean())}

@@ -8,11 +8,11 @@ import os
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from recipe_apo.audit import stats
 from recipe_apo.audit.analysis import CELLS
 from recipe_apo.audit.dumps import AuditError
+from recipe_apo.integration.replay import methods
 
-METHOD_NAMES = tuple(m.name for m in stats.METHODS)
+METHOD_NAMES = tuple(m.name for m in methods())
 
 
 def _f(value: Optional[float], fmt: str = ".3f") -> str:
@@ -26,6 +26,14 @@ def _pct(value: Optional[float]) -> str:
 def report_markdown(results: Sequence[dict[str, Any]], figure: Optional[str] = "audit.png") -> str:
     # A "|" in a run's name would end its table cell.
     results = [{**r, "name": r["name"].replace("|", "\\|")} for r in results]
+    sections = (_overview(results, figure), _dead_section(results), _difficulty_section(results),
+                _length_section(results), _mass_section(results), _scale_section(results),
+                _staleness_section(results), _logged_section(results))
+    return "\n".join(line for section in sections for line in section) + "\n"
+
+
+def _overview(results: Sequence[dict[str, Any]], figure: Optional[str]) -> list[str]:
+    """The title, what was replayed with which APO settings, one row per run, and the figure."""
     first_apo = results[0]["apo_settings"]
     lines = [
         "# Bias audit",
@@ -50,25 +58,32 @@ def report_markdown(results: Sequence[dict[str, Any]], figure: Optional[str] = "
                       "tokens (the recipe's trainer writes them)."]
     if figure:
         lines += ["", f"![audit]({figure})"]
+    return lines
 
-    lines += ["", "## 1. Dead groups: no signal", "",
-              "Every response of the group scored the same: its advantages are 0 under all three methods, yet its "
-              "tokens were generated.", "",
-              "| run | dead groups | all wrong | all right | generated tokens spent on them |",
-              "|---|---:|---:|---:|---:|"]
+
+def _dead_section(results: Sequence[dict[str, Any]]) -> list[str]:
+    lines = ["", "## 1. Dead groups: no signal", "",
+             "Every response of the group scored the same: its advantages are 0 under all three methods, yet its "
+             "tokens were generated.", "",
+             "| run | dead groups | all wrong | all right | generated tokens spent on them |",
+             "|---|---:|---:|---:|---:|"]
     for r in results:
         d = r["dead"]
         lines.append(f"| {r['name']} | {_pct(d['share'])} | {_pct(d['all_wrong_share'])} | "
                      f"{_pct(d['all_right_share'])} | {_pct(d['token_share'])} |")
+    return lines
 
-    lines += ["", "## 2. Difficulty (Proposition 1)", "",
-              "Mean positive signal S+ = sum_i max(A_i, 0) and negative signal S- = sum_i max(-A_i, 0) per group, "
-              "by the group's success rate p_hat = k/G, beside p(1-p)(G-1), Dr. GRPO's E[S+] over groups of a "
-              "prompt whose success probability is p = p_hat (Proposition 1); a group observed with k successes "
-              "has exactly S+ = k(G-k)/G = G p_hat(1-p_hat) under Dr. GRPO. GRPO's division by the group's std "
-              "flattens the curve (extreme groups have "
-              "the smallest std); APO's Phi_i raises the positive signal of groups below its anchor and the "
-              "negative signal of groups above it.", ""]
+
+def _difficulty_section(results: Sequence[dict[str, Any]]) -> list[str]:
+    """One table per run; each table, this section's last, ends in a blank line."""
+    lines = ["", "## 2. Difficulty (Proposition 1)", "",
+             "Mean positive signal S+ = sum_i max(A_i, 0) and negative signal S- = sum_i max(-A_i, 0) per group, "
+             "by the group's success rate p_hat = k/G, beside p(1-p)(G-1), Dr. GRPO's E[S+] over groups of a "
+             "prompt whose success probability is p = p_hat (Proposition 1); a group observed with k successes "
+             "has exactly S+ = k(G-k)/G = G p_hat(1-p_hat) under Dr. GRPO. GRPO's division by the group's std "
+             "flattens the curve (extreme groups have "
+             "the smallest std); APO's Phi_i raises the positive signal of groups below its anchor and the "
+             "negative signal of groups above it.", ""]
     for r in results:
         lines += [f"**{r['name']}**", "",
                   "| G | p_hat | groups | p(1-p)(G-1) | " + " | ".join(f"{m} S+ / S-" for m in METHOD_NAMES) + " |",
@@ -78,62 +93,84 @@ def report_markdown(results: Sequence[dict[str, Any]], figure: Optional[str] = "
             lines.append(f"| {row['G']} | {row['k']}/{row['G']} | {row['groups']} | {row['closed_form']:.3f} | "
                          f"{cells} |")
         lines.append("")
+    return lines
 
-    lines += ["## 3. Length", "",
-              "| run | length of correct | of incorrect | first step: correct / incorrect | last step | truncated |",
-              "|---|---:|---:|---:|---:|---:|"]
+
+def _length_section(results: Sequence[dict[str, Any]]) -> list[str]:
+    """Opens without a blank line: the difficulty section ends in one."""
+    lines = ["## 3. Length", "",
+             "| run | length of correct | of incorrect | first step: correct / incorrect | last step | truncated |",
+             "|---|---:|---:|---:|---:|---:|"]
     for r in results:
         length, first, last = r["length"], r["steps"][0], r["steps"][-1]
         lines.append(f"| {r['name']} | {_f(length['correct_mean'], '.1f')} | {_f(length['incorrect_mean'], '.1f')} | "
                      f"{_f(first['length_correct'], '.1f')} / {_f(first['length_incorrect'], '.1f')} | "
                      f"{_f(last['length_correct'], '.1f')} / {_f(last['length_incorrect'], '.1f')} | "
                      f"{_pct(length['truncated_share'])} |")
-    lines += ["", "Share of each method's update (update mass |A_i| x |o_i| x per-token weight, summed over the "
-                  "run) carried by correct and wrong responses no longer than the step's median length (short) "
-                  "or longer (long). With 1/|o_i| every response carries |A_i| whatever its length; with 1/L0 a "
-                  "response carries in proportion to its length.", "",
-              "| run | method | short correct | long correct | short wrong | long wrong |",
-              "|---|---|---:|---:|---:|---:|"]
+    return lines
+
+
+def _mass_section(results: Sequence[dict[str, Any]]) -> list[str]:
+    """The length section's second table: where each method's update goes."""
+    lines = ["", "Share of each method's update (update mass |A_i| x |o_i| x per-token weight, summed over the "
+                 "run) carried by correct and wrong responses no longer than the step's median length (short) "
+                 "or longer (long). With 1/|o_i| every response carries |A_i| whatever its length; with 1/L0 a "
+                 "response carries in proportion to its length.", "",
+             "| run | method | short correct | long correct | short wrong | long wrong |",
+             "|---|---|---:|---:|---:|---:|"]
     for r in results:
         for m in METHOD_NAMES:
             mass = r["mass"][m]
             lines.append(f"| {r['name']} | {m} | " + " | ".join(_pct(mass[c]) for c in CELLS) + " |")
+    return lines
 
-    lines += ["", "## 4. Scale", "",
-              "|A_i| over every response of the run: APO's soft gate is what bounds the effective update of its "
-              "larger advantages.", "",
-              "| run | method | mean abs(A) | 99th percentile | max |", "|---|---|---:|---:|---:|"]
+
+def _scale_section(results: Sequence[dict[str, Any]]) -> list[str]:
+    lines = ["", "## 4. Scale", "",
+             "|A_i| over every response of the run: APO's soft gate is what bounds the effective update of its "
+             "larger advantages.", "",
+             "| run | method | mean abs(A) | 99th percentile | max |", "|---|---|---:|---:|---:|"]
     for r in results:
         for m in METHOD_NAMES:
             s = r["scale"][m]
             lines.append(f"| {r['name']} | {m} | {s['mean']:.3f} | {s['p99']:.3f} | {s['max']:.3f} |")
+    return lines
 
+
+def _staleness_section(results: Sequence[dict[str, Any]]) -> list[str]:
+    """Only for runs whose dump carries verl's policy lag; no section when none does."""
     stale = [r for r in results if "staleness" in r]
-    if stale:
-        lines += ["", "## 5. Staleness", "",
-                  "Asynchronous trainers train on responses from older weights: verl's lag of each response in "
-                  "weight versions (the dump's policy_lag), the share of responses at each lag and of each "
-                  "method's update mass. (The soft gate's and the clip's weights act per token in the actor and "
-                  "are not in the dump: verl logs their step means, e.g. actor/apo_gate_weight.)", "",
-                  "| run | policy lag | responses | " + " | ".join(f"{m} update mass" for m in METHOD_NAMES) + " |",
-                  "|---|---:|---:|" + "---:|" * len(METHOD_NAMES)]
-        for r in stale:
-            for lag, share in r["staleness"]["response_share"].items():
-                masses = [_pct(r["staleness"]["mass"][m].get(lag, 0.0)) for m in METHOD_NAMES]
-                lines.append(f"| {r['name']} | {lag} | {_pct(share)} | " + " | ".join(masses) + " |")
+    if not stale:
+        return []
+    lines = ["", "## 5. Staleness", "",
+             "Asynchronous trainers train on responses from older weights: verl's lag of each response in "
+             "weight versions (the dump's policy_lag), the share of responses at each lag and of each "
+             "method's update mass. (The soft gate's and the clip's weights act per token in the actor and "
+             "are not in the dump: verl logs their step means, e.g. actor/apo_gate_weight.)", "",
+             "| run | policy lag | responses | " + " | ".join(f"{m} update mass" for m in METHOD_NAMES) + " |",
+             "|---|---:|---:|" + "---:|" * len(METHOD_NAMES)]
+    for r in stale:
+        for lag, share in r["staleness"]["response_share"].items():
+            masses = [_pct(r["staleness"]["mass"][m].get(lag, 0.0)) for m in METHOD_NAMES]
+            lines.append(f"| {r['name']} | {lag} | {_pct(share)} | " + " | ".join(masses) + " |")
+    return lines
 
+
+def _logged_section(results: Sequence[dict[str, Any]]) -> list[str]:
+    """Only for runs whose dump carries the advantages they trained with; no section when none does."""
     logged = [r for r in results if "logged" in r]
-    if logged:
-        lines += ["", "## The runs' own advantages", "",
-                  "The dump carries the advantages each run trained with (the recipe's trainer writes them). The "
-                  "replay that reproduces them tells the run's method and that the replay is faithful.", "",
-                  "| run | matches | " + " | ".join(f"max abs difference to {m}" for m in METHOD_NAMES) + " |",
-                  "|---|---|" + "---:|" * len(METHOD_NAMES)]
-        for r in logged:
-            gaps = r["logged"]["max_abs_difference"]
-            lines.append(f"| {r['name']} | {', '.join(r['logged']['matches']) or 'none'} | "
-                         + " | ".join(f"{gaps[m]:.2g}" for m in METHOD_NAMES) + " |")
-    return "\n".join(lines) + "\n"
+    if not logged:
+        return []
+    lines = ["", "## The runs' own advantages", "",
+             "The dump carries the advantages each run trained with (the recipe's trainer writes them). The "
+             "replay that reproduces them tells the run's method and that the replay is faithful.", "",
+             "| run | matches | " + " | ".join(f"max abs difference to {m}" for m in METHOD_NAMES) + " |",
+             "|---|---|" + "---:|" * len(METHOD_NAMES)]
+    for r in logged:
+        gaps = r["logged"]["max_abs_difference"]
+        lines.append(f"| {r['name']} | {', '.join(r['logged']['matches']) or 'none'} | "
+                     + " | ".join(f"{gaps[m]:.2g}" for m in METHOD_NAMES) + " |")
+    return lines
 
 
 def pooled_difficulty(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -47,17 +47,11 @@ _METHODS: Optional[tuple[Method, ...]] = None
 
 def methods() -> tuple[Method, ...]:
     """``preset_methods()``, composed once per process on first use (not at import: the testbed imports this
-    module for its statistics alone). ``replay.METHODS`` is the same tuple."""
+    module for its statistics alone)."""
     global _METHODS
     if _METHODS is None:
         _METHODS = preset_methods()
     return _METHODS
-
-
-def __getattr__(name: str) -> Any:
-    if name == "METHODS":
-        return methods()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def method_named(name: str) -> Method:

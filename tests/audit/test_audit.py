@@ -13,9 +13,9 @@ import math
 import numpy as np
 import pytest
 
-from recipe_apo.audit import stats
 from recipe_apo.audit.analysis import audit_run
 from recipe_apo.audit.dumps import AuditError, load_run
+from recipe_apo.methods.group_stats import TOKEN_MEAN, TOKEN_SUM_NORM, token_weights, update_mass
 
 EPS = 1e-6  # verl's grpo: (R - mean) / (std + eps), std unbiased
 STEP1 = [([1, 0, 0, 0], [2, 4, 6, 8]), ([1, 1, 1, 1], [3, 3, 3, 3]), ([1, 1, 0, 0], [2, 2, 10, 10])]
@@ -161,10 +161,10 @@ def test_the_command_compares_runs_side_by_side(tmp_path, capsys):
 
 def test_per_token_weights_follow_each_aggregation():
     lengths = np.array([1.0, 2.0, 4.0])
-    assert stats.token_weights(lengths, stats.TOKEN_MEAN, l0=8).tolist() == [1.0, 0.5, 0.25]
-    assert stats.token_weights(lengths, stats.TOKEN_SUM_NORM, l0=8).tolist() == [0.125] * 3
-    assert stats.update_mass([-2.0, 1.0, 1.0], lengths, stats.TOKEN_MEAN, l0=8).tolist() == [2.0, 1.0, 1.0]
-    assert stats.update_mass([-2.0, 1.0, 1.0], lengths, stats.TOKEN_SUM_NORM, l0=8).tolist() == [0.25, 0.25, 0.5]
+    assert token_weights(lengths, TOKEN_MEAN, l0=8).tolist() == [1.0, 0.5, 0.25]
+    assert token_weights(lengths, TOKEN_SUM_NORM, l0=8).tolist() == [0.125] * 3
+    assert update_mass([-2.0, 1.0, 1.0], lengths, TOKEN_MEAN, l0=8).tolist() == [2.0, 1.0, 1.0]
+    assert update_mass([-2.0, 1.0, 1.0], lengths, TOKEN_SUM_NORM, l0=8).tolist() == [0.25, 0.25, 0.5]
 
 
 def test_a_multi_output_trajectory_is_one_response_and_padding_rows_are_left_out(tmp_path):

@@ -124,7 +124,7 @@ def test_nan_reward_stops_the_run_with_the_estimators_error_and_keeps_the_last_c
 
 
 def test_the_rollout_dump_carries_the_audits_fields_and_the_audit_replays_the_run(apo_runs):
-    from recipe_apo.audit import stats
+    from recipe_apo.methods import group_stats, groups
     from recipe_apo.audit.analysis import audit_run
     from recipe_apo.audit.dumps import load_run
 
@@ -136,8 +136,8 @@ def test_the_rollout_dump_carries_the_audits_fields_and_the_audit_replays_the_ru
         assert len(step.scores) == 16 and set(step.data_sources) <= set(SOURCES)
         assert np.all((step.lengths >= 1) & (step.lengths <= 16))
         # advantage = Phi_i x the group-centered reward, exactly as the estimator computed it
-        codes, n = stats.group_codes(step.groups)
-        centered = step.scores - stats.group_rates(codes, n, step.scores)[codes]
+        codes, n = groups.group_codes(step.groups)
+        centered = step.scores - groups.group_rates(codes, n, step.scores)[codes]
         np.testing.assert_allclose(step.logged_advantages, step.logged_phi * centered, atol=1e-6)
         for source, anchor in zip(step.data_sources, step.logged_anchor):
             assert anchor == logged[step.step][f"apo/anchor/{source}"]  # C_t of the response's data source
@@ -147,7 +147,7 @@ def test_the_rollout_dump_carries_the_audits_fields_and_the_audit_replays_the_ru
 
 
 def test_kl_loss_runs_against_the_reference_model(apo_runs):
-    from recipe_apo.audit import stats
+    from recipe_apo.methods import group_stats, groups
     from recipe_apo.audit.dumps import load_run
 
     rows = apo_runs["metrics_first"] + apo_runs["metrics_second"]  # steps 1 to 4 (the resumed run's step 4)
@@ -157,7 +157,7 @@ def test_kl_loss_runs_against_the_reference_model(apo_runs):
     # A step whose groups all scored alike has every advantage 0 (on this toy task it happens: see the bias
     # audit's example); after the first step with a signal the policy has left the reference model.
     steps = load_run(apo_runs["ckpt"]).steps
-    live = [not stats.dead_groups(s.scores, *stats.group_codes(s.groups)).all() for s in steps]
+    live = [not group_stats.dead_groups(s.scores, *groups.group_codes(s.groups)).all() for s in steps]
     moved = False
     for t in range(1, len(rows)):
         if any(live[:t]):
