@@ -124,9 +124,9 @@ def test_nan_reward_stops_the_run_with_the_estimators_error_and_keeps_the_last_c
 
 
 def test_the_rollout_dump_carries_the_audits_fields_and_the_audit_replays_the_run(apo_runs):
-    from recipe_apo.methods import group_stats, groups
     from recipe_apo.audit.analysis import audit_run
     from recipe_apo.audit.dumps import load_run
+    from recipe_apo.methods import groups
 
     # The checkpoint folder: its rollouts/ (rehearse.RUN_OVERRIDES), steps 1 to 3 and, resumed, 4.
     run = load_run(apo_runs["ckpt"])
@@ -147,8 +147,8 @@ def test_the_rollout_dump_carries_the_audits_fields_and_the_audit_replays_the_ru
 
 
 def test_kl_loss_runs_against_the_reference_model(apo_runs):
-    from recipe_apo.methods import group_stats, groups
     from recipe_apo.audit.dumps import load_run
+    from recipe_apo.methods import group_stats, groups
 
     rows = apo_runs["metrics_first"] + apo_runs["metrics_second"]  # steps 1 to 4 (the resumed run's step 4)
     assert [row["step"] for row in rows] == [1, 2, 3, 4]
