@@ -23,6 +23,7 @@ from typing import Any, Optional
 import torch
 from verl.trainer.ppo.core_algos import agg_loss
 
+from recipe_apo.methods.checks import NORM_MODE, check_number
 from recipe_apo.methods.errors import MethodConfigError
 
 # The log-ratio clamp of verl's own policy losses.
@@ -33,15 +34,11 @@ RATIO_BAND = 0.2
 # w(r) = 4 s (1 - s) < 0.5  <=>  |tau (r - 1)| > ln((1 + sqrt(1/2)) / (1 - sqrt(1/2))).
 _LOW_WEIGHT_LOGIT = math.log((1.0 + math.sqrt(0.5)) / (1.0 - math.sqrt(0.5)))
 
-NORM_MODE = "seq-mean-token-sum-norm"
 
 
 def _temperature(config: Any, key: str) -> float:
-    value = getattr(config, key)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise MethodConfigError(
-            f"actor_rollout_ref.actor.{key} must be a finite number > 0 for loss_mode=apo, got {value!r}")
-    return float(value)
+    name = f"actor_rollout_ref.actor.{key} (loss_mode=apo)"
+    return float(check_number(name, getattr(config, key), MethodConfigError, low=0.0, low_open=True))
 
 
 def _aggregation_kwargs(config: Any, loss_agg_mode: str) -> dict:
@@ -56,14 +53,11 @@ def _aggregation_kwargs(config: Any, loss_agg_mode: str) -> dict:
             "loss_mode=apo with loss_agg_mode=seq-mean-token-sum-norm needs the constant L0: set "
             "actor_rollout_ref.actor.loss_scale_factor to the maximum response length (data.max_response_length)"
         )
-    if loss_agg_mode == NORM_MODE and (isinstance(scale, bool) or not isinstance(scale, (int, float))
-                                       or not math.isfinite(scale) or scale <= 0):
+    if loss_agg_mode == NORM_MODE:
         # Checked here, not only in the recipe's validation: plain verl hands the value over unchecked, and a
         # negative L0 flips the loss's sign, 0 makes it -inf.
-        raise MethodConfigError(
-            f"actor_rollout_ref.actor.loss_scale_factor (L0) must be a finite number > 0 for loss_mode=apo, "
-            f"got {scale!r}"
-        )
+        check_number("actor_rollout_ref.actor.loss_scale_factor (L0, loss_mode=apo)", scale, MethodConfigError,
+                     low=0.0, low_open=True)
     return info
 
 

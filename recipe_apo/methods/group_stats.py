@@ -24,10 +24,11 @@ from typing import Any
 
 import numpy as np
 
+from recipe_apo.methods.checks import NORM_MODE
 from recipe_apo.methods.groups import group_range, group_sums
 
 TOKEN_MEAN = "seq-mean-token-mean"
-TOKEN_SUM_NORM = "seq-mean-token-sum-norm"
+TOKEN_SUM_NORM = NORM_MODE
 # The aggregations ``token_weights`` has a per-token weight rule for.
 WEIGHT_RULES = (TOKEN_MEAN, TOKEN_SUM_NORM)
 

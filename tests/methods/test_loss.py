@@ -213,7 +213,7 @@ def test_an_unusable_l0_is_refused_by_the_loss_itself(value):
     config = actor_config()
     # As verl's ppo_loss hands it over, per micro-batch.
     object.__setattr__(config, "global_batch_info", {"loss_scale_factor": value})
-    message = r"actor_rollout_ref.actor.loss_scale_factor \(L0\) must be a finite number > 0"
+    message = r"^actor_rollout_ref.actor.loss_scale_factor \(L0, loss_mode=apo\) must be (a finite number|> 0.0), got"
     with pytest.raises(ValueError, match=message):
         apo_loss(log_prob, old, adv, mask, config)
 
