@@ -21,6 +21,7 @@ from hydra import compose
 
 from recipe_apo.testbed.configs import CONFIG_NAME, _key, league_entries
 from recipe_apo.testbed.report import PAIRED, paired_between, task_text
+from recipe_apo.testbed.runner import checked_configs, run_testbed
 
 # Columns of a scenario's table beside the ranking metric: (summary key, header, format).
 COLUMNS = [
@@ -39,8 +40,6 @@ HEADERS = {
 
 def run_league(overrides: list[str], out_dir: Path, show_progress: bool = True) -> dict[str, Any]:
     """Run every league method on every league scenario; write league.md / league.json / league.png."""
-    from recipe_apo.testbed.__main__ import checked_configs, run_testbed
-
     started = time.perf_counter()
     for override in overrides:
         if _key(override) in ("method", "scenario"):
@@ -181,12 +180,19 @@ def _difference(p: dict[str, Any]) -> str:
 
 
 def league_markdown(league: dict[str, Any]) -> str:
-    metric = league["metric"]
-    header = HEADERS.get(metric, metric)
-    labels = league["labels"]
-    scenarios = league["scenarios"]
+    """league.md: the introduction, the overview of ranks per scenario, then one section per scenario."""
+    lines = _introduction(league) + _overview(league)
+    for name, s in league["scenarios"].items():
+        lines += _scenario_section(name, s, league["metric"])
+    lines += ["", "Plot: `league.png` (paired difference to the first method, per scenario).", ""]
+    return "\n".join(lines)
+
+
+def _introduction(league: dict[str, Any]) -> list[str]:
+    header = HEADERS.get(league["metric"], league["metric"])
+    labels, scenarios = league["labels"], league["scenarios"]
     seeds = next(iter(scenarios.values()))["seeds"]
-    lines = [
+    return [
         f"# CPU testbed league: {len(labels)} methods x {len(scenarios)} scenario{'s' if len(scenarios) > 1 else ''}, "
         f"{len(seeds)} seeds",
         "",
@@ -198,71 +204,99 @@ def league_markdown(league: dict[str, Any]) -> str:
         + "".join(f"`<method>_{suffix}`: the method with {' '.join(f'`{o}`' for o in extra)}. "
                   for suffix, extra in league.get("variants", {}).items())
         + f"Wall time: {league.get('wall_s', float('nan')):.0f} s.",
+    ]
+
+
+def _overview(league: dict[str, Any]) -> list[str]:
+    """Per method and scenario: rank, (wins-losses) beyond seed noise, the metric."""
+    scenarios = league["scenarios"]
+    lines = [
         "",
         "## Overview: rank (wins-losses beyond seed noise) per scenario",
         "",
         "| method | " + " | ".join(scenarios) + " |",
         "|---|" + "---|" * len(scenarios),
     ]
-    for label in labels:
+    for label in league["labels"]:
         cells = []
         for s in scenarios.values():
             row = next(r for r in s["rows"] if r["method"] == label)
-            cells.append(f"{row['rank']} ({len(row['wins'])}-{len(row['losses'])}), {_cell(row[metric], '{:.3f}')}")
+            cells.append(f"{row['rank']} ({len(row['wins'])}-{len(row['losses'])}), "
+                         f"{_cell(row[league['metric']], '{:.3f}')}")
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    for name, s in scenarios.items():
-        overrides = " ".join(f"`{o}`" for o in s["overrides"]) or "(defaults)"
-        lines += [
-            "",
-            f"## {name}: {overrides}",
-            "",
-            f"{s['rounds']} rounds, ppo_epochs={s['ppo_epochs']}, {s['task']}, "
-            + (f"responses from the policy of {s['staleness']} rounds before, " if s.get("staleness") else "")
-            + f"{len(s['seeds'])} seeds; the scenario's own report: `{s['report']}`.",
-            "",
-            f"| rank | method | {header} | " + " | ".join(h for _, h, _ in COLUMNS) + " | beats | trails |",
-            "|---|---|---|" + "---|" * len(COLUMNS) + "---|---|",
-        ]
-        for row in s["rows"]:
-            cells = [_cell(row.get(key), fmt) for key, _, fmt in COLUMNS]
-            lines.append(
-                f"| {row['rank']} | {row['method']} | {_cell(row[metric], '{:.3f}')} | " + " | ".join(cells)
-                + f" | {', '.join(row['wins']) or '-'} | {', '.join(row['losses']) or '-'} |"
-            )
-        zv = [row for row in s["rows"] if "zv_ratio_dev_mean" in row]
-        if zv:
-            lines += [
-                "",
-                "`algorithm.zero_variance=exclude` scales a round's live advantages by B / B_live (T / T_live for "
-                "token-mean); verl's actor divides each mini-batch by its own size, so mini-batch j's loss is off "
-                "by its live share over the round's (`denominator_ratio`, 1 = exact). |ratio - 1| over the "
-                "mini-batches (mean over rounds; +- SE over seeds) and its worst mini-batch over all seeds:",
-                "",
-                "| method | live share | mean abs(ratio - 1) | max abs(ratio - 1) |",
-                "|---|---|---|---|",
-            ]
-            for row in zv:
-                lines.append(f"| {row['method']} | {_cell(row.get('live_share_avg'), '{:.2f}')} | "
-                             f"{_cell(row['zv_ratio_dev_mean'], '{:.3f}')} | {row['zv_ratio_dev_max']:.3f} |")
-        codapo = [row for row in s["rows"] if "kept_prompts_avg" in row]
-        for row in codapo:
-            lines.append("")
-            lines.append(f"{row['method']}: {row['resampled_share']['mean']:.2f} of the rounds resampled, "
-                         f"{row['kept_prompts_avg']['mean']:.1f} prompts kept per selection on average.")
-        order = [row["method"] for row in s["rows"]]
-        lines += [
-            "",
-            f"Paired difference in {header}, row minus column (ordered by rank), and the seeds on the majority "
-            "side; **bold**: beyond seed noise.",
-            "",
-            "| row - column | " + " | ".join(order) + " |",
-            "|---|" + "---|" * len(order),
-        ]
-        for a in order:
-            lines.append(f"| {a} | " + " | ".join("." if a == b else _difference(s["matrix"][a][b]) for b in order)
-                         + " |")
-    lines += ["", "Plot: `league.png` (paired difference to the first method, per scenario).", ""]
-    return "\n".join(lines)
+    return lines
+
+
+def _scenario_section(name: str, s: dict[str, Any], metric: str) -> list[str]:
+    """One scenario: its setting, the ranked table, the zero-variance and CoDaPO notes, the pairwise matrix."""
+    header = HEADERS.get(metric, metric)
+    overrides = " ".join(f"`{o}`" for o in s["overrides"]) or "(defaults)"
+    lines = [
+        "",
+        f"## {name}: {overrides}",
+        "",
+        f"{s['rounds']} rounds, ppo_epochs={s['ppo_epochs']}, {s['task']}, "
+        + (f"responses from the policy of {s['staleness']} rounds before, " if s.get("staleness") else "")
+        + f"{len(s['seeds'])} seeds; the scenario's own report: `{s['report']}`.",
+        "",
+        f"| rank | method | {header} | " + " | ".join(h for _, h, _ in COLUMNS) + " | beats | trails |",
+        "|---|---|---|" + "---|" * len(COLUMNS) + "---|---|",
+    ]
+    for row in s["rows"]:
+        cells = [_cell(row.get(key), fmt) for key, _, fmt in COLUMNS]
+        lines.append(
+            f"| {row['rank']} | {row['method']} | {_cell(row[metric], '{:.3f}')} | " + " | ".join(cells)
+            + f" | {', '.join(row['wins']) or '-'} | {', '.join(row['losses']) or '-'} |"
+        )
+    return lines + _zero_variance_table(s["rows"]) + _codapo_lines(s["rows"]) + _matrix(s, header)
+
+
+def _zero_variance_table(rows: list[dict[str, Any]]) -> list[str]:
+    """The denominator ratios of the methods run with ``algorithm.zero_variance=exclude`` (none: no lines)."""
+    zv = [row for row in rows if "zv_ratio_dev_mean" in row]
+    if not zv:
+        return []
+    lines = [
+        "",
+        "`algorithm.zero_variance=exclude` scales a round's live advantages by B / B_live (T / T_live for "
+        "token-mean); verl's actor divides each mini-batch by its own size, so mini-batch j's loss is off "
+        "by its live share over the round's (`denominator_ratio`, 1 = exact). |ratio - 1| over the "
+        "mini-batches (mean over rounds; +- SE over seeds) and its worst mini-batch over all seeds:",
+        "",
+        "| method | live share | mean abs(ratio - 1) | max abs(ratio - 1) |",
+        "|---|---|---|---|",
+    ]
+    for row in zv:
+        lines.append(f"| {row['method']} | {_cell(row.get('live_share_avg'), '{:.2f}')} | "
+                     f"{_cell(row['zv_ratio_dev_mean'], '{:.3f}')} | {row['zv_ratio_dev_max']:.3f} |")
+    return lines
+
+
+def _codapo_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """One sentence per CoDaPO method: how often it resampled and how many prompts it kept."""
+    lines = []
+    for row in rows:
+        if "kept_prompts_avg" in row:
+            lines += ["", f"{row['method']}: {row['resampled_share']['mean']:.2f} of the rounds resampled, "
+                          f"{row['kept_prompts_avg']['mean']:.1f} prompts kept per selection on average."]
+    return lines
+
+
+def _matrix(s: dict[str, Any], header: str) -> list[str]:
+    """The scenario's paired differences, row minus column, in rank order."""
+    order = [row["method"] for row in s["rows"]]
+    lines = [
+        "",
+        f"Paired difference in {header}, row minus column (ordered by rank), and the seeds on the majority "
+        "side; **bold**: beyond seed noise.",
+        "",
+        "| row - column | " + " | ".join(order) + " |",
+        "|---|" + "---|" * len(order),
+    ]
+    for a in order:
+        lines.append(f"| {a} | " + " | ".join("." if a == b else _difference(s["matrix"][a][b]) for b in order)
+                     + " |")
+    return lines
 
 
 def write_league(league: dict[str, Any], out_dir: Path, plot: bool = True) -> None:

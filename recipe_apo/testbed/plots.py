@@ -44,28 +44,35 @@ def _band(ax, x, values, label, color, style="-"):
 
 
 def plot_runs(summary: dict[str, Any], runs: list[dict[str, Any]], out_dir: Path) -> None:
+    """success.png, length.png, anchor.png and grad_norm.png of a run."""
     import warnings
 
+    labels = list(summary["methods"])
+    look = {
+        "labels": labels,
+        "colors": {label: f"C{i}" for i, label in enumerate(labels)},
+        "window": max(1, summary["config"]["rounds"] // 25),
+        "note": f"line: mean of {len(summary['seeds'])} seeds; band: min-max over seeds",
+    }
     # Rounds without a correct response leave NaN lengths; an all-NaN column is a gap in the plot, not news.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        _plot_runs(summary, runs, out_dir)
+        plt = _pyplot()
+        figures = {"success": _plot_success, "length": _plot_length, "anchor": _plot_anchor,
+                   "grad_norm": _plot_grad_norm}
+        for name, plot in figures.items():
+            fig = plot(plt, summary, runs, look)
+            fig.tight_layout()
+            fig.savefig(out_dir / f"{name}.png", dpi=110)
+            plt.close(fig)
 
 
-def _plot_runs(summary: dict[str, Any], runs: list[dict[str, Any]], out_dir: Path) -> None:
-    plt = _pyplot()
-    labels = list(summary["methods"])
-    colors = {label: f"C{i}" for i, label in enumerate(labels)}
-    n_seeds = len(summary["seeds"])
-    rounds = summary["config"]["rounds"]
-    window = max(1, rounds // 25)
-    note = f"line: mean of {n_seeds} seeds; band: min-max over seeds"
-
+def _plot_success(plt, summary: dict[str, Any], runs: list[dict[str, Any]], look: dict[str, Any]):
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=False)
-    for label in labels:
+    for label in look["labels"]:
         x = runs[[r["label"] for r in runs].index(label)]["evals"]["round"]
-        _band(axes[0], x, _series(runs, label, lambda r: r["evals"]["overall"]), label, colors[label])
-        _band(axes[1], x, _series(runs, label, lambda r: r["evals"]["hard"]), label, colors[label])
+        _band(axes[0], x, _series(runs, label, lambda r: r["evals"]["overall"]), label, look["colors"][label])
+        _band(axes[1], x, _series(runs, label, lambda r: r["evals"]["hard"]), label, look["colors"][label])
     axes[0].set_title("success on the evaluation set")
     axes[1].set_title("success on its hardest third (by the initial policy)")
     for ax in axes:
@@ -73,17 +80,17 @@ def _plot_runs(summary: dict[str, Any], runs: list[dict[str, Any]], out_dir: Pat
         ax.set_ylabel("share of correct sampled responses")
         ax.grid(alpha=0.3)
     axes[0].legend()
-    fig.suptitle(note, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(out_dir / "success.png", dpi=110)
-    plt.close(fig)
+    fig.suptitle(look["note"], fontsize=9)
+    return fig
 
+
+def _plot_length(plt, summary: dict[str, Any], runs: list[dict[str, Any]], look: dict[str, Any]):
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for label in labels:
-        x = np.arange(1, rounds + 1)
+    x = np.arange(1, summary["config"]["rounds"] + 1)
+    for label in look["labels"]:
         for ax, key in zip(axes, ("len_correct", "len_incorrect")):
-            values = _smooth(_series(runs, label, lambda r: r["history"][key]), window)
-            _band(ax, x[: values.shape[1]], values, label, colors[label])
+            values = _smooth(_series(runs, label, lambda r: r["history"][key]), look["window"])
+            _band(ax, x[: values.shape[1]], values, label, look["colors"][label])
     L0 = summary["config"]["data"]["max_response_length"]
     for ax, title in zip(axes, ("correct responses", "incorrect responses")):
         ax.axhline(L0, color="grey", ls=":", lw=1)
@@ -91,20 +98,20 @@ def _plot_runs(summary: dict[str, Any], runs: list[dict[str, Any]], out_dir: Pat
         ax.set_xlabel("round")
         ax.grid(alpha=0.3)
     axes[0].legend()
-    fig.suptitle(f"{note}; moving average over {window} rounds", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(out_dir / "length.png", dpi=110)
-    plt.close(fig)
+    fig.suptitle(f"{look['note']}; moving average over {look['window']} rounds", fontsize=9)
+    return fig
 
+
+def _plot_anchor(plt, summary: dict[str, Any], runs: list[dict[str, Any]], look: dict[str, Any]):
     fig, ax = plt.subplots(figsize=(6.5, 4))
     drew = False
-    for label in labels:
+    for label in look["labels"]:
         rows = [r for r in runs if r["label"] == label and "anchor" in r["history"]]
         for i, r in enumerate(rows):
             x = np.arange(1, len(r["history"]["anchor"]) + 1)
-            ax.plot(x, r["history"]["anchor"], color=colors[label], lw=1.2,
+            ax.plot(x, r["history"]["anchor"], color=look["colors"][label], lw=1.2,
                     label=f"{label}: anchor C_t" if i == 0 else None)
-            ax.plot(x, r["history"]["batch_success"], color=colors[label], lw=0.5,
+            ax.plot(x, r["history"]["batch_success"], color=look["colors"][label], lw=0.5,
                     alpha=0.35, label=f"{label}: batch success y_t" if i == 0 else None)
             drew = True
     ax.set_title("APO's capability anchor C_t, one line per seed" if drew else "no APO run: no anchor")
@@ -113,14 +120,14 @@ def _plot_runs(summary: dict[str, Any], runs: list[dict[str, Any]], out_dir: Pat
     ax.grid(alpha=0.3)
     if drew:
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out_dir / "anchor.png", dpi=110)
-    plt.close(fig)
+    return fig
 
+
+def _plot_grad_norm(plt, summary: dict[str, Any], runs: list[dict[str, Any]], look: dict[str, Any]):
     fig, ax = plt.subplots(figsize=(6.5, 4))
-    for label in labels:
-        values = _smooth(_series(runs, label, lambda r: r["history"]["grad_norm"]), window)
-        _band(ax, np.arange(1, values.shape[1] + 1), values, label, colors[label])
+    for label in look["labels"]:
+        values = _smooth(_series(runs, label, lambda r: r["history"]["grad_norm"]), look["window"])
+        _band(ax, np.arange(1, values.shape[1] + 1), values, label, look["colors"][label])
     clip = summary["config"]["actor_rollout_ref"]["actor"]["grad_clip"]
     ax.axhline(clip, color="grey", ls=":", lw=1)
     ax.set_yscale("log")
@@ -128,10 +135,8 @@ def _plot_runs(summary: dict[str, Any], runs: list[dict[str, Any]], out_dir: Pat
     ax.set_xlabel("round")
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.suptitle(f"{note}; moving average over {window} rounds", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(out_dir / "grad_norm.png", dpi=110)
-    plt.close(fig)
+    fig.suptitle(f"{look['note']}; moving average over {look['window']} rounds", fontsize=9)
+    return fig
 
 
 def plot_league(league: dict[str, Any], path: Path) -> None:

@@ -306,12 +306,21 @@ def task_text(cfg: dict[str, Any]) -> str:
 
 
 def report_markdown(summary: dict[str, Any]) -> str:
+    """report.md: the setting and the methods, the initial policy, the means, the paired differences, the
+    verdict."""
+    lines = (_setting(summary) + _initial_policy(summary) + _means_table(summary) + _paired_table(summary)
+             + ["", "## Verdict", ""] + verdict_lines(summary))
+    lines += ["", "Plots: `success.png`, `length.png`, `anchor.png`, `grad_norm.png`.", ""]
+    return "\n".join(lines)
+
+
+def _setting(summary: dict[str, Any]) -> list[str]:
+    """The title, the task and sizes, the kernels, and one table row per method."""
     labels = list(summary["methods"])
-    seeds = summary["seeds"]
     cfg = summary["config"]
     stale = f", responses from the policy of {cfg['staleness']} rounds before" if cfg.get("staleness") else ""
     lines = [
-        f"# CPU testbed: {', '.join(labels)} ({len(seeds)} seeds, scenario `{summary['scenario']}`, "
+        f"# CPU testbed: {', '.join(labels)} ({len(summary['seeds'])} seeds, scenario `{summary['scenario']}`, "
         f"task `{cfg['task'].get('name', 'reverse')}`)",
         "",
         f"Task: {task_text(cfg)}{stale}. {cfg['rounds']} rounds of {cfg['data']['train_batch_size']} prompts x "
@@ -325,26 +334,41 @@ def report_markdown(summary: dict[str, Any]) -> str:
         "| method | estimator | std norm | loss | aggregation | zero-variance groups in the denominator |",
         "|---|---|---|---|---|---|",
     ]
-    zero_variance = {"keep": "kept", "exclude": "excluded (round-level scale)", "exact": "excluded (per mini-batch)"}
-    for label, m in summary["methods"].items():
-        # The two estimators that read norm_adv_by_std_in_grpo.
-        std = m["norm_adv_by_std_in_grpo"] if m["adv_estimator"] in ("grpo", "codapo") else "-"
-        agg = m["loss_agg_mode"] + (f" / {m['loss_scale_factor']}" if m["loss_agg_mode"].endswith("norm") else "")
-        if m["loss_mode"] in OWN_AGGREGATION:  # the loss ignores loss_agg_mode: show what it does
-            agg = f"{OWN_AGGREGATION[m['loss_mode']]} (the loss's own; {m['loss_agg_mode']} ignored)"
-        zv = zero_variance.get(m.get("zero_variance", "keep"), m.get("zero_variance"))
-        lines.append(f"| {label} | `{m['adv_estimator']}` | {std} | `{m['loss_mode']}` | `{agg}` | {zv} |")
+    return lines + [_method_row(label, m) for label, m in summary["methods"].items()]
+
+
+ZERO_VARIANCE_WORDS = {"keep": "kept", "exclude": "excluded (round-level scale)", "exact": "excluded (per mini-batch)"}
+
+
+def _method_row(label: str, m: dict[str, Any]) -> str:
+    """A method's row of the report's first table: its estimator, loss and denominator settings."""
+    # The two estimators that read norm_adv_by_std_in_grpo.
+    std = m["norm_adv_by_std_in_grpo"] if m["adv_estimator"] in ("grpo", "codapo") else "-"
+    agg = m["loss_agg_mode"] + (f" / {m['loss_scale_factor']}" if m["loss_agg_mode"].endswith("norm") else "")
+    if m["loss_mode"] in OWN_AGGREGATION:  # the loss ignores loss_agg_mode: show what it does
+        agg = f"{OWN_AGGREGATION[m['loss_mode']]} (the loss's own; {m['loss_agg_mode']} ignored)"
+    zv = ZERO_VARIANCE_WORDS.get(m.get("zero_variance", "keep"), m.get("zero_variance"))
+    return f"| {label} | `{m['adv_estimator']}` | {std} | `{m['loss_mode']}` | `{agg}` | {zv} |"
+
+
+def _initial_policy(summary: dict[str, Any]) -> list[str]:
     init = summary["seed_setup"]
-    lines += [
+    return [
         "",
         "Initial policy (shared by all methods of a seed), measured on fresh samples: success "
         + ", ".join(
             f"seed {s}: {init[str(s)]['initial_success']:.2f} "
             f"(hard {init[str(s)]['initial_success_by_bucket']['hard']:.2f}, "
             f"easy {init[str(s)]['initial_success_by_bucket']['easy']:.2f})"
-            for s in seeds
+            for s in summary["seeds"]
         )
         + ".",
+    ]
+
+
+def _means_table(summary: dict[str, Any]) -> list[str]:
+    labels = list(summary["methods"])
+    lines = [
         "",
         "## Mean +- std over seeds",
         "",
@@ -353,13 +377,17 @@ def report_markdown(summary: dict[str, Any]) -> str:
     ]
     agg = summary["aggregate"]
     for key, header, fmt, _ in HEADLINE:
-        if not any(key in agg[name] for name in labels):  # a summary.json from before the key existed
+        if not any(key in agg[name] for name in labels):  # an older summary.json, written without the key
             continue
         # A method-specific key (the soft gate's weight) is "-" for the methods without it.
         cells = [mean_and_spread(fmt, agg[name][key]["mean"], agg[name][key]["std"]) if key in agg[name] else "-"
                  for name in labels]
         lines.append(f"| {header} | " + " | ".join(cells) + " |")
-    lines += [
+    return lines
+
+
+def _paired_table(summary: dict[str, Any]) -> list[str]:
+    lines = [
         "",
         "## Paired differences (same seed, same start, same prompts)",
         "",
@@ -379,9 +407,7 @@ def report_markdown(summary: dict[str, Any]) -> str:
             verdict = f"**{p['direction']}**" if p["beyond_seed_noise"] else "within seed noise"
             agree = f"{p['seeds_agree']}/{p['seeds']}"
             lines.append(f"| {name} | {headers[key]} | {per_seed} | {mean} | {agree} | {verdict} |")
-    lines += ["", "## Verdict", ""] + verdict_lines(summary)
-    lines += ["", "Plots: `success.png`, `length.png`, `anchor.png`, `grad_norm.png`.", ""]
-    return "\n".join(lines)
+    return lines
 
 
 def verdict_lines(summary: dict[str, Any]) -> list[str]:

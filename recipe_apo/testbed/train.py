@@ -3,9 +3,10 @@ method; per (seed, method) one RL run in verl's loop (rollout, old log-probs, ad
 mini-batch updates).
 
 CoDaPO (``adv_estimator=codapo``) gets the old log-probs handed to its estimator, and with
-``algorithm.codapo.resample`` its rounds go in pairs as in the recipe's trainer: round r (even) takes the seed's
-prompt batch r, round r + 1 repeats the prompts of round r whose weight reaches the percentile
-(``repeat_count`` copies in place, each its own group). It thus reads half the prompt stream in as many rounds.
+``algorithm.codapo.resample`` its rounds go in pairs through the recipe's trainer's own pairing
+(``recipe_apo.integration.resampling.StepPairing``): round r (even) takes the seed's prompt batch r, round r + 1
+repeats the prompts of round r whose weight reaches the percentile (``repeat_count`` copies in place, each its
+own group). It thus reads half the prompt stream in as many rounds.
 
 Runs go to a process pool (one torch thread each: a GRU this small gains nothing from intra-op threads, and
 with one thread the numbers are the same whichever worker runs a job). Each job depends only on its seed and
@@ -26,8 +27,9 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from recipe_apo.integration.resampling import StepPairing, first_of_pair
 from recipe_apo.methods import driver_state
-from recipe_apo.methods.codapo import CodapoSettings, resample_order, select_prompts
+from recipe_apo.methods.codapo import CodapoSettings
 from recipe_apo.methods.group_stats import length_by_outcome
 from recipe_apo.methods.zero_variance import exclude_zero_variance, live_rows
 from recipe_apo.testbed.modsum import ModSumTask
@@ -146,136 +148,187 @@ def run_method(
     ``on_round(r, batch, old_log_prob, advantages)``, when given, sees every round's data (tests use it).
     """
     started = time.perf_counter()
-    seed = setup.seed
-    task = make_task(cfg)
-    policy = build_policy(task, cfg.policy.embed_dim, cfg.policy.hidden_dim, cfg.policy.layers, seed)
-    policy.load_state_dict(setup.init_state)
-    actor = actor_config(cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout.n)
-    optim = cfg.actor_rollout_ref.actor.optim
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=optim.lr, betas=tuple(optim.betas),
-                                  weight_decay=optim.weight_decay)
-    uses_anchor = cfg.algorithm.adv_estimator == "apo"
-    codapo = cfg.algorithm.adv_estimator == "codapo"
-    codapo_settings = CodapoSettings.from_algorithm_config(cfg.algorithm) if codapo else None
-    resample = codapo and codapo_settings.resample
-    zero_variance = cfg.algorithm.get("zero_variance", "keep")
-    driver_state.reset_driver_anchors()
-    sampling, shuffling = generator(seed, _SAMPLING), generator(seed, _SHUFFLE)
-    group = cfg.actor_rollout_ref.rollout.n
-    staleness = int(cfg.get("staleness", 0))  # checked by check_method
-    # The sampling policy of a stale run: the trained policy's weights of `staleness` rounds ago.
-    behaviour, past = None, deque(maxlen=staleness + 1)
-    if staleness:
-        behaviour = build_policy(task, cfg.policy.embed_dim, cfg.policy.hidden_dim, cfg.policy.layers, seed)
-
-    history: dict[str, list[float]] = {}
-    evals: dict[str, list[float]] = {"round": [], "overall": [], **{b: [] for b in BUCKETS}}
-
-    def record(key: str, value: float) -> None:
-        history.setdefault(key, []).append(float(value))
-
-    def run_eval(round_index: int) -> None:
-        success = evaluate(policy, task, setup.eval_prompts, setup.eval_k, cfg.eval.samples,
-                           generator(seed, _EVAL_SAMPLING, round_index))
-        evals["round"].append(round_index)
-        evals["overall"].append(float(success.mean()))
-        for b, name in enumerate(BUCKETS):
-            evals[name].append(float(success[setup.bucket == b].mean()))
-
-    run_eval(0)
-    kept = previous = None
+    run = MethodRun(cfg, setup)
+    run.evaluate(0)
     for r in range(cfg.rounds):
-        second = resample and r % 2 == 1
-        if second:
-            # The second round of a pair: the first round's kept prompts, repeat_count copies in place.
-            order = torch.from_numpy(resample_order(kept, cfg.data.train_batch_size, codapo_settings.repeat_count))
-            prompts, k = previous[0][order], previous[1][order]
-        else:
-            prompts, k = setup.train_prompts[r], setup.train_k[r]
-        sampler = policy
-        if staleness:
-            past.append({name: t.detach().clone() for name, t in policy.state_dict().items()})
-            behaviour.load_state_dict(past[0])  # after round r - staleness (the start, in the first rounds)
-            sampler = behaviour
-        batch = rollout(sampler, task, prompts, k, group, sampling)
-        # Before the advantages, as verl's trainer does: CoDaPO's weight reads them. No gradient, same weights:
-        # the order changes no number of the other methods.
-        with torch.no_grad():
-            old_log_prob = sampler.log_probs(batch["prompts"], batch["responses"])
-            if staleness:
-                # Where the ratio pi / pi_old starts: mean |r - 1| over the round's valid tokens.
-                mask = batch["response_mask"].to(torch.bool)
-                current = policy.log_probs(batch["prompts"], batch["responses"])
-                record("ratio_dev_mean", (current - old_log_prob).exp().sub(1).abs()[mask].mean())
-        if codapo:
-            with driver_state.handed(old_log_probs=old_log_prob):
-                advantages = compute_advantages(batch, cfg.algorithm)
-        else:
-            advantages = compute_advantages(batch, cfg.algorithm)
-        scores = batch["token_level_rewards"].sum(dim=-1).double().numpy()
-        live = live_rows(scores, batch["response_mask"].sum(dim=-1).numpy() > 0, batch["uid"])
-        if zero_variance == "exclude":
-            advantages, zv_metrics = exclude_zero_variance(
-                advantages, batch["token_level_rewards"], batch["response_mask"], batch["uid"],
-                effective_agg_mode(actor),
-            )
-            record("zv_scale", zv_metrics["zero_variance/scale"])
-        if on_round is not None:
-            on_round(r, batch, old_log_prob, advantages)
-        metrics = ppo_update(policy, optimizer, actor, batch, advantages, old_log_prob, shuffling,
-                             zero_variance=zero_variance, live=live)
-        # Share of the round's responses in groups with a signal (two distinct rewards or more).
-        record("live_share", live.mean())
-        if codapo:
-            result = driver_state.last_result("codapo")
-            for key in ("weight_mean", "confidence_mean", "difficulty_weight_mean"):
-                record(f"codapo_{key}", result.metrics.get(f"codapo/{key}", float("nan")))
-            record("resampled", float(second))
-            if resample and not second:
-                prompt_uids = batch["uid"][::group]
-                kept = select_prompts(prompt_uids, result.per_response["uids"], result.per_response["weights"],
-                                      codapo_settings.percentile)
-                previous = (prompts, k)
-                record("kept_prompts", len(kept))
-            else:
-                record("kept_prompts", float("nan"))
-
-        correct = batch["reward"] > 0.5
-        record("batch_success", batch["reward"].mean())
-        length_correct, length_incorrect = length_by_outcome(batch["length"].numpy(), correct.numpy())
-        record("len_correct", length_correct)
-        record("len_incorrect", length_incorrect)
-        # Fillers, not raw length, are what the policy chooses: a correct answer to a longer string is longer.
-        fillers_correct, fillers_incorrect = length_by_outcome(batch["fillers"].numpy(), correct.numpy())
-        record("fillers_correct", fillers_correct)
-        record("fillers_incorrect", fillers_incorrect)
-        record("cut_share", batch["cut"].float().mean())
-        for key, value in metrics.items():
-            record(key, value)
-        if uses_anchor:
-            anchor_metrics = _anchor_metrics()
-            record("anchor", anchor_metrics.get("apo/anchor", float("nan")))
-            record("anchor_rate", anchor_metrics.get("apo/anchor_rate", float("nan")))
-            record("weight_pos_mean", anchor_metrics.get("apo/weight_pos_mean", float("nan")))
-            record("weight_neg_mean", anchor_metrics.get("apo/weight_neg_mean", float("nan")))
+        run.train_round(r, on_round)
         if (r + 1) % cfg.eval_every == 0 or r + 1 == cfg.rounds:
-            run_eval(r + 1)
+            run.evaluate(r + 1)
         if progress is not None:
             progress(1)
     driver_state.reset_driver_anchors()
     return {
         "label": label,
-        "seed": seed,
-        "history": history,
-        "evals": evals,
+        "seed": setup.seed,
+        "history": run.history,
+        "evals": run.evals,
         "wall_s": time.perf_counter() - started,
     }
 
 
-def _anchor_metrics() -> dict[str, float]:
-    """The APO estimator's metrics of the last step."""
-    result = driver_state.last_result("apo")
-    return {} if result is None else result.metrics
+class MethodRun:
+    """One (seed, method) run between its rounds: the trained policy, its optimizer and random streams, the
+    sampling policy of a stale run, CoDaPO's pairing of rounds, and what the rounds recorded.
+
+    A round is verl's step: its prompts (``round_prompts``), the rollout and the old log-probs
+    (``sample_round``), the advantages (``advantages``: CoDaPO's hand-off, the zero-variance rescale), the
+    update (``update.ppo_update``), then the round's metrics (``record_*``). Round r is verl's step r + 1, so
+    CoDaPO's pairs are the trainer's (``recipe_apo.integration.resampling``): round r (even) takes the seed's
+    prompt batch r, round r + 1 its kept prompts.
+    """
+
+    def __init__(self, cfg: DictConfig, setup: SeedSetup) -> None:
+        self.cfg, self.setup = cfg, setup
+        self.task = make_task(cfg)
+        self.policy = self._build_policy()
+        self.policy.load_state_dict(setup.init_state)
+        self.actor = actor_config(cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout.n)
+        optim = cfg.actor_rollout_ref.actor.optim
+        self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=optim.lr, betas=tuple(optim.betas),
+                                           weight_decay=optim.weight_decay)
+        self.estimator = cfg.algorithm.adv_estimator
+        settings = CodapoSettings.from_algorithm_config(cfg.algorithm) if self.estimator == "codapo" else None
+        # CoDaPO's rounds in pairs, as the trainer's steps (None: every round reads the prompt stream).
+        self.pairing = StepPairing(settings) if settings is not None and settings.resample else None
+        self.kept: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # the pair's kept prompts and their k
+        self.zero_variance = cfg.algorithm.get("zero_variance", "keep")
+        driver_state.reset_driver_anchors()
+        self.sampling, self.shuffling = generator(setup.seed, _SAMPLING), generator(setup.seed, _SHUFFLE)
+        self.group = cfg.actor_rollout_ref.rollout.n
+        self.staleness = int(cfg.get("staleness", 0))  # checked by runner.check_method
+        # The sampling policy of a stale run: the trained policy's weights of `staleness` rounds ago.
+        self.behaviour = self._build_policy() if self.staleness else None
+        self.past: deque = deque(maxlen=self.staleness + 1)
+        self.history: dict[str, list[float]] = {}
+        self.evals: dict[str, list[float]] = {"round": [], "overall": [], **{b: [] for b in BUCKETS}}
+
+    def _build_policy(self) -> TokenPolicy:
+        cfg = self.cfg
+        return build_policy(self.task, cfg.policy.embed_dim, cfg.policy.hidden_dim, cfg.policy.layers,
+                            self.setup.seed)
+
+    def record(self, key: str, value: float) -> None:
+        self.history.setdefault(key, []).append(float(value))
+
+    def evaluate(self, round_index: int) -> None:
+        """Success on the seed's evaluation set, overall and per bucket, after ``round_index`` rounds."""
+        setup = self.setup
+        success = evaluate(self.policy, self.task, setup.eval_prompts, setup.eval_k, self.cfg.eval.samples,
+                           generator(setup.seed, _EVAL_SAMPLING, round_index))
+        self.evals["round"].append(round_index)
+        self.evals["overall"].append(float(success.mean()))
+        for b, name in enumerate(BUCKETS):
+            self.evals[name].append(float(success[setup.bucket == b].mean()))
+
+    def train_round(self, r: int, on_round: Optional[Callable[..., None]] = None) -> None:
+        prompts, k, second = self.round_prompts(r + 1)
+        batch, old_log_prob = self.sample_round(prompts, k)
+        advantages, live = self.advantages(batch, old_log_prob)
+        if on_round is not None:
+            on_round(r, batch, old_log_prob, advantages)
+        metrics = ppo_update(self.policy, self.optimizer, self.actor, batch, advantages, old_log_prob,
+                             self.shuffling, zero_variance=self.zero_variance, live=live)
+        # Share of the round's responses in groups with a signal (two distinct rewards or more).
+        self.record("live_share", live.mean())
+        if self.estimator == "codapo":
+            self.record_codapo(r + 1, batch, prompts, k, second)
+        self.record_batch(batch, metrics)
+        if self.estimator == "apo":
+            self.record_anchor()
+
+    def round_prompts(self, step: int) -> tuple[torch.Tensor, torch.Tensor, bool]:
+        """Step ``step``'s prompts and their k, and whether they are the second step of a CoDaPO pair (the kept
+        prompts of the step before, ``repeat_count`` copies in place)."""
+        if self.pairing is not None and not first_of_pair(step):
+            order = torch.from_numpy(self.pairing.second_order(self.cfg.data.train_batch_size, step))
+            return self.kept[0][order], self.kept[1][order], True
+        if self.pairing is not None:
+            self.pairing.start(step)
+        return self.setup.train_prompts[step - 1], self.setup.train_k[step - 1], False
+
+    def sampler(self) -> TokenPolicy:
+        """The policy that samples this round: the trained one, or in a stale run its weights after round
+        r - staleness (the start, in the first rounds)."""
+        if not self.staleness:
+            return self.policy
+        self.past.append({name: t.detach().clone() for name, t in self.policy.state_dict().items()})
+        self.behaviour.load_state_dict(self.past[0])
+        return self.behaviour
+
+    def sample_round(self, prompts: torch.Tensor, k: torch.Tensor) -> tuple[dict[str, Any], torch.Tensor]:
+        """The round's responses and their old log-probs, before the advantages, as verl's trainer takes them:
+        CoDaPO's weight reads them. No gradient, same weights: the order changes no number of the others."""
+        sampler = self.sampler()
+        batch = rollout(sampler, self.task, prompts, k, self.group, self.sampling)
+        with torch.no_grad():
+            old_log_prob = sampler.log_probs(batch["prompts"], batch["responses"])
+            if self.staleness:
+                # Where the ratio pi / pi_old starts: mean |r - 1| over the round's valid tokens.
+                mask = batch["response_mask"].to(torch.bool)
+                current = self.policy.log_probs(batch["prompts"], batch["responses"])
+                self.record("ratio_dev_mean", (current - old_log_prob).exp().sub(1).abs()[mask].mean())
+        return batch, old_log_prob
+
+    def advantages(self, batch: dict[str, Any], old_log_prob: torch.Tensor) -> tuple[torch.Tensor, np.ndarray]:
+        """verl's advantages of the round, and per response whether its group is live.
+
+        CoDaPO's estimator gets the old log-probs through ``driver_state.handed`` and
+        ``algorithm.zero_variance=exclude`` rescales through ``exclude_zero_variance``: what the trainer's
+        hooks (recipe_apo/integration/hooks/) call at the same point of a step."""
+        if self.estimator == "codapo":
+            driver_state.clear_results("codapo")
+            with driver_state.handed(old_log_probs=old_log_prob):
+                advantages = compute_advantages(batch, self.cfg.algorithm)
+        else:
+            advantages = compute_advantages(batch, self.cfg.algorithm)
+        scores = batch["token_level_rewards"].sum(dim=-1).double().numpy()
+        live = live_rows(scores, batch["response_mask"].sum(dim=-1).numpy() > 0, batch["uid"])
+        if self.zero_variance == "exclude":
+            advantages, zv_metrics = exclude_zero_variance(
+                advantages, batch["token_level_rewards"], batch["response_mask"], batch["uid"],
+                effective_agg_mode(self.actor),
+            )
+            self.record("zv_scale", zv_metrics["zero_variance/scale"])
+        return advantages, live
+
+    def record_codapo(self, step: int, batch: dict[str, Any], prompts: torch.Tensor, k: torch.Tensor,
+                      second: bool) -> None:
+        """CoDaPO's weights of the round and, at the first step of a pair, the prompts it keeps."""
+        result = driver_state.last_result("codapo")
+        for key in ("weight_mean", "confidence_mean", "difficulty_weight_mean"):
+            self.record(f"codapo_{key}", result.metrics.get(f"codapo/{key}", float("nan")))
+        self.record("resampled", float(second))
+        if self.pairing is None or not first_of_pair(step):
+            self.record("kept_prompts", float("nan"))
+            return
+        self.pairing.add_weights(result.per_response["uids"], result.per_response["weights"])
+        kept = torch.from_numpy(self.pairing.select(batch["uid"][:: self.group]))
+        self.kept = (prompts[kept], k[kept])
+        self.record("kept_prompts", len(kept))
+
+    def record_batch(self, batch: dict[str, Any], metrics: dict[str, float]) -> None:
+        """The round's success, lengths and cut share, then the update's metrics."""
+        correct = batch["reward"] > 0.5
+        self.record("batch_success", batch["reward"].mean())
+        length_correct, length_incorrect = length_by_outcome(batch["length"].numpy(), correct.numpy())
+        self.record("len_correct", length_correct)
+        self.record("len_incorrect", length_incorrect)
+        # Fillers, not raw length, are what the policy chooses: a correct answer to a longer string is longer.
+        fillers_correct, fillers_incorrect = length_by_outcome(batch["fillers"].numpy(), correct.numpy())
+        self.record("fillers_correct", fillers_correct)
+        self.record("fillers_incorrect", fillers_incorrect)
+        self.record("cut_share", batch["cut"].float().mean())
+        for key, value in metrics.items():
+            self.record(key, value)
+
+    def record_anchor(self) -> None:
+        """The APO estimator's anchor metrics of the round."""
+        result = driver_state.last_result("apo")
+        anchor_metrics = {} if result is None else result.metrics
+        self.record("anchor", anchor_metrics.get("apo/anchor", float("nan")))
+        self.record("anchor_rate", anchor_metrics.get("apo/anchor_rate", float("nan")))
+        self.record("weight_pos_mean", anchor_metrics.get("apo/weight_pos_mean", float("nan")))
+        self.record("weight_neg_mean", anchor_metrics.get("apo/weight_neg_mean", float("nan")))
 
 
 # --- process pool plumbing ------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import numpy as np
 import torch
@@ -86,83 +86,139 @@ def ppo_update(
     """
     from verl.trainer.ppo.core_algos import get_policy_loss_fn
 
+    _check_zero_variance(zero_variance, live)
+    loss_fn = get_policy_loss_fn(config.policy_loss.loss_mode)
+    mask = batch["response_mask"].to(torch.bool)
+    denominators = _Denominators(zero_variance, mask, live, effective_agg_mode(config))
+    stats = _UpdateStats()
+    micro = config.ppo_micro_batch_size_per_gpu or config.ppo_mini_batch_size * config.rollout_n
+    for rows in mini_batches(config, batch["responses"].shape[0], shuffle_generator):
+        responses, valid_tokens, ratio = denominators.of(rows)
+        # What verl's trainer and ppo_loss put there for each micro-batch of this mini-batch.
+        config.global_batch_info.update(
+            dp_size=1,
+            global_batch_size=responses,
+            batch_num_tokens=valid_tokens,
+            loss_scale_factor=config.loss_scale_factor,
+        )
+        optimizer.zero_grad(set_to_none=True)
+        mini_loss = 0.0
+        for micro_start in range(0, len(rows), micro):
+            part = rows[micro_start : micro_start + micro]
+            mini_loss += _micro_batch_loss(policy, loss_fn, config, batch, advantages, old_log_prob, mask, part,
+                                           stats)
+        stats.losses.append(mini_loss)
+        if trace is not None:
+            trace.append({"rows": rows.tolist(), "loss": mini_loss, "denominator_ratio": ratio})
+        stats.grad_norms.append(_step(policy, optimizer, config.grad_clip))
+    return stats.summary(denominators.deviations)
+
+
+def _check_zero_variance(zero_variance: str, live: Optional[np.ndarray]) -> None:
     if zero_variance not in ZERO_VARIANCE_MODES:
         raise ValueError(
             f"algorithm.zero_variance must be one of {', '.join(ZERO_VARIANCE_MODES)}, got {zero_variance!r}")
     if zero_variance != "keep" and live is None:
         raise ValueError(f"zero_variance={zero_variance} needs the live responses of the round")
-    loss_fn = get_policy_loss_fn(config.policy_loss.loss_mode)
-    n = batch["responses"].shape[0]
+
+
+def mini_batches(config: Any, n: int, shuffle_generator: torch.Generator) -> Iterator[torch.Tensor]:
+    """The rows of each mini-batch of ``ppo_mini_batch_size`` prompts (``rollout_n`` rows each), over
+    ``ppo_epochs`` passes, each pass in a fresh order when ``shuffle``."""
     mini = config.ppo_mini_batch_size * config.rollout_n
-    micro = config.ppo_micro_batch_size_per_gpu or mini
-    mask = batch["response_mask"].to(torch.bool)
-    tokens = mask.sum(dim=-1).numpy().astype(np.float64)
-    live_t = torch.from_numpy(np.asarray(live, dtype=bool)) if live is not None else None
-    agg_mode = effective_agg_mode(config)
-    grad_norms, metric_sums, metric_counts, losses, deviations = [], {}, {}, [], []
-    outside, seen = 0, 0  # valid tokens with |r - 1| > RATIO_BAND, and all valid tokens, over every pass
     for _ in range(config.ppo_epochs):
         order = torch.randperm(n, generator=shuffle_generator) if config.shuffle else torch.arange(n)
         for start in range(0, n, mini):
-            rows = order[start : start + mini]
-            # What verl's trainer and ppo_loss put there for each micro-batch of this mini-batch.
-            responses, valid_tokens = len(rows), int(mask[rows].sum())
-            ratio = None
-            if zero_variance == "exact":
-                # The definition: the mini-batch's dead responses (advantage 0) leave its denominators. With no
-                # live response the loss is 0 whatever the denominator; the plain one avoids dividing by 0.
-                live_rows_ = rows[live_t[rows]]
-                if len(live_rows_):
-                    responses, valid_tokens = len(live_rows_), int(mask[live_rows_].sum())
-            elif zero_variance == "exclude":
-                ratio = denominator_ratio(np.asarray(live, dtype=bool), rows.numpy(), tokens, agg_mode)
-                deviations.append(abs(ratio - 1.0))
-            config.global_batch_info.update(
-                dp_size=1,
-                global_batch_size=responses,
-                batch_num_tokens=valid_tokens,
-                loss_scale_factor=config.loss_scale_factor,
-            )
-            optimizer.zero_grad(set_to_none=True)
-            mini_loss = 0.0
-            for micro_start in range(0, len(rows), micro):
-                part = rows[micro_start : micro_start + micro]
-                log_prob = policy.log_probs(batch["prompts"][part], batch["responses"][part])
-                with torch.no_grad():
-                    valid = mask[part]
-                    deviation = (log_prob - old_log_prob[part]).exp().sub_(1.0).abs_()
-                    outside += int((deviation > RATIO_BAND).logical_and_(valid).sum())
-                    seen += int(valid.sum())
-                loss, metrics = loss_fn(
-                    old_log_prob=old_log_prob[part],
-                    log_prob=log_prob,
-                    advantages=advantages[part],
-                    response_mask=mask[part],
-                    loss_agg_mode=config.loss_agg_mode,
-                    config=config,
-                    rollout_is_weights=None,
-                )
-                loss.backward()
-                mini_loss += float(loss.detach())
-                for key, value in metrics.items():
-                    value = float(value)
-                    if math.isfinite(value):
-                        metric_sums[key] = metric_sums.get(key, 0.0) + value
-                        metric_counts[key] = metric_counts.get(key, 0) + 1
-            losses.append(mini_loss)
-            if trace is not None:
-                trace.append({"rows": rows.tolist(), "loss": mini_loss, "denominator_ratio": ratio})
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(policy.parameters(), config.grad_clip))
-            grad_norms.append(grad_norm)
-            # verl skips the step when the norm is not finite rather than poisoning the weights.
-            if math.isfinite(grad_norm):
-                optimizer.step()
-    out = {key: metric_sums[key] / metric_counts[key] for key in metric_sums}
-    out["pg_loss"] = sum(losses) / len(losses)
-    out["grad_norm"] = sum(grad_norms) / len(grad_norms)
-    out["grad_norm_max"] = max(grad_norms)
-    out["ratio_out_share"] = outside / max(seen, 1)
-    if deviations:
-        out["zv_ratio_dev_mean"] = sum(deviations) / len(deviations)
-        out["zv_ratio_dev_max"] = max(deviations)
-    return out
+            yield order[start : start + mini]
+
+
+class _Denominators:
+    """A mini-batch's loss denominators (responses, valid tokens) under ``algorithm.zero_variance``, and with
+    exclude its ``denominator_ratio`` (each |ratio - 1| kept in ``deviations``)."""
+
+    def __init__(self, mode: str, mask: torch.Tensor, live: Optional[np.ndarray], agg_mode: str) -> None:
+        self.mode, self.mask, self.agg_mode = mode, mask, agg_mode
+        self.live = np.asarray(live, dtype=bool) if live is not None else None
+        self.live_t = torch.from_numpy(self.live) if live is not None else None
+        self.tokens = mask.sum(dim=-1).numpy().astype(np.float64)
+        self.deviations: list[float] = []
+
+    def of(self, rows: torch.Tensor) -> tuple[int, int, Optional[float]]:
+        """(responses, valid tokens, denominator ratio or None) of the mini-batch of ``rows``."""
+        responses, valid_tokens = len(rows), int(self.mask[rows].sum())
+        if self.mode == "exact":
+            # The definition: the mini-batch's dead responses (advantage 0) leave its denominators. With no
+            # live response the loss is 0 whatever the denominator; the plain one avoids dividing by 0.
+            live_rows_ = rows[self.live_t[rows]]
+            if len(live_rows_):
+                return len(live_rows_), int(self.mask[live_rows_].sum()), None
+        elif self.mode == "exclude":
+            ratio = denominator_ratio(self.live, rows.numpy(), self.tokens, self.agg_mode)
+            self.deviations.append(abs(ratio - 1.0))
+            return responses, valid_tokens, ratio
+        return responses, valid_tokens, None
+
+
+@dataclasses.dataclass
+class _UpdateStats:
+    """What the passes of one update add up: the loss metrics, mini-batch losses, gradient norms, and the valid
+    tokens whose |r - 1| exceeded ``RATIO_BAND`` (``outside``) among all valid tokens (``seen``)."""
+
+    metric_sums: dict[str, float] = dataclasses.field(default_factory=dict)
+    metric_counts: dict[str, int] = dataclasses.field(default_factory=dict)
+    losses: list[float] = dataclasses.field(default_factory=list)
+    grad_norms: list[float] = dataclasses.field(default_factory=list)
+    outside: int = 0
+    seen: int = 0
+
+    def add_metrics(self, metrics: dict[str, Any]) -> None:
+        for key, value in metrics.items():
+            value = float(value)
+            if math.isfinite(value):
+                self.metric_sums[key] = self.metric_sums.get(key, 0.0) + value
+                self.metric_counts[key] = self.metric_counts.get(key, 0) + 1
+
+    def summary(self, deviations: list[float]) -> dict[str, float]:
+        out = {key: self.metric_sums[key] / self.metric_counts[key] for key in self.metric_sums}
+        out["pg_loss"] = sum(self.losses) / len(self.losses)
+        out["grad_norm"] = sum(self.grad_norms) / len(self.grad_norms)
+        out["grad_norm_max"] = max(self.grad_norms)
+        out["ratio_out_share"] = self.outside / max(self.seen, 1)
+        if deviations:
+            out["zv_ratio_dev_mean"] = sum(deviations) / len(deviations)
+            out["zv_ratio_dev_max"] = max(deviations)
+        return out
+
+
+def _micro_batch_loss(policy: TokenPolicy, loss_fn: Any, config: Any, batch: dict[str, Any],
+                      advantages: torch.Tensor, old_log_prob: torch.Tensor, mask: torch.Tensor,
+                      part: torch.Tensor, stats: _UpdateStats) -> float:
+    """The registered loss of the micro-batch ``part`` as verl calls it, its gradient accumulated; returns the
+    loss and adds its metrics and ratio band counts to ``stats``."""
+    log_prob = policy.log_probs(batch["prompts"][part], batch["responses"][part])
+    with torch.no_grad():
+        valid = mask[part]
+        deviation = (log_prob - old_log_prob[part]).exp().sub_(1.0).abs_()
+        stats.outside += int((deviation > RATIO_BAND).logical_and_(valid).sum())
+        stats.seen += int(valid.sum())
+    loss, metrics = loss_fn(
+        old_log_prob=old_log_prob[part],
+        log_prob=log_prob,
+        advantages=advantages[part],
+        response_mask=mask[part],
+        loss_agg_mode=config.loss_agg_mode,
+        config=config,
+        rollout_is_weights=None,
+    )
+    loss.backward()
+    stats.add_metrics(metrics)
+    return float(loss.detach())
+
+
+def _step(policy: TokenPolicy, optimizer: torch.optim.Optimizer, grad_clip: float) -> float:
+    """Clip the mini-batch's gradient at ``grad_clip`` and step; returns its norm before clipping."""
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(policy.parameters(), grad_clip))
+    # verl skips the step when the norm is not finite rather than poisoning the weights.
+    if math.isfinite(grad_norm):
+        optimizer.step()
+    return grad_norm

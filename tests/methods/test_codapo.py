@@ -14,7 +14,13 @@ from hypothesis import strategies as st
 from tensordict import TensorDict
 
 from recipe_apo.errors import RecipeError
-from recipe_apo.integration.resampling import STATE_FILE, PromptResampler, ResamplingStateError
+from recipe_apo.integration.resampling import (
+    STATE_FILE,
+    PromptResampler,
+    ResamplingStateError,
+    StepPairing,
+    first_of_pair,
+)
 from recipe_apo.methods.codapo import (
     MAX_REPEAT_COUNT,
     MAX_WEIGHT_OFFSET,
@@ -186,6 +192,23 @@ def test_the_second_batch_repeats_each_kept_prompt_in_place_and_wraps():
     assert np.bincount(resample_order(np.array([0, 1, 2]), 16, 4)).tolist() == [8, 4, 4]
     with pytest.raises(BatchInputError, match="no prompt kept"):
         resample_order(np.array([], dtype=np.int64), 4, 4)
+
+
+def test_the_step_pairing_keeps_and_repeats_positions_for_the_step_after_only():
+    pairing = StepPairing(CodapoSettings(repeat_count=2))
+    assert first_of_pair(1) and not first_of_pair(2)
+    pairing.start(step=1)
+    with pytest.raises(ResamplingStateError, match="no weighted step"):
+        pairing.second_order(4, step=2)
+    pairing.add_weights(np.array(["a", "a", "b", "b", "c", "c"], dtype=object), np.repeat([0.9, 0.1, 0.9], 2))
+    assert pairing.select(["a", "b", "c"]).tolist() == [0, 2]  # a and c reach the 0.75 quantile, 0.9
+    pairing.add_weights(np.array(["b"], dtype=object), np.array([5.0]))  # selected: later weights change nothing
+    assert pairing.select(None).tolist() == [0, 2]
+    assert pairing.second_order(6, step=2).tolist() == [0, 0, 1, 1, 0, 0]  # positions among the kept prompts
+    with pytest.raises(ResamplingStateError, match="step 4 needs the prompts kept at step 3"):
+        pairing.second_order(6, step=4)
+    pairing.restore(3, step=5)  # a checkpoint's three kept prompts
+    assert pairing.second_order(4, step=6).tolist() == [0, 0, 1, 1]
 
 
 def loader_batch(n: int):

@@ -106,7 +106,7 @@ def test_bad_settings_are_refused(bad, match):
 
 
 def test_a_modsum_testbed_run_and_its_checks(hydra_ctx, tmp_path):
-    from recipe_apo.testbed.__main__ import run_testbed
+    from recipe_apo.testbed.runner import run_testbed
 
     summary = run_testbed(["seeds=[0]", *TINY_RUN, "task=modsum"], tmp_path, show_progress=False,
                           entries={"grpo": ["method=grpo"], "apo": ["method=apo"]})

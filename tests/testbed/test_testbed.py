@@ -29,7 +29,7 @@ def hydra_ctx():
 
 
 def _run(overrides, out_dir):
-    from recipe_apo.testbed.__main__ import run_testbed
+    from recipe_apo.testbed.runner import run_testbed
 
     return run_testbed(overrides, out_dir, show_progress=False)
 
@@ -134,7 +134,7 @@ def test_presets_come_from_the_method_group(hydra_ctx):
     cfgs = method_configs(["seeds=[0]"])
     assert list(cfgs) == list(presets.names())  # every preset, in their order (tests/integration/test_presets.py)
     for label, cfg in cfgs.items():
-        preset = OmegaConf.load(ROOT / "recipe_apo" / "conf" / "method" / f"{label}.yaml")
+        preset = OmegaConf.load(ROOT / "conf" / "method" / f"{label}.yaml")
         assert cfg.algorithm.adv_estimator == preset.algorithm.adv_estimator
         assert cfg.actor_rollout_ref.actor.loss_agg_mode == preset.actor_rollout_ref.actor.loss_agg_mode
         assert cfg.actor_rollout_ref.actor.policy_loss.loss_mode == preset.actor_rollout_ref.actor.policy_loss.loss_mode
@@ -391,6 +391,29 @@ def test_codapo_run_resamples_the_kept_prompts_of_each_pairs_first_round(hydra_c
             assert math.isnan(run["history"]["kept_prompts"][r])
 
 
+def test_the_testbed_pairs_rounds_as_the_trainers_resampler_pairs_steps(hydra_ctx):
+    # Round r is the trainer's step r + 1: given the first round's prompts and weights, the trainer's
+    # PromptResampler builds the second round's prompts the testbed trained on, copy for copy.
+    from verl.utils import tensordict_utils as tu
+
+    from recipe_apo.integration.resampling import PromptResampler
+    from recipe_apo.methods.codapo import compute_codapo_advantage
+
+    cfg, setup, rounds, run = _codapo_rounds(["rounds=2"])
+    P, G = cfg.data.train_batch_size, cfg.actor_rollout_ref.rollout.n
+    first, second = rounds[0]["batch"], rounds[1]["batch"]
+    _, weights, _ = compute_codapo_advantage(first["token_level_rewards"], first["response_mask"],
+                                             rounds[0]["old_log_prob"], first["uid"], True, 0.1)
+    resampler = PromptResampler(CodapoSettings.from_algorithm_config(cfg.algorithm))
+    resampler.start_pair(tu.get_tensordict({"prompts": first["prompts"][::G], "k": first["k"][::G],
+                                            "uid": np.asarray(first["uid"][::G], dtype=object)}), step=1)
+    resampler.add_weights(first["uid"], weights)
+    trainer_batch = resampler.second_batch(P, step=2)
+    assert len(resampler.kept) == run["history"]["kept_prompts"][0]
+    assert torch.equal(trainer_batch["prompts"], second["prompts"][::G])
+    assert torch.equal(trainer_batch["k"], second["k"][::G])
+
+
 def test_codapo_without_resampling_reads_the_prompt_stream_like_the_others(hydra_ctx):
     cfg, setup, rounds, run = _codapo_rounds(["algorithm.codapo.resample=false"])
     G = cfg.actor_rollout_ref.rollout.n
@@ -511,7 +534,7 @@ def test_zero_variance_in_a_testbed_run(hydra_ctx, tmp_path):
     one = [o for o in TINY if not o.startswith(dropped)]
     one += ["seeds=[0]", "rounds=1", "pretrain.steps=200", "method=grpo",
             "actor_rollout_ref.actor.ppo_mini_batch_size=8"]
-    from recipe_apo.testbed.__main__ import run_testbed
+    from recipe_apo.testbed.runner import run_testbed
 
     entries = {mode: ["method=grpo", f"algorithm.zero_variance={mode}"] for mode in ("exclude", "exact", "keep")}
     run_testbed([o for o in one if o != "method=grpo"], tmp_path, show_progress=False, entries=entries)
@@ -641,7 +664,7 @@ def test_staleness_is_checked_before_training(hydra_ctx, tmp_path, value):
 
 
 def test_the_report_shows_the_trust_region_metrics_and_a_dash_where_a_method_has_none(hydra_ctx, tmp_path):
-    from recipe_apo.testbed.__main__ import run_testbed
+    from recipe_apo.testbed.runner import run_testbed
 
     summary = run_testbed(["seeds=[0]", *TINY_RUN, "scenario=stale"], tmp_path, show_progress=False,
                           entries={"grpo": ["method=grpo"], "apo": ["method=apo"]})
