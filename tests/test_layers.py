@@ -14,7 +14,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from repo_paths import ROOT
+from helpers.paths import ROOT
 
 PACKAGE = ROOT / "recipe_apo"
 FORBIDDEN_IN_MATHS = ("ray", "hydra", "transfer_queue", "tensordict")

@@ -256,7 +256,7 @@ def test_the_hf_backend_outside_a_rehearsal_is_refused():
 
 
 def test_a_refused_rehearsal_setting_stops_the_launch_with_one_line(tmp_path):
-    from in_process import run_recipe_main
+    from helpers.in_process import run_recipe_main
 
     result = run_recipe_main("method=apo", "rehearsal=cpu", "trainer.nnodes=2", "dry_run=true", cwd=tmp_path)
     assert result.returncode == 2

@@ -5,8 +5,8 @@ import json
 import math
 
 import pytest
+from helpers.testbed_tiny import TINY_RUN as TINY
 from hydra import initialize_config_module
-from testbed_tiny import TINY_RUN as TINY
 
 METRIC = "success_final"
 TINY_LEAGUE = TINY + ["rounds=2", "mode=league", "seeds=[0,1,2]", "league.methods=[grpo,codapo]", "~league.extra",

@@ -2,8 +2,8 @@
 
 import pytest
 import torch
+from helpers.testbed_tiny import TINY_RUN
 from hydra import initialize_config_module
-from testbed_tiny import TINY_RUN
 
 from recipe_apo.testbed.modsum import FIRST_DIGIT, ModSumTask
 from recipe_apo.testbed.task import EOS, FILL, PAD, SEP

@@ -8,10 +8,10 @@ import math
 import numpy as np
 import pytest
 import torch
+from helpers.paths import ROOT
+from helpers.testbed_tiny import TINY_RUN
 from hydra import initialize_config_module
 from omegaconf import OmegaConf
-from repo_paths import ROOT
-from testbed_tiny import TINY_RUN
 
 from recipe_apo.methods.apo_settings import ApoSettings
 from recipe_apo.methods.codapo import CodapoSettings
@@ -570,7 +570,7 @@ def test_the_same_numbers_under_two_kernel_settings_of_the_machine(tmp_path):
     import subprocess
     import sys
 
-    from testbed_tiny import TINY_RUN
+    from helpers.testbed_tiny import TINY_RUN
 
     from recipe_apo.testbed import kernels
 
