@@ -271,7 +271,7 @@ def test_a_bad_setting_stops_the_launch_with_one_line(tmp_path):
                       "algorithm.apo.lambda_scale=-1", cwd=tmp_path)
     assert result.returncode == 2
     errors = [line for line in result.stderr.splitlines() if line.startswith("recipe-apo: error:")]
-    assert errors == ["recipe-apo: error: algorithm.apo.lambda_scale must be > 0.0, got -1"]
+    assert errors == ["recipe-apo: error: algorithm.apo.lambda_scale must be a number in (0, 1000], got -1"]
     assert "Traceback" not in result.stderr
 
 
