@@ -240,13 +240,13 @@ def build_worker(model_dir: Path):
 def loss_config(preset: str, **overrides):
     """verl's actor config with the loss settings of ``conf/method/<preset>.yaml`` (L0 resolved), as ppo_loss
     reads them; ``overrides`` replace preset keys."""
+    from importlib.resources import files
+
     from omegaconf import OmegaConf
     from verl.workers.config import FSDPActorConfig, PolicyLossConfig
 
-    import recipe_apo
-
-    path = Path(recipe_apo.__file__).parent / "conf" / "method" / f"{preset}.yaml"
-    node = OmegaConf.merge(OmegaConf.load(path), {"data": {"max_response_length": L0}})
+    text = (files("recipe_apo.conf") / "method" / f"{preset}.yaml").read_text()
+    node = OmegaConf.merge(OmegaConf.create(text), {"data": {"max_response_length": L0}})
     actor = OmegaConf.to_container(node.actor_rollout_ref.actor, resolve=True)
     policy_loss = {**actor.pop("policy_loss"), **overrides.pop("policy_loss", {})}
     actor.update(overrides)
