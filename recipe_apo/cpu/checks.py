@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from omegaconf import OmegaConf
 
+from recipe_apo.integration.errors import RecipeConfigError
 from recipe_apo.integration.modes import verl_mode
 from recipe_apo.integration.validation import REHEARSAL_ROLLOUT as ROLLOUT_NAME
-from recipe_apo.integration.validation import RecipeConfigError
 
 
 def _get(config: Any, dotted: str, default=None):
@@ -16,8 +16,9 @@ def _get(config: Any, dotted: str, default=None):
     return default if value is None else value
 
 
-def check_rehearsal_config(config: Any) -> None:
-    """Raise ``RecipeConfigError`` for the first setting a CPU rehearsal cannot honour."""
+def _check_rollout(config: Any) -> None:
+    """Refuses a rollout engine other than the rehearsal's own, or one split over several processes: vLLM and
+    SGLang need a GPU, and the rehearsal runs one generation process per replica."""
     rollout = config.actor_rollout_ref.rollout
     if str(rollout.name) != ROLLOUT_NAME:
         raise RecipeConfigError(
@@ -30,26 +31,42 @@ def check_rehearsal_config(config: Any) -> None:
                 f"actor_rollout_ref.rollout.{key}={rollout.get(key)}: the CPU rehearsal runs one generation "
                 "process per replica; set it to 1"
             )
+
+
+def _check_trainer_mode(config: Any) -> None:
+    """Refuses separate_async: its rollout pool takes the weights through a GPU transfer backend."""
     mode = verl_mode(str(_get(config, "trainer.v1.trainer_mode", "sync")))
     if mode == "separate_async":
         raise RecipeConfigError(
             "trainer.v1.trainer_mode=separate_async: its rollout pool takes the weights through a transfer backend "
             "(NCCL and the like: GPUs), which the CPU rehearsal does not have; rehearse with sync or colocate_async"
         )
+
+
+def _check_workers(config: Any) -> None:
+    """Refuses more than one machine, no FSDP worker, or fewer Ray GPUs than workers: each FSDP worker is one Ray
+    worker holding one "GPU" of the CPU platform, so Ray must be told there are as many."""
     if int(config.trainer.nnodes) != 1:
         raise RecipeConfigError(f"trainer.nnodes={config.trainer.nnodes}: the CPU rehearsal runs on one machine")
     workers = int(config.trainer.n_gpus_per_node)
     if workers < 1:
         raise RecipeConfigError(f"trainer.n_gpus_per_node={workers}: the rehearsal needs at least one FSDP worker")
-    # Each FSDP worker is one Ray worker holding one "GPU" of the CPU platform: Ray must be told there are as many.
     ray_gpus = _get(config, "ray_kwargs.ray_init.num_gpus", 0)
     if int(ray_gpus) < workers:
         raise RecipeConfigError(
             f"ray_kwargs.ray_init.num_gpus={ray_gpus} is below trainer.n_gpus_per_node={workers}: the CPU platform "
             "counts one GPU per FSDP worker; leave num_gpus to rehearsal=cpu (it follows n_gpus_per_node)"
         )
+
+
+def _check_device(config: Any) -> None:
+    """Refuses a trainer.device other than cpu: the rehearsal's workers hold their tensors in memory."""
     if str(config.trainer.device) != "cpu":
         raise RecipeConfigError(f"trainer.device={config.trainer.device}: the CPU rehearsal needs trainer.device=cpu")
+
+
+def _check_strategy(config: Any) -> None:
+    """Refuses an actor or ref strategy other than fsdp2: FSDP1 syncs module states on the GPU, Megatron needs CUDA."""
     for role in ("actor", "ref"):
         strategy = str(_get(config, f"actor_rollout_ref.{role}.strategy", "fsdp2"))
         if strategy != "fsdp2":
@@ -57,25 +74,56 @@ def check_rehearsal_config(config: Any) -> None:
                 f"actor_rollout_ref.{role}.strategy={strategy}: on a CPU only fsdp2 runs (FSDP1 syncs module "
                 "states on the GPU, Megatron needs CUDA)"
             )
-    model = config.actor_rollout_ref.model
+
+
+def _check_cuda_kernels(config: Any) -> None:
+    """Refuses flash attention and the model's fused kernels (flash-attn, Triton): they need CUDA."""
     attention = str(_get(config, "actor_rollout_ref.model.override_config.attn_implementation", "flash_attention_2"))
     if attention.startswith("flash"):
         raise RecipeConfigError(
             f"actor_rollout_ref.model.override_config.attn_implementation={attention} needs CUDA; use sdpa or eager"
         )
+    model = config.actor_rollout_ref.model
     for key in ("use_remove_padding", "use_fused_kernels", "use_liger"):
         if bool(model.get(key, False)):
             raise RecipeConfigError(
                 f"actor_rollout_ref.model.{key}=true needs CUDA kernels (flash-attn, Triton); set it to false"
             )
+
+
+def _check_weight_handover(config: Any) -> None:
+    """Refuses a checkpoint engine other than naive: the rehearsal hands weights over in memory."""
     backend = str(_get(config, "actor_rollout_ref.rollout.checkpoint_engine.backend", "naive"))
     if backend != "naive":
         raise RecipeConfigError(
             f"actor_rollout_ref.rollout.checkpoint_engine.backend={backend}: the CPU rehearsal hands weights over "
             "in memory; use naive"
         )
+
+
+def _check_reward_model(config: Any) -> None:
+    """Refuses a model-based reward: it needs its own vLLM/SGLang server, which the rehearsal does not run."""
     if bool(_get(config, "reward.reward_model.enable", False)):
         raise RecipeConfigError(
             "reward.reward_model.enable=true: a model-based reward needs its own vLLM/SGLang server, which the "
             "CPU rehearsal does not run; use a rule-based reward (reward.custom_reward_function)"
         )
+
+
+# Run in this order by check_rehearsal_config; the first refusal stops the launch.
+CHECKERS: tuple[Callable[[Any], None], ...] = (
+    _check_rollout,
+    _check_trainer_mode,
+    _check_workers,
+    _check_device,
+    _check_strategy,
+    _check_cuda_kernels,
+    _check_weight_handover,
+    _check_reward_model,
+)
+
+
+def check_rehearsal_config(config: Any) -> None:
+    """Raise ``RecipeConfigError`` for the first setting a CPU rehearsal cannot honour."""
+    for check in CHECKERS:
+        check(config)

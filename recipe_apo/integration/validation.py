@@ -6,20 +6,24 @@ model load, a rollout and a traceback.
 
 from __future__ import annotations
 
-import math
-from typing import Any
+from typing import Any, Callable, Optional
 
 from omegaconf import OmegaConf
 
 from recipe_apo.integration.errors import RecipeConfigError
 from recipe_apo.integration.flags import check_flags
 from recipe_apo.integration.modes import ASYNC_MODES, is_recipe_trainer, verl_mode
-from recipe_apo.methods.apo_loss import NORM_MODE
 from recipe_apo.methods.apo_settings import ApoConfigError, ApoSettings
+from recipe_apo.methods.checks import AGG_MODES, NORM_MODE, check_choice, check_integer, check_number
 from recipe_apo.methods.codapo import CodapoConfigError, CodapoSettings
 from recipe_apo.methods.zero_variance import check_mode as check_zero_variance
 
-AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", NORM_MODE)
+__all__ = [
+    "CHECKERS", "GROUP_ESTIMATORS", "HARD_WIRED_ESTIMATORS", "OWN_AGGREGATION", "PER_MICRO_BATCH_MEAN",
+    "REHEARSAL_ROLLOUT", "SINGLE_OUTPUT_AGENT_LOOPS", "WARNINGS", "RecipeConfigError", "config_warnings",
+    "validate_recipe_config",
+]
+
 # Estimators that compare the responses of one prompt with each other: a group of one carries no signal.
 GROUP_ESTIMATORS = ("apo", "codapo", "grpo", "grpo_vectorized", "rloo", "rloo_vectorized", "grpo_passk", "opo", "gdpo")
 # Policy losses of verl 0.9.1 that aggregate their own way, whatever loss_agg_mode says. geo_mean never calls
@@ -35,19 +39,167 @@ HARD_WIRED_ESTIMATORS = ("gae", "grpo")
 # verl 0.9.1's own agent loops, each returning one output per trajectory (single_turn_agent_loop.py,
 # tool_agent_loop.py); any other loop may return several (recipe_apo.integration.multi_output).
 SINGLE_OUTPUT_AGENT_LOOPS = ("single_turn_agent", "tool_agent")
-
-
-def _positive_number(value: Any) -> bool:
-    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value) and value > 0
-
-
 # The CPU rehearsal's rollout backend (recipe_apo/cpu/), registered only when the rehearsal is on.
 REHEARSAL_ROLLOUT = "hf"
+# How a refusal names the trainers that run the recipe's own driver code.
+_RECIPE_TRAINERS = "trainer.v1.trainer_mode=sync, colocate_async or separate_async"
 
 
-def _refuse_silent_combinations(algorithm: Any, actor: Any, estimator: str, loss_mode: str) -> None:
-    """Settings that verl accepts but that do something other than what they say."""
-    norm_by_std = bool(algorithm.get("norm_adv_by_std_in_grpo", True))
+def _estimator(config: Any) -> str:
+    return str(config.algorithm.adv_estimator)
+
+
+def _trainer_mode(config: Any) -> str:
+    return str(config.trainer.get("v1", {}).get("trainer_mode", "sync"))
+
+
+def _apo_settings(config: Any) -> ApoSettings:
+    try:
+        return ApoSettings.from_algorithm_config(config.algorithm)
+    except ApoConfigError as exc:
+        raise RecipeConfigError(str(exc)) from None
+
+
+def _codapo_settings(config: Any) -> CodapoSettings:
+    try:
+        return CodapoSettings.from_algorithm_config(config.algorithm)
+    except CodapoConfigError as exc:
+        raise RecipeConfigError(str(exc)) from None
+
+
+def _is_positive_number(value: Any) -> bool:
+    """Whether ``value`` is a finite number > 0 (a batch size a warning may divide by)."""
+    try:
+        check_number("", value, RecipeConfigError, low=0, low_open=True)
+    except RecipeConfigError:
+        return False
+    return True
+
+
+# ---- checks, in the order they run (CHECKERS) -----------------------------------------------------------------
+def _check_flags(config: Any, rehearsal: bool) -> None:
+    """Refuses a flag set to anything but true/false: every later check reads flags with Python's truth."""
+    check_flags(config)
+
+
+def _check_method_settings(config: Any, rehearsal: bool) -> None:
+    """Refuses unknown or out-of-range keys under algorithm.apo and algorithm.codapo, before anything reads them."""
+    _apo_settings(config)
+    _codapo_settings(config)
+
+
+def _check_zero_variance(config: Any, rehearsal: bool) -> None:
+    """Refuses a zero_variance mode the launch cannot honour: the testbed's exact, a mode that has no denominator
+    to exclude from, and exclude outside the recipe's trainer (only it rescales the advantages)."""
+    algorithm = config.algorithm
+    zero_variance = algorithm.get("zero_variance", "keep")
+    if zero_variance == "exact":
+        raise RecipeConfigError(
+            "algorithm.zero_variance=exact is the testbed's reference (a per-mini-batch denominator that verl's "
+            "actor does not expose): use algorithm.zero_variance=exclude"
+        )
+    try:
+        check_zero_variance(
+            zero_variance, str(config.actor_rollout_ref.actor.loss_agg_mode), algorithm.get("use_kl_in_reward", False)
+        )
+    except ValueError as exc:
+        raise RecipeConfigError(str(exc)) from None
+    mode = _trainer_mode(config)
+    if zero_variance == "exclude" and not is_recipe_trainer(mode):
+        raise RecipeConfigError(
+            f"algorithm.zero_variance=exclude needs the recipe's trainer ({_RECIPE_TRAINERS}; got {mode}): only the "
+            "recipe's trainer rescales the advantages"
+        )
+
+
+def _check_codapo_trainer(config: Any, rehearsal: bool) -> None:
+    """Refuses CoDaPO outside the recipe's trainer: only it hands the old policy's log-probs to the estimator."""
+    mode = _trainer_mode(config)
+    if _estimator(config) != "codapo" or is_recipe_trainer(mode):
+        return
+    raise RecipeConfigError(
+        f"algorithm.adv_estimator=codapo needs the recipe's trainer ({_RECIPE_TRAINERS}; got {mode}): only the "
+        "recipe's trainer hands the old policy's log-probs to the estimator"
+        + (" and resamples prompts" if _codapo_settings(config).resample else "")
+    )
+
+
+def _check_codapo_resampling(config: Any, rehearsal: bool) -> None:
+    """Refuses CoDaPO's resampling beside whatever changes a step's prompts: asynchronous trainers, verl's group
+    filter, a generation batch other than the training batch (each breaks the pairs of steps)."""
+    if _estimator(config) != "codapo" or not _codapo_settings(config).resample:
+        return
+    mode = verl_mode(_trainer_mode(config))
+    if mode in ASYNC_MODES:
+        raise RecipeConfigError(
+            f"algorithm.codapo.resample=true with trainer.v1.trainer_mode={mode}: CoDaPO's second "
+            "step of a pair trains on prompts kept from the first, but verl's asynchronous trainers draw "
+            "prompts ahead of their step (warm-up, refills); set algorithm.codapo.resample=false (the "
+            "confidence-difficulty weighting alone) or use trainer.v1.trainer_mode=sync"
+        )
+    filter_groups = config.algorithm.get("filter_groups", None) or {}
+    if filter_groups.get("enable", False):
+        raise RecipeConfigError(
+            "algorithm.filter_groups.enable=true with algorithm.codapo.resample=true: verl's group filter "
+            "refills a step with new loader prompts, which breaks CoDaPO's pairs; set one of them to false"
+        )
+    gen_batch = config.data.get("gen_batch_size", None)
+    if gen_batch not in (None, config.data.train_batch_size):
+        raise RecipeConfigError(
+            f"data.gen_batch_size={gen_batch} with algorithm.codapo.resample=true: the resampled step builds "
+            f"one batch of data.train_batch_size prompts; unset gen_batch_size or set resample=false"
+        )
+
+
+def _check_trainer_version(config: Any, rehearsal: bool) -> None:
+    """Refuses trainer.use_v1=false: the recipe plugs into verl's V1 trainer only."""
+    if not config.trainer.get("use_v1", True):
+        raise RecipeConfigError("trainer.use_v1=false: the recipe runs verl's V1 trainer; set trainer.use_v1=true")
+
+
+def _check_apo_needs(config: Any, rehearsal: bool) -> None:
+    """Refuses APO settings whose inputs the run does not provide: KL-penalised rewards for a success rule that
+    needs rewards in [0, 1], data-source anchors without the recipe's trainer (only it hands data sources over)."""
+    if _estimator(config) != "apo":
+        return
+    settings = _apo_settings(config)
+    if config.algorithm.get("use_kl_in_reward", False) and settings.success != "threshold":
+        # The summed token rewards then carry -beta * KL and leave [0, 1]: the first step would stop.
+        raise RecipeConfigError(
+            f"algorithm.use_kl_in_reward=true with algorithm.apo.success={settings.success}: KL-penalised "
+            "rewards leave the success range; use algorithm.apo.success=threshold or the KL loss "
+            "(actor_rollout_ref.actor.use_kl_loss=true)"
+        )
+    mode = _trainer_mode(config)
+    if settings.anchor_scope == "data_source" and not is_recipe_trainer(mode):
+        raise RecipeConfigError(
+            f"algorithm.apo.anchor_scope=data_source needs the recipe's trainer ({_RECIPE_TRAINERS}; got {mode}): "
+            "only the recipe's trainer hands data sources to the estimator"
+        )
+
+
+def _check_registered_names(config: Any, rehearsal: bool) -> None:
+    """Refuses an estimator or a policy loss that verl would not find: a typo fails here, not in a Ray worker."""
+    from verl.trainer.ppo import core_algos
+
+    import recipe_apo  # noqa: F401  (registers apo in this process even with VERL_USE_EXTERNAL_PLUGINS=none)
+
+    estimator = _estimator(config)
+    if estimator not in HARD_WIRED_ESTIMATORS and estimator not in core_algos.ADV_ESTIMATOR_REGISTRY:
+        known = ", ".join(sorted(set(core_algos.ADV_ESTIMATOR_REGISTRY) | set(HARD_WIRED_ESTIMATORS)))
+        raise RecipeConfigError(f"algorithm.adv_estimator={estimator} is not a registered estimator; known: {known}")
+    loss_mode = str(config.actor_rollout_ref.actor.policy_loss.loss_mode)
+    if loss_mode not in core_algos.POLICY_LOSS_REGISTRY:
+        known = ", ".join(sorted(core_algos.POLICY_LOSS_REGISTRY))
+        raise RecipeConfigError(
+            f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode} is not a registered policy loss; known: {known}"
+        )
+
+
+def _check_std_normalisation(config: Any, rehearsal: bool) -> None:
+    """Refuses a norm_adv_by_std_in_grpo the estimator does not read: verl would accept it and do the other thing."""
+    estimator = _estimator(config)
+    norm_by_std = bool(config.algorithm.get("norm_adv_by_std_in_grpo", True))
     if estimator == "grpo_vectorized" and not norm_by_std:
         raise RecipeConfigError(
             "algorithm.adv_estimator=grpo_vectorized ignores algorithm.norm_adv_by_std_in_grpo=false in verl 0.9.1 "
@@ -58,146 +210,66 @@ def _refuse_silent_combinations(algorithm: Any, actor: Any, estimator: str, loss
             "algorithm.norm_adv_by_std_in_grpo=true is not read by algorithm.adv_estimator=apo (APO never divides "
             "by the group's std): set it to false, or use adv_estimator=grpo for std-normalized advantages"
         )
-    agg_mode = str(actor.loss_agg_mode)
+
+
+def _check_own_aggregation(config: Any, rehearsal: bool) -> None:
+    """Refuses a loss_agg_mode that the policy loss ignores (OWN_AGGREGATION): the run would aggregate otherwise."""
+    actor = config.actor_rollout_ref.actor
+    loss_mode, agg_mode = str(actor.policy_loss.loss_mode), str(actor.loss_agg_mode)
     if loss_mode in OWN_AGGREGATION and agg_mode != OWN_AGGREGATION[loss_mode]:
         raise RecipeConfigError(
             f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode} ignores loss_agg_mode={agg_mode}: verl's "
             f"{loss_mode} always aggregates with {OWN_AGGREGATION[loss_mode]}; set that"
             + _OWN_AGGREGATION_ALTERNATIVE.get(loss_mode, "")
         )
-    if actor.get("loss_scale_factor", None) is not None and agg_mode != NORM_MODE:
+
+
+def _check_aggregation(config: Any, rehearsal: bool) -> None:
+    """Refuses an unknown loss_agg_mode and an L0 (loss_scale_factor) that its mode ignores, lacks, or that is not
+    a number > 0: the L0 divides every sequence's summed loss."""
+    actor = config.actor_rollout_ref.actor
+    agg_mode, scale = str(actor.loss_agg_mode), actor.get("loss_scale_factor", None)
+    if scale is not None and agg_mode != NORM_MODE:
         raise RecipeConfigError(
-            f"actor_rollout_ref.actor.loss_scale_factor={actor.get('loss_scale_factor')} is only read with "
+            f"actor_rollout_ref.actor.loss_scale_factor={scale} is only read with "
             f"loss_agg_mode={NORM_MODE} (got {agg_mode}): set it to null, or use that mode for a constant L0"
         )
-
-
-def validate_recipe_config(config: Any, rehearsal: bool = False) -> None:
-    """Raise ``RecipeConfigError`` for the first invalid setting of a resolved trainer config.
-
-    ``rehearsal``: the job runs the CPU rehearsal (``rehearsal=cpu``), whose own checks ran already.
-    """
-    from verl.trainer.ppo import core_algos
-
-    import recipe_apo  # noqa: F401  (registers apo in this process even with VERL_USE_EXTERNAL_PLUGINS=none)
-
-    # First: every later check reads these flags with Python's truth, which takes 'false' for true.
-    check_flags(config)
-    algorithm = config.algorithm
-    actor = config.actor_rollout_ref.actor
-    estimator = str(algorithm.adv_estimator)
-
-    try:
-        settings = ApoSettings.from_algorithm_config(algorithm)
-        codapo = CodapoSettings.from_algorithm_config(algorithm)
-    except (ApoConfigError, CodapoConfigError) as exc:
-        raise RecipeConfigError(str(exc)) from None
-    mode = str(config.trainer.get("v1", {}).get("trainer_mode", "sync"))
-    recipe_trainer = is_recipe_trainer(mode)
-    zero_variance = algorithm.get("zero_variance", "keep")
-    if zero_variance == "exact":
-        raise RecipeConfigError(
-            "algorithm.zero_variance=exact is the testbed's reference (a per-mini-batch denominator that verl's "
-            "actor does not expose): use algorithm.zero_variance=exclude"
-        )
-    try:
-        check_zero_variance(zero_variance, str(actor.loss_agg_mode), algorithm.get("use_kl_in_reward", False))
-    except ValueError as exc:
-        raise RecipeConfigError(str(exc)) from None
-    if zero_variance == "exclude" and not recipe_trainer:
-        raise RecipeConfigError(
-            f"algorithm.zero_variance=exclude needs the recipe's trainer (trainer.v1.trainer_mode=sync, "
-            f"colocate_async or separate_async; got {mode}): only the recipe's trainer rescales the advantages"
-        )
-    if estimator == "codapo":
-        if not recipe_trainer:
-            raise RecipeConfigError(
-                f"algorithm.adv_estimator=codapo needs the recipe's trainer (trainer.v1.trainer_mode=sync, "
-                f"colocate_async or separate_async; got {mode}): only the recipe's trainer hands the old policy's "
-                "log-probs to the estimator" + (" and resamples prompts" if codapo.resample else "")
-            )
-        if codapo.resample and verl_mode(mode) in ASYNC_MODES:
-            raise RecipeConfigError(
-                f"algorithm.codapo.resample=true with trainer.v1.trainer_mode={verl_mode(mode)}: CoDaPO's second "
-                "step of a pair trains on prompts kept from the first, but verl's asynchronous trainers draw "
-                "prompts ahead of their step (warm-up, refills); set algorithm.codapo.resample=false (the "
-                "confidence-difficulty weighting alone) or use trainer.v1.trainer_mode=sync"
-            )
-        filter_groups = algorithm.get("filter_groups", None) or {}
-        if codapo.resample and filter_groups.get("enable", False):
-            raise RecipeConfigError(
-                "algorithm.filter_groups.enable=true with algorithm.codapo.resample=true: verl's group filter "
-                "refills a step with new loader prompts, which breaks CoDaPO's pairs; set one of them to false"
-            )
-        gen_batch = config.data.get("gen_batch_size", None)
-        if codapo.resample and gen_batch not in (None, config.data.train_batch_size):
-            raise RecipeConfigError(
-                f"data.gen_batch_size={gen_batch} with algorithm.codapo.resample=true: the resampled step builds "
-                f"one batch of data.train_batch_size prompts; unset gen_batch_size or set resample=false"
-            )
-
-    if not config.trainer.get("use_v1", True):
-        raise RecipeConfigError("trainer.use_v1=false: the recipe runs verl's V1 trainer; set trainer.use_v1=true")
-    if estimator == "apo":
-        if algorithm.get("use_kl_in_reward", False) and settings.success != "threshold":
-            # The summed token rewards then carry -beta * KL and leave [0, 1]: the first step would stop.
-            raise RecipeConfigError(
-                f"algorithm.use_kl_in_reward=true with algorithm.apo.success={settings.success}: KL-penalised "
-                "rewards leave the success range; use algorithm.apo.success=threshold or the KL loss "
-                "(actor_rollout_ref.actor.use_kl_loss=true)"
-            )
-        if settings.anchor_scope == "data_source" and not recipe_trainer:
-            raise RecipeConfigError(
-                f"algorithm.apo.anchor_scope=data_source needs the recipe's trainer (trainer.v1.trainer_mode=sync, "
-                f"colocate_async or separate_async; got {mode}): only the recipe's trainer hands data sources to "
-                "the estimator"
-            )
-
-    if estimator not in HARD_WIRED_ESTIMATORS and estimator not in core_algos.ADV_ESTIMATOR_REGISTRY:
-        known = ", ".join(sorted(set(core_algos.ADV_ESTIMATOR_REGISTRY) | set(HARD_WIRED_ESTIMATORS)))
-        raise RecipeConfigError(f"algorithm.adv_estimator={estimator} is not a registered estimator; known: {known}")
-
-    loss_mode = str(actor.policy_loss.loss_mode)
-    if loss_mode not in core_algos.POLICY_LOSS_REGISTRY:
-        known = ", ".join(sorted(core_algos.POLICY_LOSS_REGISTRY))
-        raise RecipeConfigError(
-            f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode} is not a registered policy loss; known: {known}"
-        )
-
-    _refuse_silent_combinations(algorithm, actor, estimator, loss_mode)
-
-    agg_mode = str(actor.loss_agg_mode)
-    if agg_mode not in AGG_MODES:
-        raise RecipeConfigError(
-            f"actor_rollout_ref.actor.loss_agg_mode={agg_mode} is not one of {', '.join(AGG_MODES)}"
-        )
-    scale = actor.get("loss_scale_factor", None)
+    check_choice("actor_rollout_ref.actor.loss_agg_mode", agg_mode, AGG_MODES, RecipeConfigError)
     if agg_mode == NORM_MODE and scale is None:
         raise RecipeConfigError(
             f"actor_rollout_ref.actor.loss_scale_factor (L0) must be set with loss_agg_mode={NORM_MODE}: "
             "set it to data.max_response_length"
         )
-    if scale is not None and not _positive_number(scale):
-        raise RecipeConfigError(f"actor_rollout_ref.actor.loss_scale_factor must be a number > 0, got {scale!r}")
+    if scale is not None:
+        check_number("actor_rollout_ref.actor.loss_scale_factor", scale, RecipeConfigError, low=0, low_open=True)
 
-    if loss_mode == "apo":
-        for key in ("tau_pos", "tau_neg"):
-            if not _positive_number(actor.get(key)):
-                raise RecipeConfigError(f"actor_rollout_ref.actor.{key} must be a number > 0, got {actor.get(key)!r}")
 
-    if OmegaConf.is_missing(config.actor_rollout_ref.rollout, "name"):
+def _check_apo_clips(config: Any, rehearsal: bool) -> None:
+    """Refuses APO's loss without gate temperatures > 0 (tau_pos, tau_neg): the gate divides by them."""
+    actor = config.actor_rollout_ref.actor
+    if str(actor.policy_loss.loss_mode) != "apo":
+        return
+    for key in ("tau_pos", "tau_neg"):
+        check_number(f"actor_rollout_ref.actor.{key}", actor.get(key), RecipeConfigError, low=0, low_open=True)
+
+
+def _check_rollout_name(config: Any, rehearsal: bool) -> None:
+    """Refuses an unset rollout engine, and the CPU rehearsal's engine without rehearsal=cpu (which registers it)."""
+    rollout = config.actor_rollout_ref.rollout
+    if OmegaConf.is_missing(rollout, "name"):
         raise RecipeConfigError("actor_rollout_ref.rollout.name is not set: vllm or sglang (verl's rollout engine)")
-    if str(config.actor_rollout_ref.rollout.name) == REHEARSAL_ROLLOUT and not rehearsal:
+    if str(rollout.name) == REHEARSAL_ROLLOUT and not rehearsal:
         raise RecipeConfigError(
             f"actor_rollout_ref.rollout.name={REHEARSAL_ROLLOUT} is the CPU rehearsal's backend: add rehearsal=cpu"
         )
 
-    rollout_n = config.actor_rollout_ref.rollout.get("n", 1)
-    if isinstance(rollout_n, bool) or not isinstance(rollout_n, int):
-        raise RecipeConfigError(
-            f"actor_rollout_ref.rollout.n must be an integer (responses per prompt), got {rollout_n!r} "
-            f"of type {type(rollout_n).__name__}"
-        )
+
+def _check_group_size(config: Any, rehearsal: bool) -> None:
+    """Refuses a rollout.n that is not a whole number, or below 2 for a group estimator (GROUP_ESTIMATORS): a group
+    of one response has nothing to compare it with."""
+    rollout_n = check_integer("actor_rollout_ref.rollout.n", config.actor_rollout_ref.rollout.get("n", 1),
+                              RecipeConfigError)
+    estimator = _estimator(config)
     if estimator in GROUP_ESTIMATORS and rollout_n < 2:
         raise RecipeConfigError(
             f"actor_rollout_ref.rollout.n={rollout_n}: algorithm.adv_estimator={estimator} compares the responses "
@@ -205,46 +277,109 @@ def validate_recipe_config(config: Any, rehearsal: bool = False) -> None:
         )
 
 
+# Run in this order by validate_recipe_config; the first refusal stops the launch. Each takes the resolved config
+# and whether the job runs the CPU rehearsal.
+CHECKERS: tuple[Callable[[Any, bool], None], ...] = (
+    _check_flags,
+    _check_method_settings,
+    _check_zero_variance,
+    _check_codapo_trainer,
+    _check_codapo_resampling,
+    _check_trainer_version,
+    _check_apo_needs,
+    _check_registered_names,
+    _check_std_normalisation,
+    _check_own_aggregation,
+    _check_aggregation,
+    _check_apo_clips,
+    _check_rollout_name,
+    _check_group_size,
+)
+
+
+def validate_recipe_config(config: Any, rehearsal: bool = False) -> None:
+    """Raise ``RecipeConfigError`` for the first invalid setting of a resolved trainer config.
+
+    ``rehearsal``: the job runs the CPU rehearsal (``rehearsal=cpu``), whose own checks ran already.
+    """
+    for check in CHECKERS:
+        check(config, rehearsal)
+
+
+# ---- warnings, in the order they are printed (WARNINGS) ---------------------------------------------------------
+def _warn_codapo_tiling(config: Any) -> Optional[str]:
+    """A resampling CoDaPO whose repeat_count does not tile the batch: kept prompts are sampled unevenly."""
+    if str(config.algorithm.adv_estimator) != "codapo":
+        return None
+    codapo = CodapoSettings.from_algorithm_config(config.algorithm)
+    return codapo.tiling_warning() if codapo.resample else None
+
+
+def _warn_per_micro_batch_mean(config: Any) -> Optional[str]:
+    """A policy loss that averages per micro-batch (PER_MICRO_BATCH_MEAN): the update grows with their count."""
+    loss_mode = str(config.actor_rollout_ref.actor.policy_loss.loss_mode)
+    if loss_mode not in PER_MICRO_BATCH_MEAN:
+        return None
+    return (
+        f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode} averages over each micro-batch (verl's "
+        "torch.mean, not its global batch size): k equal micro-batches per rank make the update k times as large, "
+        "and with use_dynamic_bsz=true each row weighs 1 / its micro-batch's size; keep one micro-batch per rank "
+        "(use_dynamic_bsz=false, ppo_micro_batch_size_per_gpu = a rank's share of a mini-batch)"
+    )
+
+
+def _warn_multi_output_loops(config: Any) -> Optional[str]:
+    """APO in verl's trainer with an agent loop that may return several outputs per trajectory: those weigh more."""
+    agent = OmegaConf.select(config, "actor_rollout_ref.rollout.agent", default=None) or {}
+    loop = agent.get("default_agent_loop", None) or "single_turn_agent"
+    mode = _trainer_mode(config)
+    if str(config.algorithm.adv_estimator) != "apo" or is_recipe_trainer(mode) or (
+            loop in SINGLE_OUTPUT_AGENT_LOOPS and not agent.get("agent_loop_config_path", None)):
+        return None
+    return (
+        f"algorithm.adv_estimator=apo with trainer.v1.trainer_mode={mode} and agent loop {loop}: if a loop returns "
+        "several outputs per trajectory, verl's trainer hands apo every output as a response of its group (its "
+        "final-output rule covers grpo only), so trajectories with more outputs weigh more in the group and "
+        "the anchor; the recipe's trainer (trainer.v1.trainer_mode=sync, colocate_async or separate_async) "
+        "applies the rule to apo"
+    )
+
+
+def _warn_unshuffled_mini_batches(config: Any) -> Optional[str]:
+    """Several mini-batches per step without shuffling: later updates get the longer responses."""
+    actor = config.actor_rollout_ref.actor
+    prompts, per_update = config.data.get("train_batch_size"), actor.get("ppo_mini_batch_size")
+    if not (_is_positive_number(prompts) and _is_positive_number(per_update) and prompts > per_update
+            and not actor.get("shuffle")):
+        return None
+    return (
+        f"{prompts // per_update} mini-batches per step with actor_rollout_ref.actor.shuffle=false: verl keeps "
+        "a step's responses in the order they finished (short first) and cuts mini-batches in sequence, so "
+        "later updates get the longer responses; set actor_rollout_ref.actor.shuffle=true (the scripts do)"
+    )
+
+
+def _warn_unbalanced_batch(config: Any) -> Optional[str]:
+    """trainer.balance_batch=false, which verl's V1 trainer does not read: it always balances."""
+    if config.trainer.get("balance_batch", True) is not False:
+        return None
+    return (
+        "trainer.balance_batch=false has no effect in verl 0.9.1's V1 trainer: it always balances each step's "
+        "batch across the data-parallel ranks by sequence length (trainer_base._balance_batch)"
+    )
+
+
+# Run in this order by config_warnings; each returns its one line, or None when the setting is fine.
+WARNINGS: tuple[Callable[[Any], Optional[str]], ...] = (
+    _warn_codapo_tiling,
+    _warn_per_micro_batch_mean,
+    _warn_multi_output_loops,
+    _warn_unshuffled_mini_batches,
+    _warn_unbalanced_batch,
+)
+
+
 def config_warnings(config: Any) -> list[str]:
     """Settings that run but probably skew a comparison of methods, or a method's own balance; one line each,
     printed once before Ray starts (``validate_recipe_config`` has accepted ``config``)."""
-    warnings = []
-    algorithm = config.algorithm
-    if str(algorithm.adv_estimator) == "codapo":
-        codapo = CodapoSettings.from_algorithm_config(algorithm)
-        if codapo.resample and codapo.tiling_warning():
-            warnings.append(codapo.tiling_warning())
-    actor = config.actor_rollout_ref.actor
-    loss_mode = str(actor.policy_loss.loss_mode)
-    if loss_mode in PER_MICRO_BATCH_MEAN:
-        warnings.append(
-            f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode} averages over each micro-batch (verl's "
-            "torch.mean, not its global batch size): k equal micro-batches per rank make the update k times as large, "
-            "and with use_dynamic_bsz=true each row weighs 1 / its micro-batch's size; keep one micro-batch per rank "
-            "(use_dynamic_bsz=false, ppo_micro_batch_size_per_gpu = a rank's share of a mini-batch)"
-        )
-    agent = OmegaConf.select(config, "actor_rollout_ref.rollout.agent", default=None) or {}
-    loop = agent.get("default_agent_loop", None) or "single_turn_agent"
-    mode = str(config.trainer.get("v1", {}).get("trainer_mode", "sync"))
-    if str(algorithm.adv_estimator) == "apo" and not is_recipe_trainer(mode) and (
-            loop not in SINGLE_OUTPUT_AGENT_LOOPS or agent.get("agent_loop_config_path", None)):
-        warnings.append(
-            f"algorithm.adv_estimator=apo with trainer.v1.trainer_mode={mode} and agent loop {loop}: if a loop returns "
-            "several outputs per trajectory, verl's trainer hands apo every output as a response of its group (its "
-            "final-output rule covers grpo only), so trajectories with more outputs weigh more in the group and "
-            "the anchor; the recipe's trainer (trainer.v1.trainer_mode=sync, colocate_async or separate_async) "
-            "applies the rule to apo"
-        )
-    prompts, per_update = config.data.get("train_batch_size"), actor.get("ppo_mini_batch_size")
-    if _positive_number(prompts) and _positive_number(per_update) and prompts > per_update and not actor.get("shuffle"):
-        warnings.append(
-            f"{prompts // per_update} mini-batches per step with actor_rollout_ref.actor.shuffle=false: verl keeps "
-            "a step's responses in the order they finished (short first) and cuts mini-batches in sequence, so "
-            "later updates get the longer responses; set actor_rollout_ref.actor.shuffle=true (the scripts do)"
-        )
-    if config.trainer.get("balance_batch", True) is False:
-        warnings.append(
-            "trainer.balance_batch=false has no effect in verl 0.9.1's V1 trainer: it always balances each step's "
-            "batch across the data-parallel ranks by sequence length (trainer_base._balance_batch)"
-        )
-    return warnings
+    return [line for line in (warn(config) for warn in WARNINGS) if line]
