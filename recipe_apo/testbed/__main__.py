@@ -25,15 +25,20 @@ from recipe_apo.testbed.configs import task_overrides
 MODES = ("train", "signal", "league")
 
 
+def _run_and_report(run, overrides: list[str], out_dir: Path, report: str, written: str) -> None:
+    """``run(overrides, out_dir)``, then its markdown ``report`` and the files it ``written``, with the time."""
+    print(f"Output folder: {out_dir}", flush=True)
+    result = run(overrides, out_dir)
+    print((out_dir / report).read_text())
+    print(f"Wrote {out_dir}/{written} in {result['wall_s']:.0f} s.")
+    print(f"Output folder: {out_dir}")
+
+
 def train(overrides: list[str], out_dir: Path) -> None:
     from recipe_apo.testbed.runner import run_testbed
 
-    print(f"Output folder: {out_dir}", flush=True)
-    summary = run_testbed(overrides, out_dir)
-    print((out_dir / "report.md").read_text())
-    print(f"Wrote {out_dir}/summary.json, report.md, success.png, length.png, anchor.png, grad_norm.png "
-          f"in {summary['wall_s']:.0f} s.")
-    print(f"Output folder: {out_dir}")
+    _run_and_report(run_testbed, overrides, out_dir, "report.md",
+                    "summary.json, report.md, success.png, length.png, anchor.png, grad_norm.png")
 
 
 def signal(cfg: DictConfig, out_dir: Path) -> None:
@@ -46,12 +51,8 @@ def signal(cfg: DictConfig, out_dir: Path) -> None:
 def league(overrides: list[str], out_dir: Path) -> None:
     from recipe_apo.testbed.league import run_league
 
-    print(f"Output folder: {out_dir}", flush=True)
-    result = run_league(overrides, out_dir)
-    print((out_dir / "league.md").read_text())
-    print(f"Wrote {out_dir}/league.md, league.json, league.png and one testbed report per scenario "
-          f"in {result['wall_s']:.0f} s.")
-    print(f"Output folder: {out_dir}")
+    _run_and_report(run_league, overrides, out_dir, "league.md",
+                    "league.md, league.json, league.png and one testbed report per scenario")
 
 
 @hydra.main(config_path="pkg://recipe_apo.conf", config_name="testbed", version_base="1.3")

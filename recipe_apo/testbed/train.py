@@ -275,11 +275,8 @@ class MethodRun:
         CoDaPO's estimator gets the old log-probs through ``driver_state.handed`` and
         ``algorithm.zero_variance=exclude`` rescales through ``exclude_zero_variance``: what the trainer's
         hooks (recipe_apo/integration/hooks/) call at the same point of a step."""
-        if self.estimator == "codapo":
-            driver_state.clear_results("codapo")
-            with driver_state.handed(old_log_probs=old_log_prob):
-                advantages = compute_advantages(batch, self.cfg.algorithm)
-        else:
+        driver_state.clear_results("codapo")
+        with driver_state.handed(old_log_probs=old_log_prob):  # read by codapo only
             advantages = compute_advantages(batch, self.cfg.algorithm)
         scores = batch["token_level_rewards"].sum(dim=-1).double().numpy()
         live = live_rows(scores, batch["response_mask"].sum(dim=-1).numpy() > 0, batch["uid"])

@@ -87,6 +87,7 @@ class ResamplingHook(TrainerHook):
 
     def after_advantage(self, batch: Any, metrics: dict, sessions: Sessions) -> None:
         # One weight per trajectory of the estimator's rows, with its prompt's uid: a prompt's w_g either way.
-        if first_of_pair(self.step):
-            result = driver_state.last_result("codapo")
+        result = driver_state.last_result("codapo")
+        # None: the step computed no codapo advantages; the pair's selection then says so in one line.
+        if first_of_pair(self.step) and result is not None:
             self.resampler.add_weights(result.per_response["uids"], result.per_response["weights"])
