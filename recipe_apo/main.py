@@ -19,6 +19,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from recipe_apo.errors import RecipeError
+from recipe_apo.integration.engine_watch import EngineWatch
 from recipe_apo.integration.errors import RecipeConfigError
 from recipe_apo.integration.modes import is_recipe_trainer, recipe_mode, verl_mode
 from recipe_apo.integration.naming import experiment_name, swept_keys
@@ -136,20 +137,30 @@ def run(config: DictConfig, rehearsal: str | None = None) -> None:
     auto_set_device(config)
     validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
     started_ray = not ray.is_initialized()
+    watch = EngineWatch.from_config(config)
+    error = None
     try:
-        run_ppo(config, task_runner_class=ApoTaskRunner)
-    except Exception as exc:
-        cause = recipe_error(exc)
-        if cause is None:
+        with watch:
+            run_ppo(config, task_runner_class=ApoTaskRunner)
+    except KeyboardInterrupt:
+        if watch.failure is None:
             raise
+        error = watch.failure
+    except Exception as exc:
         # The estimator, the loss and the rehearsal name the data or setting at fault in one line; Ray buries
-        # that line in remote tracebacks, so it is said again here, last.
-        print(f"recipe-apo: error: {one_line(cause)}", file=sys.stderr, flush=True)
-        sys.exit(1)
+        # that line in remote tracebacks, so it is said again, last. A dead engine can also surface as a
+        # generation error before the watch's next look: then the engine is named.
+        cause = recipe_error(exc)
+        error = one_line(cause) if cause is not None else watch.failure or watch.check()
+        if error is None:
+            raise
     finally:
         # Each job of a multirun gets its own Ray session, runtime env and driver (hence its own anchor).
         if started_ray and ray.is_initialized():
             ray.shutdown()
+    if error is not None:
+        print(f"recipe-apo: error: {error}", file=sys.stderr, flush=True)
+        sys.exit(1)
 
 
 @hydra.main(config_path="pkg://recipe_apo.conf", config_name="apo_trainer", version_base=None)

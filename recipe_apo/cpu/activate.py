@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from recipe_apo.cpu import hf_rollout, patches
+from recipe_apo.cpu import hf_rollout, patches, vllm_engine
 from recipe_apo.cpu.platform import NAME, PlatformCPU
 
 # What a process needs in its environment to be a rehearsal process; the rehearsal config sets the same for
@@ -34,6 +34,8 @@ def install() -> None:
         platform_manager.set_platform(PlatformCPU())
     hf_rollout.register()
     patches.apply_all()
+    if vllm_engine.installed():
+        vllm_engine.vllm_distribution_alias()
 
 
 install()

@@ -6,6 +6,7 @@ from typing import Any, Callable
 
 from omegaconf import OmegaConf
 
+from recipe_apo.cpu import vllm_engine
 from recipe_apo.integration.errors import RecipeConfigError
 from recipe_apo.integration.modes import verl_mode
 from recipe_apo.integration.validation import REHEARSAL_ROLLOUT as ROLLOUT_NAME
@@ -16,14 +17,24 @@ def _get(config: Any, dotted: str, default=None):
     return default if value is None else value
 
 
+# The engines the rehearsal runs: its own light backend, and verl's vLLM rollout on vLLM's CPU build.
+ENGINES = (ROLLOUT_NAME, "vllm")
+
+
 def _check_rollout(config: Any) -> None:
-    """Refuses a rollout engine other than the rehearsal's own, or one split over several processes: vLLM and
-    SGLang need a GPU, and the rehearsal runs one generation process per replica."""
+    """Refuses a rollout engine the rehearsal does not run (SGLang and TensorRT-LLM need a GPU), vllm without the
+    CPU build installed (before Ray starts, rather than an import error in a Ray worker), or one split over
+    several processes: the rehearsal runs one generation process per replica."""
     rollout = config.actor_rollout_ref.rollout
-    if str(rollout.name) != ROLLOUT_NAME:
+    if str(rollout.name) not in ENGINES:
         raise RecipeConfigError(
-            f"actor_rollout_ref.rollout.name={rollout.name}: the CPU rehearsal generates with its own "
-            f"'{ROLLOUT_NAME}' backend (vLLM and SGLang need a GPU); leave rollout.name to rehearsal=cpu"
+            f"actor_rollout_ref.rollout.name={rollout.name}: the CPU rehearsal runs {' or '.join(ENGINES)} "
+            f"(its own '{ROLLOUT_NAME}' backend, or verl's vLLM rollout on vLLM's CPU build); others need a GPU"
+        )
+    if str(rollout.name) == "vllm" and not vllm_engine.installed():
+        raise RecipeConfigError(
+            f"actor_rollout_ref.rollout.name=vllm: vLLM is not installed in this environment; "
+            f"{vllm_engine.INSTALL_HINT}"
         )
     for key in ("tensor_model_parallel_size", "data_parallel_size", "pipeline_model_parallel_size"):
         if int(rollout.get(key, 1)) != 1:

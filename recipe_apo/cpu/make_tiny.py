@@ -79,13 +79,14 @@ BPE_MERGES = 48
 # pre-tokenizer isolates each one.
 BPE_MIN_SHARE = 8
 
-# Model shape: small enough that the warm-up and a verl step take seconds on two cores.
+# Model shape: small enough that the warm-up and a verl step take seconds on two cores. Head size 32 (64 / 2
+# heads): vLLM's CPU attention has no kernel below 32, and one model serves both rehearsal engines.
 MODEL_SHAPE = dict(
     hidden_size=64,
     intermediate_size=128,
     num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
+    num_attention_heads=2,
+    num_key_value_heads=1,
     max_position_embeddings=256,
 )
 # Warm-up optimizer: Adam at this rate on random minibatches of this many train rows. With the default steps

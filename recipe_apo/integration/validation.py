@@ -10,6 +10,7 @@ from typing import Any, Callable, Optional
 
 from omegaconf import OmegaConf
 
+from recipe_apo.integration.engine_watch import EngineWatch
 from recipe_apo.integration.errors import RecipeConfigError
 from recipe_apo.integration.flags import check_flags
 from recipe_apo.integration.modes import ASYNC_MODES, is_recipe_trainer, verl_mode
@@ -264,6 +265,11 @@ def _check_rollout_name(config: Any, rehearsal: bool) -> None:
         )
 
 
+def _check_rollout_watch(config: Any, rehearsal: bool) -> None:
+    """Refuses a rollout_watch setting that is not a positive number of seconds (the driver's watch on the engines)."""
+    EngineWatch.from_config(config)
+
+
 def _check_group_size(config: Any, rehearsal: bool) -> None:
     """Refuses a rollout.n that is not a whole number, or below 2 for a group estimator (GROUP_ESTIMATORS): a group
     of one response has nothing to compare it with."""
@@ -293,6 +299,7 @@ CHECKERS: tuple[Callable[[Any, bool], None], ...] = (
     _check_aggregation,
     _check_apo_clips,
     _check_rollout_name,
+    _check_rollout_watch,
     _check_group_size,
 )
 

@@ -232,7 +232,7 @@ def test_the_rehearsal_config_passes_its_checks_and_the_recipes():
     ("trainer.nnodes=2", "trainer.nnodes=2"),
     ("trainer.n_gpus_per_node=0", "trainer.n_gpus_per_node=0"),
     ("ray_kwargs.ray_init.num_gpus=1 trainer.n_gpus_per_node=2", "ray_kwargs.ray_init.num_gpus=1 is below"),
-    ("actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.name=vllm"),
+    ("actor_rollout_ref.rollout.name=sglang", "rollout.name=sglang: the CPU rehearsal runs hf or vllm"),
     ("actor_rollout_ref.actor.strategy=fsdp", "actor_rollout_ref.actor.strategy=fsdp"),
     ("actor_rollout_ref.model.override_config.attn_implementation=flash_attention_2", "attn_implementation"),
     ("actor_rollout_ref.model.use_remove_padding=true", "actor_rollout_ref.model.use_remove_padding=true"),
@@ -247,6 +247,19 @@ def test_what_a_cpu_cannot_do_is_refused_naming_the_setting(override, key):
         check_rehearsal_config(rehearsal_config(*override.split()))
     message = str(error.value)
     assert key in message and "\n" not in message
+
+
+def test_vllm_without_its_cpu_build_installed_says_how_to_install_it(monkeypatch):
+    from recipe_apo.cpu import vllm_engine
+
+    monkeypatch.setattr(vllm_engine, "installed", lambda: False)
+    with pytest.raises(RecipeConfigError) as error:
+        check_rehearsal_config(rehearsal_config("actor_rollout_ref.rollout.name=vllm"))
+    message = str(error.value)
+    assert message.startswith("actor_rollout_ref.rollout.name=vllm: vLLM is not installed in this environment")
+    assert "make .venv-vllm/.recipe-apo-installed" in message and "\n" not in message
+    monkeypatch.setattr(vllm_engine, "installed", lambda: True)
+    check_rehearsal_config(rehearsal_config("actor_rollout_ref.rollout.name=vllm"))
 
 
 def test_the_hf_backend_outside_a_rehearsal_is_refused():
