@@ -16,6 +16,7 @@ Run from the repository root::
     .venv/bin/python scripts/bench_e2e.py --steps 30 --rounds 2   # about 9 minutes on 2 cores
     .venv/bin/python scripts/bench_e2e.py --workers 2 --dynamic-bsz 80   # data parallel, micro-batches by tokens
     .venv/bin/python scripts/bench_e2e.py --mode colocate_async           # verl's asynchronous colocated trainer
+    .venv-vllm/bin/python scripts/bench_e2e.py --engine vllm              # verl's vLLM rollout (make test-vllm's env)
 """
 
 from __future__ import annotations
@@ -51,6 +52,9 @@ def main() -> int:
                         help="use_dynamic_bsz with this ppo_max_token_len_per_gpu (default: fixed micro-batches)")
     parser.add_argument("--mode", default="sync", choices=["sync", "colocate_async"],
                         help="verl's trainer mode (trainer.v1.trainer_mode; default sync)")
+    parser.add_argument("--engine", default="hf", choices=rehearse.ENGINES,
+                        help="rollout engine: the rehearsal's hf backend (default) or verl's vLLM rollout on vLLM's "
+                             "CPU build (run with .venv-vllm/bin/python)")
     parser.add_argument("--out", type=Path, default=None, help="work folder (default: a temporary one)")
     args = parser.parse_args()
     if args.steps < 2 or args.rounds < 1 or args.workers < 1:
@@ -70,7 +74,7 @@ def main() -> int:
             order, paths, f"trainer.total_training_steps={args.steps}", "trainer.save_freq=-1",
             "trainer.val_before_train=false", f"actor_rollout_ref.actor.optim.lr={args.lr}",
             # Each round a fresh start: another experiment name, hence no resume of the previous round.
-            f"+bench_round={round_}", *shape,
+            f"+bench_round={round_}", *shape, engine=args.engine,
         )
         if len(order) == 1:
             command.insert(3, "-m")
@@ -93,7 +97,7 @@ def main() -> int:
         rows[method]["compute"] = sum(rows[method][s] for s in ("old_log_prob", "adv", "update_actor"))
     base = methods[0]
     print(f"\n{len(steps[base])} steps per method ({args.rounds} rounds x {args.steps - 1} after each run's first), "
-          f"lr {args.lr}, trainer mode {args.mode}, {args.workers} FSDP worker(s), "
+          f"lr {args.lr}, {args.engine} rollout, trainer mode {args.mode}, {args.workers} FSDP worker(s), "
           f"{'dynamic micro-batches of <= %d tokens' % args.dynamic_bsz if args.dynamic_bsz else 'fixed micro-batches'}"
           f"; medians of verl's timing_s/*; ratios are to {base}\n")
     head = ["method", *(f"s/{s}" for s in STAGES), "tokens/s", f"throughput / {base}",

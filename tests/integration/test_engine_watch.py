@@ -1,0 +1,135 @@
+"""The driver's watch on the rollout engines (recipe_apo/integration/engine_watch.py), without Ray: which actors it
+watches, what a server answers, how a failure ends the run. A real engine killed in a real run:
+tests/vllm/test_dead_engine.py."""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+
+import pytest
+from omegaconf import OmegaConf
+
+from recipe_apo.integration.engine_watch import SERVER_NAME, EngineWatch, checked_settings, engine_state
+from recipe_apo.integration.errors import RecipeConfigError
+
+
+@pytest.mark.parametrize("name, engine", [
+    ("vllm_server_0_0", "vllm"), ("vllm_server_12_1", "vllm"), ("hf_server_0_0", "hf"),
+    ("sglang_server_reward_0_0", "sglang"), ("vllm_server_teacher_1_0", "vllm"),
+    ("vllm_server_0_0_suffix", "vllm"),
+])
+def test_verls_rollout_servers_are_watched(name, engine):
+    assert SERVER_NAME.match(name).group(1) == engine
+
+
+@pytest.mark.parametrize("name", ["GlobalRequestLoadBalancer", "vllm_server", "server_0_0", "WorkerDict_0"])
+def test_other_actors_are_not(name):
+    assert SERVER_NAME.match(name) is None
+
+
+def test_a_server_says_its_engine_died_only_when_its_engine_says_so():
+    assert engine_state(SimpleNamespace()) is None  # not started yet, or an engine without the flag
+    assert engine_state(SimpleNamespace(engine=None)) is None
+    assert engine_state(SimpleNamespace(engine=SimpleNamespace(errored=False))) is None
+    assert engine_state(SimpleNamespace(engine=SimpleNamespace(errored=True))) == "its engine process has died"
+
+
+def test_the_first_failure_interrupts_the_driver_once_and_is_kept():
+    interrupted = threading.Event()
+    answers = iter([None, None, "the rollout engine vllm_server_0_0 (vllm) stopped the run: x"])
+    watch = EngineWatch(0.01, 1.0, interrupt=interrupted.set)
+    watch.check = lambda: next(answers)
+    with watch:
+        assert interrupted.wait(5)
+    assert watch.failure == "the rollout engine vllm_server_0_0 (vllm) stopped the run: x"
+
+
+def test_a_run_that_ends_stops_the_watch_without_a_failure():
+    watch = EngineWatch(0.01, 1.0, interrupt=lambda: pytest.fail("interrupted"))
+    watch.check = lambda: None
+    with watch:
+        pass
+    assert watch.failure is None and not watch._thread.is_alive()
+
+
+def test_outside_ray_there_is_nothing_to_watch():
+    import ray
+
+    assert not ray.is_initialized()
+    assert EngineWatch(1, 1).check() is None
+
+
+def test_the_settings_default_to_5_and_120_seconds():
+    watch = EngineWatch.from_config(OmegaConf.create({"trainer": {}}))
+    assert (watch.interval_s, watch.timeout_s) == (5.0, 120.0)
+    watch = EngineWatch.from_config(OmegaConf.create({"rollout_watch": {"interval_s": 0.5, "timeout_s": 30}}))
+    assert (watch.interval_s, watch.timeout_s) == (0.5, 30.0)
+
+
+@pytest.mark.parametrize("interval, timeout, message", [
+    (0, 120, "rollout_watch.interval_s must be > 0, got 0"),
+    (5, -1, "rollout_watch.timeout_s must be > 0, got -1"),
+    ("5", 120, "rollout_watch.interval_s must be a finite number, got '5'"),
+    (5, float("inf"), "rollout_watch.timeout_s must be a finite number, got inf"),
+])
+def test_bad_settings_are_refused_naming_the_key(interval, timeout, message):
+    with pytest.raises(RecipeConfigError) as error:
+        checked_settings(interval, timeout)
+    assert str(error.value) == message
+
+
+def test_a_bad_setting_is_refused_at_launch():
+    from helpers.composing import compose_recipe
+
+    from recipe_apo.integration.validation import validate_recipe_config
+
+    config = compose_recipe("method=apo", "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.n=8",
+                            "rollout_watch.timeout_s=0")
+    with pytest.raises(RecipeConfigError, match=r"^rollout_watch.timeout_s must be > 0, got 0$"):
+        validate_recipe_config(config)
+
+
+def test_the_driver_says_the_dead_engine_in_one_line_and_exits_1(capsys, monkeypatch):
+    """The watch interrupts the driver's wait on the task runner (a KeyboardInterrupt in the main thread)."""
+    import verl.trainer.main_ppo as main_ppo
+
+    from recipe_apo import main as recipe_main
+    from recipe_apo.integration import engine_watch
+
+    class FailedWatch(EngineWatch):
+        def __enter__(self):
+            self.failure = "the rollout engine vllm_server_1_0 (vllm) stopped the run: its engine process has died"
+            return self
+
+    def interrupted_run_ppo(config, task_runner_class):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(engine_watch.EngineWatch, "from_config", classmethod(lambda cls, config: FailedWatch(1, 1)))
+    monkeypatch.setattr(main_ppo, "run_ppo", interrupted_run_ppo)
+    monkeypatch.setattr("verl.utils.config.validate_config", lambda **kwargs: None)
+    monkeypatch.setattr("verl.utils.device.auto_set_device", lambda config: None)
+    monkeypatch.setattr("verl.trainer.ppo.utils.need_reference_policy", lambda config: False)
+    monkeypatch.setattr("verl.trainer.ppo.utils.need_critic", lambda config: False)
+    with pytest.raises(SystemExit) as exit_info:
+        recipe_main.run(OmegaConf.create({"trainer": {"device": "cpu"}}))
+    assert exit_info.value.code == 1
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "recipe-apo: error: the rollout engine vllm_server_1_0 (vllm) stopped the run: its engine process has died"]
+
+
+def test_a_users_ctrl_c_is_still_a_ctrl_c(monkeypatch):
+    import verl.trainer.main_ppo as main_ppo
+
+    from recipe_apo import main as recipe_main
+
+    def interrupted_run_ppo(config, task_runner_class):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(main_ppo, "run_ppo", interrupted_run_ppo)
+    monkeypatch.setattr("verl.utils.config.validate_config", lambda **kwargs: None)
+    monkeypatch.setattr("verl.utils.device.auto_set_device", lambda config: None)
+    monkeypatch.setattr("verl.trainer.ppo.utils.need_reference_policy", lambda config: False)
+    monkeypatch.setattr("verl.trainer.ppo.utils.need_critic", lambda config: False)
+    with pytest.raises(KeyboardInterrupt):
+        recipe_main.run(OmegaConf.create({"trainer": {"device": "cpu"}}))

@@ -1,0 +1,33 @@
+"""Whole-loop tests with verl's own vLLM rollout (``actor_rollout_ref.rollout.name=vllm``) on vLLM's CPU build:
+``make test-vllm`` runs them in ``.venv-vllm``; ``make test`` (no vLLM installed) does not collect this folder.
+
+Each module is one or two real ``python -m recipe_apo.main ... rehearsal=cpu actor_rollout_ref.rollout.name=vllm``
+runs on the tiny model: verl's ``vLLMReplica`` and ``vLLMHttpServer``, vLLM's engine core and worker processes,
+its sampler and log-probs, and the weight transport from the FSDP actor into vLLM after every update. About 100 s
+a Ray session on 2 cores (each of six processes imports vLLM), so the modules combine what they check.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+# Longest first, so that make test-vllm's two xdist workers end close together (tests/conftest.py's rule).
+LONGEST_FIRST = ("test_async_data_parallel.py", "test_apo_sync.py", "test_baselines.py", "test_two_nodes.py",
+                 "test_dead_engine.py")
+
+
+def pytest_collection_modifyitems(items):
+    def rank(item) -> int:
+        name = item.path.name
+        return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    for item in items:
+        if "/vllm/" in str(item.path):
+            item.add_marker(pytest.mark.e2e)
+            item.add_marker(pytest.mark.vllm)
+    items.sort(key=lambda item: rank(item) if "/vllm/" in str(item.path) else -1)
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_task):
+    return tiny_task
