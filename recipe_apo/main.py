@@ -151,7 +151,7 @@ def run(config: DictConfig, rehearsal: str | None = None) -> None:
         # that line in remote tracebacks, so it is said again, last. A dead engine can also surface as a
         # generation error before the watch's next look: then the engine is named.
         cause = recipe_error(exc)
-        error = one_line(cause) if cause is not None else watch.failure or watch.check()
+        error = one_line(cause) if cause is not None else watch.last_look()
         if error is None:
             raise
     finally:

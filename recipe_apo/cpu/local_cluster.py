@@ -49,8 +49,7 @@ NEW_CLUSTER_ONLY = ("num_cpus", "num_gpus", "resources", "labels", "object_store
 # settings (the reward pool's, the hf rollout's pacing), the warnings the rehearsal silences.
 FORWARDED_ENV = ("VERL_FILE_LOGGER_ROOT", "VERL_FILE_LOGGER_PATH", "PYTHONWARNINGS")
 FORWARDED_PREFIX = "RECIPE_APO_"
-# Where `start` records the cluster for `stop`, and the default folder of its temp dir (short: Ray's socket
-# paths live under it and a Unix socket path has at most 107 characters).
+# Where the command's `start` records the cluster for its `stop`.
 STATE_FILE = Path(tempfile.gettempdir()) / "recipe-apo-local-cluster.json"
 START_TIMEOUT_S = 120.0
 
@@ -95,8 +94,7 @@ def for_existing_cluster(config: Any) -> None:
         for key in NEW_CLUSTER_ONLY:
             ray_init.pop(key, None)
         env_vars = OmegaConf.select(ray_init, "runtime_env.env_vars") or {}
-        ray_init.setdefault("runtime_env", {})
-        ray_init.runtime_env.env_vars = {**forwarded, **env_vars}
+        OmegaConf.update(ray_init, "runtime_env.env_vars", {**forwarded, **env_vars}, merge=False)
 
 
 # ---- starting and stopping ---------------------------------------------------------------------------------------
@@ -167,6 +165,7 @@ def start(nodes: int = 2, gpus_per_node: int = 1, cpus_per_node: int = CPUS_PER_
     """
     if nodes < 1 or gpus_per_node < 1:
         raise LocalClusterError(f"--nodes={nodes} --gpus-per-node={gpus_per_node}: both must be at least 1")
+    # Short, in the system's temp folder: Ray's sockets live under it, and a socket path has at most 107 characters.
     temp_dir = str(temp_dir or tempfile.mkdtemp(prefix="ray-apo-"))
     env = {**os.environ, **NODE_ENV, **_auth_env()}
     env.pop("RAY_ADDRESS", None)  # the head starts a cluster of its own
@@ -193,10 +192,11 @@ def stop(cluster: LocalCluster, grace_s: float = 15.0) -> None:
     """Stop the cluster's nodes and remove its temp dir: SIGTERM to each ``ray start`` (Ray stops its node's
     processes, in a few seconds; a SIGTERM to the whole group instead leaves the raylet and the GCS waiting on
     each other), then SIGKILL to whatever is left in each node's process group."""
-    for pid in reversed(cluster.pids):  # the head last: the other nodes leave it first
+    leaders = [pid for pid in cluster.pids if _is_node(pid, cluster)]
+    for pid in reversed(leaders):  # the head last: the other nodes leave it first
         _signal(os.kill, pid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
-    for pid in cluster.pids:
+    for pid in leaders:
         while _group_alive(pid) and time.monotonic() < deadline:
             time.sleep(0.2)
         _signal(os.killpg, pid, signal.SIGKILL)
@@ -206,6 +206,15 @@ def stop(cluster: LocalCluster, grace_s: float = 15.0) -> None:
         except ChildProcessError:
             pass
     shutil.rmtree(cluster.temp_dir, ignore_errors=True)
+
+
+def _is_node(pid: int, cluster: LocalCluster) -> bool:
+    """Whether ``pid`` is still one of the cluster's ``ray start``: the command's ``stop`` reads the ids from a
+    file, and the id of a node that has died since may be another process's by now."""
+    try:
+        return cluster.temp_dir in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return False
 
 
 def _signal(send, pid: int, sig: int) -> None:

@@ -4,11 +4,11 @@ When a vLLM engine process dies mid-run, verl 0.9.1's weight sender (in the FSDP
 engine's ZMQ reply, and the run never ends; this happens on GPUs as on the CPU. verl has no setting that bounds
 that wait, so the recipe watches from the driver: every ``rollout_watch.interval_s`` seconds it asks each of the
 run's rollout server actors (verl names them ``<engine>_server_<replica>_<node>``) whether its engine is alive.
-A server whose engine reports itself dead (vLLM's ``AsyncLLM.errored``), whose actor has died, or which has not
-answered within ``rollout_watch.timeout_s`` ends the run: the watch interrupts the driver, which says one
-``recipe-apo: error:`` line naming the server and where its log is, shuts Ray down (the hung workers with it)
-and exits with status 1. So a dead engine ends the run within ``interval_s`` plus a probe, an unresponsive one
-within ``interval_s + timeout_s`` (two minutes and five seconds by default).
+A server whose engine reports itself dead (vLLM's ``AsyncLLM.errored``), whose actor has died, or which answered
+once and then has not answered for ``rollout_watch.timeout_s`` ends the run: the watch interrupts the driver,
+which shuts Ray down (the hung workers with it) and says one ``recipe-apo: error:`` line naming the server and
+where its log is, exit status 1. A probe is sent at one look and read at the next, so a dead engine ends the run
+within two intervals (10 s by default), an unresponsive one within ``timeout_s`` and two intervals (2 min 10 s).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import _thread
 import re
 import signal
 import threading
+import time
 from typing import Any, Callable, Optional
 
 from recipe_apo.integration.errors import RecipeConfigError
@@ -47,6 +48,8 @@ class EngineWatch:
         self.failure: Optional[str] = None
         self._interrupt = interrupt or (lambda: _thread.interrupt_main(signal.SIGINT))
         self._stop = threading.Event()
+        self._pending: dict[str, tuple[Any, float]] = {}  # server -> (its probe under way, when it was sent)
+        self._answered: set[str] = set()
         self._thread = threading.Thread(target=self._watch, name="recipe-apo-engine-watch", daemon=True)
 
     @classmethod
@@ -71,7 +74,12 @@ class EngineWatch:
                 return
 
     def check(self) -> Optional[str]:
-        """One look at every rollout server of this Ray job: the first failure's message, or None."""
+        """One look at every rollout server of this Ray job: the first failure's message, or None.
+
+        Looks never block: each server has at most one probe under way, sent at one look and read at a later one.
+        A server that is still starting its engine (vLLM's start blocks the server's event loop for minutes on a
+        loaded machine) has not answered yet and is not judged on time; once it has answered, a probe left
+        unanswered for ``timeout_s`` is a failure."""
         import ray
 
         if not ray.is_initialized():
@@ -80,31 +88,74 @@ class EngineWatch:
             names = sorted(name for name in ray.util.list_named_actors() if SERVER_NAME.match(name))
         except Exception:  # Ray shutting down: nothing left to watch
             return None
+        now = time.monotonic()
         for name in names:
-            failure = self._probe(name)
-            if failure:
-                return failure
+            state = self._look(name, now)
+            if state is not None:
+                return failure_message(name, state)
         return None
 
-    def _probe(self, name: str) -> Optional[str]:
-        import ray
-        from ray.exceptions import GetTimeoutError, RayActorError
+    def _look(self, name: str, now: float) -> Optional[str]:
+        if name not in self._pending:
+            probe = self._send(name)
+            if probe is not None:
+                self._pending[name] = (probe, now)
+            return None
+        probe, sent = self._pending[name]
+        answered, state = self._read(probe)
+        if answered:
+            del self._pending[name]
+            self._answered.add(name)
+            return state
+        if name in self._answered and now - sent > self.timeout_s:
+            return f"it has not answered for {self.timeout_s:g} s (rollout_watch.timeout_s)"
+        return None
 
-        engine = SERVER_NAME.match(name).group(1)
+    @staticmethod
+    def _send(name: str):
+        import ray
+
         try:
-            server = ray.get_actor(name)
-            state = ray.get(server.__ray_call__.remote(engine_state), timeout=self.timeout_s)
+            return ray.get_actor(name).__ray_call__.remote(engine_state)
         except ValueError:
             return None  # gone between the listing and the lookup: the run is tearing it down
-        except GetTimeoutError:
-            state = f"it has not answered for {self.timeout_s:g} s (rollout_watch.timeout_s)"
+
+    @staticmethod
+    def _read(probe, wait_s: float = 0.0) -> tuple[bool, Optional[str]]:
+        import ray
+        from ray.exceptions import RayActorError
+
+        ready, _ = ray.wait([probe], timeout=wait_s)
+        if not ready:
+            return False, None
+        try:
+            return True, ray.get(probe)
         except RayActorError:
-            state = "its Ray actor has died"
-        if state is None:
+            return True, "its Ray actor has died"
+
+    def last_look(self, wait_s: float = 5.0) -> Optional[str]:
+        """After the run failed some other way: is a dead engine behind it? One probe per server, each answer
+        awaited up to ``wait_s`` (no answer is no verdict here)."""
+        import ray
+
+        if self.failure is not None or not ray.is_initialized():
+            return self.failure
+        try:
+            names = sorted(name for name in ray.util.list_named_actors() if SERVER_NAME.match(name))
+        except Exception:
             return None
-        return (f"the rollout engine {name} ({engine}) stopped the run: {state}; see its log (Ray's session "
-                f"folder, /tmp/ray/session_latest/logs/, the worker-*.err of the {name} actor and of its engine "
-                f"process)")
+        for name in names:
+            probe = self._send(name)
+            answered, state = self._read(probe, wait_s) if probe is not None else (False, None)
+            if answered and state is not None:
+                return failure_message(name, state)
+        return None
+
+
+def failure_message(name: str, state: str) -> str:
+    engine = SERVER_NAME.match(name).group(1)
+    return (f"the rollout engine {name} ({engine}) stopped the run: {state}; see its log (Ray's session folder, "
+            f"/tmp/ray/session_latest/logs/, the worker-*.err of the {name} actor and of its engine process)")
 
 
 def checked_settings(interval_s: Any, timeout_s: Any) -> tuple[float, float]:

@@ -35,6 +35,39 @@ def test_a_server_says_its_engine_died_only_when_its_engine_says_so():
     assert engine_state(SimpleNamespace(engine=SimpleNamespace(errored=True))) == "its engine process has died"
 
 
+class ScriptedWatch(EngineWatch):
+    """Probes answered from a script instead of by Ray actors: (answered, state) per read."""
+
+    def __init__(self, answers, timeout_s=30.0):
+        super().__init__(1.0, timeout_s, interrupt=lambda: None)
+        self.answers, self.sent = list(answers), []
+
+    def _send(self, name):
+        self.sent.append(name)
+        return name
+
+    def _read(self, probe, wait_s=0.0):
+        return self.answers.pop(0)
+
+
+def test_a_starting_server_is_not_judged_on_time_and_a_silent_one_is_after_timeout_s():
+    name = "vllm_server_0_0"
+    watch = ScriptedWatch([(False, None), (True, None), (False, None), (False, None)])
+    assert watch._look(name, 0.0) is None  # sends the first probe
+    assert watch._look(name, 1000.0) is None  # vLLM still starting: unanswered, never answered before
+    assert watch._look(name, 1001.0) is None  # answered: alive
+    assert watch._look(name, 1002.0) is None  # the next probe goes out
+    assert watch._look(name, 1031.0) is None  # 29 s unanswered
+    assert watch._look(name, 1033.0) == "it has not answered for 30 s (rollout_watch.timeout_s)"
+    assert watch.sent == [name, name]
+
+
+def test_a_dead_engine_is_a_failure_at_the_look_that_reads_its_answer():
+    watch = ScriptedWatch([(True, "its engine process has died")])
+    assert watch._look("vllm_server_1_0", 0.0) is None
+    assert watch._look("vllm_server_1_0", 5.0) == "its engine process has died"
+
+
 def test_the_first_failure_interrupts_the_driver_once_and_is_kept():
     interrupted = threading.Event()
     answers = iter([None, None, "the rollout engine vllm_server_0_0 (vllm) stopped the run: x"])
