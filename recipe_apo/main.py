@@ -66,8 +66,10 @@ def prepare(config: DictConfig, rehearsal: str | None = None) -> DictConfig:
     on_cpu = rehearsal == "cpu"
     if on_cpu:
         from recipe_apo.cpu.checks import check_rehearsal_config
+        from recipe_apo.cpu.local_cluster import for_existing_cluster
 
         check_rehearsal_config(config)
+        for_existing_cluster(config)  # trainer.nnodes>1: the run joins the local cluster at ray_init.address
     validate_recipe_config(config, rehearsal=on_cpu)
     for warning in config_warnings(config):
         print(f"recipe-apo: warning: {warning}", file=sys.stderr)

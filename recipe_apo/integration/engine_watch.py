@@ -154,8 +154,18 @@ class EngineWatch:
 
 def failure_message(name: str, state: str) -> str:
     engine = SERVER_NAME.match(name).group(1)
-    return (f"the rollout engine {name} ({engine}) stopped the run: {state}; see its log (Ray's session folder, "
-            f"/tmp/ray/session_latest/logs/, the worker-*.err of the {name} actor and of its engine process)")
+    return (f"the rollout engine {name} ({engine}) stopped the run: {state}; see its log ({ray_logs()}, the "
+            f"worker-*.err of the {name} actor and of its engine process)")
+
+
+def ray_logs() -> str:
+    """The logs folder of the Ray session this driver is in (a cluster of its own has its own temp dir)."""
+    try:
+        import ray
+
+        return ray._private.worker._global_node.get_logs_dir_path()
+    except Exception:  # a private API: Ray's default place if it moved
+        return "/tmp/ray/session_latest/logs"
 
 
 def checked_settings(interval_s: Any, timeout_s: Any) -> tuple[float, float]:

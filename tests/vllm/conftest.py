@@ -5,6 +5,8 @@ Each module is one or two real ``python -m recipe_apo.main ... rehearsal=cpu act
 runs on the tiny model: verl's ``vLLMReplica`` and ``vLLMHttpServer``, vLLM's engine core and worker processes,
 its sampler and log-probs, and the weight transport from the FSDP actor into vLLM after every update. About 100 s
 a Ray session on 2 cores (each of six processes imports vLLM), so the modules combine what they check.
+``test_two_nodes.py`` (``trainer.nnodes=2`` on two local Ray nodes) generates with the ``hf`` backend: the nodes,
+not the engine, are under test there, and it is here for ``make test``'s time budget.
 """
 
 from __future__ import annotations
