@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 from pathlib import Path
 
 import pytest
+
+from recipe_apo.cpu import vllm_engine
 
 # The files that take longest, first: make test's two xdist workers then finish within a short file of each other
 # (longest-processing-time order). The first starts two Ray sessions (about 75 CPU-seconds a session on 2 cores), the
@@ -21,7 +22,7 @@ SLOW_UNIT_FILES = ("testbed/test_testbed.py", "integration/test_recipe.py", "int
 
 
 # tests/vllm runs verl's vLLM rollout: collected where vLLM's CPU build is installed (make test-vllm, .venv-vllm).
-collect_ignore = [] if importlib.util.find_spec("vllm") is not None else ["vllm"]
+collect_ignore = [] if vllm_engine.installed() else ["vllm"]
 
 
 # Files that share a Ray session through a package-scoped fixture: make test's workers take each group whole, as

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
-import importlib.util
 import os
 import sys
 
@@ -44,8 +43,15 @@ REHEARSAL_FLAG = ("VERL_PLATFORM", "cpu")
 
 
 def installed() -> bool:
-    """Whether a vLLM is importable here (without importing it: that takes seconds)."""
-    return importlib.util.find_spec("vllm") is not None
+    """Whether a vLLM distribution is installed here, the CPU build or another (asked of the package metadata, not
+    of the import system: a folder named ``vllm`` on the path, such as a test suite's, is no vLLM)."""
+    for name in ("vllm", CPU_DISTRIBUTION):
+        try:
+            importlib.metadata.distribution(name)
+            return True
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return False
 
 
 def in_rehearsal() -> bool:
