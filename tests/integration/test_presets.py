@@ -140,7 +140,7 @@ def test_an_extra_preset_appears_everywhere(extra_preset, capsys, monkeypatch):
 
     # The rehearsal: its default and its --methods choices.
     runs = []
-    monkeypatch.setattr(rehearse, "rehearse", lambda out, steps, methods: runs.append(list(methods)) or 0)
+    monkeypatch.setattr(rehearse, "rehearse", lambda out, steps, methods, **kwargs: runs.append(list(methods)) or 0)
     assert rehearse.main([]) == 0 and rehearse.main(["--methods", f"{EXTRA},apo"]) == 0
     assert runs == [list(order), [EXTRA, "apo"]]
 
