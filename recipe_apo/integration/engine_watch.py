@@ -27,10 +27,6 @@ from recipe_apo.methods.checks import check_number
 SERVER_NAME = re.compile(r"^([A-Za-z0-9]+)_server_(?:reward_|teacher_)?\d+_\d+")
 
 
-class EngineDeadError(RuntimeError):
-    """A rollout engine of the run is dead or has stopped answering; the message names it."""
-
-
 def engine_state(server: Any) -> Optional[str]:
     """Run inside a server actor: what is wrong with its engine, or None. vLLM's engine client says ``errored``
     once its engine core process has died; a server whose engine has not started yet has none to ask."""
