@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Optional, Sequence
 
+from recipe_apo.cpu.checks import ENGINES  # the rollout engines a rehearsal runs; the first is its default
 from recipe_apo.errors import RecipeError
 from recipe_apo.integration import presets, quiet
 
@@ -86,10 +87,6 @@ def tiny_overrides(paths: dict) -> list[str]:
         f"reward.custom_reward_function.path={paths['reward']}",
         "reward.custom_reward_function.name=compute_score",
     ]
-
-
-# The rollout engines a rehearsal runs (recipe_apo/cpu/checks.py refuses others) and the default.
-ENGINES = ("hf", "vllm")
 
 
 def recipe_command(methods: Sequence[str], paths: dict, *extra: str, engine: str = "hf") -> list[str]:
