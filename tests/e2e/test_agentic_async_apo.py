@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers.rehearsal_runs import checkpoint_root, dump, run, state, tail
+from helpers.rehearsal_runs import assert_each_checkpoint_holds_its_steps_anchor, checkpoint_root, dump, run, tail
 
 from recipe_apo.cpu import agent_loops, rehearse
 
@@ -124,14 +124,4 @@ def test_staleness_and_partial_rollouts_are_in_the_dump_as_verl_measures_them(ag
 
 
 def test_every_checkpoint_holds_the_anchor_of_its_step(agentic_runs):
-    """Each saved anchor is the previous one moved by that step's logged batch success (the first from the
-    default start): what a resume restores is the anchor of the step it resumes after."""
-    from recipe_apo.methods.anchor import AnchorBook
-    from recipe_apo.methods.apo_settings import ApoSettings
-
-    settings, book = ApoSettings(), AnchorBook()
-    for metrics in agentic_runs["metrics"]:
-        book.anchor().update(metrics["apo/batch_success"], settings.eta, settings.eta_min, settings.history)
-        saved = state(agentic_runs["ckpt"] / f"global_step_{metrics['step']}")
-        assert saved["global_step"] == metrics["step"]
-        assert book.state_dict()["anchors"] == saved["anchors"], metrics["step"]
+    assert_each_checkpoint_holds_its_steps_anchor(agentic_runs["metrics"], agentic_runs["ckpt"])

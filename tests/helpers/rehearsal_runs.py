@@ -42,3 +42,34 @@ def state(folder: Path) -> dict:
 
 def dump(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def train_then_resume(paths: dict, workdir: Path, args, steps: int, engine: str = "hf") -> dict:
+    """One method=apo command run for ``steps`` steps, then the same command for one more (a resume): the
+    checkpoint folder, the first run's log and both runs' metric rows, in step order."""
+    from recipe_apo.cpu import rehearse
+
+    runs = {}
+    for name, total in (("first", steps), ("second", steps + 1)):
+        result = run(rehearse.recipe_command(["apo"], paths, *args, f"trainer.total_training_steps={total}",
+                                             engine=engine), workdir, name, workdir / "metrics" / name)
+        assert result.returncode == 0, tail(result)
+        runs[name] = result
+    (experiment,) = rehearse.experiment_names(runs["first"].log)
+    rows = [row for name in runs
+            for row in rehearse.read_metrics(rehearse.metrics_file(workdir / "metrics" / name, experiment))]
+    return {"ckpt": checkpoint_root(workdir, experiment), "log": runs["first"].log, "rows": rows}
+
+
+def assert_each_checkpoint_holds_its_steps_anchor(rows: list[dict], ckpt: Path) -> None:
+    """Each saved anchor is the previous one moved by that step's logged batch success (the first from the default
+    start): what a resume restores is the anchor of the step it resumes after."""
+    from recipe_apo.methods.anchor import AnchorBook
+    from recipe_apo.methods.apo_settings import ApoSettings
+
+    settings, book = ApoSettings(), AnchorBook()
+    for row in rows:
+        book.anchor().update(row["apo/batch_success"], settings.eta, settings.eta_min, settings.history)
+        saved = state(ckpt / f"global_step_{row['step']}")
+        assert saved["global_step"] == row["step"]
+        assert book.state_dict()["anchors"] == saved["anchors"], row["step"]

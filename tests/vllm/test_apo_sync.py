@@ -8,9 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from helpers.rehearsal_runs import SOURCES, checkpoint_root, dump, run, state, tail
+from helpers.rehearsal_runs import SOURCES, dump, state, train_then_resume
 
-from recipe_apo.cpu import rehearse
 from recipe_apo.methods.anchor import AnchorBook
 from recipe_apo.methods.apo_settings import ApoSettings
 
@@ -22,19 +21,7 @@ PROBS_TOLERANCE = 1e-4
 
 @pytest.fixture(scope="module")
 def sync_runs(tiny, tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("vllm-sync")
-    first = run(rehearse.recipe_command(["apo"], tiny, *ARGS, "trainer.total_training_steps=2", engine="vllm"),
-                workdir, "first", workdir / "metrics" / "first")
-    assert first.returncode == 0, tail(first)
-    (experiment,) = rehearse.experiment_names(first.log)
-    second = run(rehearse.recipe_command(["apo"], tiny, *ARGS, "trainer.total_training_steps=3", engine="vllm"),
-                 workdir, "second", workdir / "metrics" / "second")
-    assert second.returncode == 0, tail(second)
-    return {
-        "ckpt": checkpoint_root(workdir, experiment), "log": first.log,
-        "rows": rehearse.read_metrics(rehearse.metrics_file(workdir / "metrics" / "first", experiment))
-        + rehearse.read_metrics(rehearse.metrics_file(workdir / "metrics" / "second", experiment)),
-    }
+    return train_then_resume(tiny, tmp_path_factory.mktemp("vllm-sync"), ARGS, steps=2, engine="vllm")
 
 
 def test_the_run_generated_with_vllm_and_resumed_at_step_3(sync_runs):

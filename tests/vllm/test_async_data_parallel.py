@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers.rehearsal_runs import checkpoint_root, dump, run, state, tail
+from helpers.rehearsal_runs import assert_each_checkpoint_holds_its_steps_anchor, dump, train_then_resume
 
-from recipe_apo.cpu import agent_loops, rehearse
-from recipe_apo.methods.anchor import AnchorBook
-from recipe_apo.methods.apo_settings import ApoSettings
+from recipe_apo.cpu import agent_loops
 
 WORKERS = 2
 # Micro-batches cut by tokens; the longest padded sequence must fit (the two-turn loop's are 128 tokens). That the
@@ -33,24 +31,13 @@ ARGS = (f"trainer.n_gpus_per_node={WORKERS}", "actor_rollout_ref.actor.use_dynam
 
 @pytest.fixture(scope="module")
 def async_runs(tiny, tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("vllm-async")
-    first = run(rehearse.recipe_command(["apo"], tiny, *ARGS, "trainer.total_training_steps=3", engine="vllm"),
-                workdir, "first", workdir / "metrics" / "first")
-    assert first.returncode == 0, tail(first)
-    (experiment,) = rehearse.experiment_names(first.log)
-    second = run(rehearse.recipe_command(["apo"], tiny, *ARGS, "trainer.total_training_steps=4", engine="vllm"),
-                 workdir, "second", workdir / "metrics" / "second")
-    assert second.returncode == 0, tail(second)
-    ckpt = checkpoint_root(workdir, experiment)
-    return {"ckpt": ckpt, "log": first.log, "rollouts": ckpt / "rollouts",
-            "rows": rehearse.read_metrics(rehearse.metrics_file(workdir / "metrics" / "first", experiment))
-            + rehearse.read_metrics(rehearse.metrics_file(workdir / "metrics" / "second", experiment))}
+    runs = train_then_resume(tiny, tmp_path_factory.mktemp("vllm-async"), ARGS, steps=3, engine="vllm")
+    return {**runs, "rollouts": runs["ckpt"] / "rollouts"}
 
 
 def test_two_vllm_replicas_served_the_colocate_async_trainer(async_runs):
     log = async_runs["log"].read_text()
     assert "trainer: apo_colocate_async (verl's colocate_async with the recipe's hooks)" in log
-    assert "vllm_server_0_0" in log or "(vLLMHttpServer pid=" in log
     servers = {line.split("pid=")[1].split(")")[0] for line in log.splitlines() if "(vLLMHttpServer pid=" in line}
     assert len(servers) == WORKERS, servers
     assert [row["step"] for row in async_runs["rows"]] == [1, 2, 3, 4]
@@ -89,11 +76,6 @@ def test_every_output_gets_its_trajectorys_advantage(async_runs):
 
 
 def test_the_anchor_is_checkpointed_every_step_and_resumed(async_runs):
-    settings, book = ApoSettings(), AnchorBook()
-    for row in async_runs["rows"]:
-        book.anchor().update(row["apo/batch_success"], settings.eta, settings.eta_min, settings.history)
-        saved = state(async_runs["ckpt"] / f"global_step_{row['step']}")
-        assert saved["global_step"] == row["step"]
-        assert book.state_dict()["anchors"] == saved["anchors"], row["step"]
+    assert_each_checkpoint_holds_its_steps_anchor(async_runs["rows"], async_runs["ckpt"])
     for rank in range(WORKERS):
         assert (async_runs["ckpt"] / "global_step_4" / "actor" / f"model_world_size_{WORKERS}_rank_{rank}.pt").exists()
