@@ -164,12 +164,12 @@ class AnchorBook:
         self._step_seen, self.step_results = {}, {}
 
     def prior(self, scope: str) -> Optional[float]:
-        """C_t of ``scope`` before this step's update: where the open step began, else its current value (None:
-        a scope that has not started)."""
+        """C_t of ``scope`` before this step's update: where the open step began, else its current value. A scope
+        first seen in this step starts from ``init`` (C_0), so that is its prior; None only for a warm start."""
         if self._step_start is not None:
             start = self._step_start.get(scope)
-            return None if start is None else start["value"]
-        return self.anchors[scope].value if scope in self.anchors else None
+            return self.init if start is None else start["value"]
+        return self.anchors[scope].value if scope in self.anchors else self.init
 
     def observe(self, scope: str, successes: float, responses: float, eta: float, eta_min: float,
                 history: int) -> tuple[float, float, float]:

@@ -542,6 +542,32 @@ def test_the_prior_anchor_order_measures_groups_against_the_anchor_before_the_up
     torch.testing.assert_close(paper[:, 0], torch.tensor([0.5 * math.exp(0.15)] * 2 + [-0.5 * math.exp(-0.15)] * 2))
 
 
+@pytest.mark.parametrize("in_a_step", [False, True], ids=["bare-call", "trainer-step"])
+def test_the_prior_order_measures_a_new_scopes_first_step_against_anchor_init(in_a_step):
+    """anchor_init=0.5, eta_min=1 (the anchor jumps to y_t), one group with rewards 1, 0, 0, 0: p_hat = 1/4,
+    A = 3/4 for the success. Its prior is C_0 = 0.5, so Delta = 1/4 - 1/2 = -1/4 and Phi = exp(1/4):
+    0.75 * e^0.25 = 0.963 (measured against C_1 = 1/4 it would be Delta = 0 and 0.750). The same for a data
+    source first seen at step 2 of a data_source-scoped run, whose prior is C_0 too, not its own C_1."""
+    settings = ApoSettings(lambda_scale=1.0, eta_min=1.0, anchor_init=0.5, anchor_order="prior",
+                           anchor_scope="data_source")
+    book = AnchorBook(init=0.5)
+    rewards, groups = [1, 0, 0, 0], ["g"] * 4
+    expected = torch.tensor([0.75 * math.exp(0.25)] + [-0.25 * math.exp(-0.25)] * 3)
+    for step, source in enumerate(["math", "code"]):  # "code" is born mid-run, at the second step
+        if in_a_step:
+            book.begin_step()
+        advantages, _ = apo_step(book, rewards, groups, settings, scopes=[source] * 4)
+        torch.testing.assert_close(advantages[:, 0], expected)
+        assert round(float(advantages[0, 0]), 3) == 0.963, step
+        assert last_result("apo").per_response["anchor"].tolist() == [0.5] * 4
+        assert book.anchor(source).value == 0.25  # the anchor itself moved as in the paper's order
+    # A second step of the first source is measured against its C_1 = 1/4 (Delta = 0: Phi = 1).
+    if in_a_step:
+        book.begin_step()
+    advantages, _ = apo_step(book, rewards, groups, settings, scopes=["math"] * 4)
+    torch.testing.assert_close(advantages[:, 0], torch.tensor([0.75, -0.25, -0.25, -0.25]))
+
+
 def test_the_prior_order_warm_starts_at_the_first_batchs_success_and_then_lags_a_step():
     settings = ApoSettings(lambda_scale=1.0, eta=1.0, eta_min=0.5, anchor_order="prior")
     book = AnchorBook()
