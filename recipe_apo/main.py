@@ -20,33 +20,35 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from recipe_apo.errors import RecipeError
 from recipe_apo.integration.engine_watch import EngineWatch
-from recipe_apo.integration.errors import RecipeConfigError
 from recipe_apo.integration.modes import is_recipe_trainer, recipe_mode, verl_mode
-from recipe_apo.integration.naming import experiment_name, swept_keys
+from recipe_apo.integration.naming import (  # experiment_name: the naming rule, from the entry point too
+    check_the_sweep,
+    experiment_name,  # noqa: F401
+    job_name,
+    sweep_arguments,
+    swept_keys,
+)
 from recipe_apo.integration.validation import config_warnings, validate_recipe_config
 
 
 def name_the_run(config: DictConfig) -> None:
-    """Fill ``trainer.experiment_name`` from Hydra's view of this job, when the user has not set it."""
+    """Fill ``trainer.experiment_name`` from Hydra's view of this job, when the user has not set it; in a multirun,
+    first refuse a sweep two of whose jobs would share a checkpoint folder (``naming.check_the_sweep``)."""
     from hydra.core.hydra_config import HydraConfig
-
-    if config.trainer.get("experiment_name"):
-        return
-    hydra_config = HydraConfig.get()
-    method = hydra_config.runtime.choices.get("method") or str(config.algorithm.adv_estimator)
-    run_name = config.get("run_name") or {}
-    script_overrides = run_name.get("script_overrides", 0)
-    if not isinstance(script_overrides, int) or isinstance(script_overrides, bool):
-        raise RecipeConfigError(f"run_name.script_overrides={script_overrides!r}: must be a whole number")
     from hydra.types import RunMode
 
-    # The sweep is on the multirun's command line; Hydra hands each job only its own values.
-    swept = swept_keys(sys.argv[1:]) if hydra_config.mode == RunMode.MULTIRUN else ()
+    hydra_config = HydraConfig.get()
+    swept: frozenset[str] = frozenset()
+    if hydra_config.mode == RunMode.MULTIRUN:
+        # The sweep is on the multirun's command line; Hydra hands each job only its own values.
+        arguments = sweep_arguments(hydra_config, sys.argv[1:])
+        swept = swept_keys(arguments)
+        check_the_sweep(config, hydra_config, arguments)
+    if config.trainer.get("experiment_name"):
+        return
+    name = job_name(config, hydra_config.runtime.choices, list(hydra_config.overrides.task), swept)
     with open_dict(config):
-        config.trainer.experiment_name = experiment_name(
-            method, list(hydra_config.overrides.task), prefix=run_name.get("prefix"), script_overrides=script_overrides,
-            swept=swept,
-        )
+        config.trainer.experiment_name = name
 
 
 def rehearsal_choice() -> str | None:

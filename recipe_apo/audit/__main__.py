@@ -10,12 +10,17 @@ folder (its ``rollouts/``). Several RUN_DIRs are compared side by side. Writes `
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 from typing import Any, NoReturn, Optional, Sequence
 
-from recipe_apo.audit.dumps import AuditError
+from recipe_apo.audit.dumps import MAX_LENGTH, AuditError, cut_short
 from recipe_apo.errors import RecipeError
+
+# The longest --apo KEY=VALUE taken: APO's settings are numbers, flags and names, none spelled in more than a
+# few dozen characters (see _apo_settings).
+MAX_APO_PAIR = 200
 
 
 def _apo_settings(pairs: Sequence[str]) -> dict:
@@ -29,14 +34,21 @@ def _apo_settings(pairs: Sequence[str]) -> dict:
 
     parser, settings = OverridesParser.create(), {}
     for pair in pairs:
+        shown = cut_short(repr(pair))
+        # Bounded before Hydra's parser, whose time and recursion grow with the text ("[[[[..." nests).
+        if len(pair) > MAX_APO_PAIR:
+            raise AuditError(f"--apo {shown}: {len(pair)} characters, longer than any KEY=VALUE of algorithm.apo "
+                             f"(at most {MAX_APO_PAIR})")
         try:
             override = parser.parse_override(pair)
         except HydraException as exc:
-            raise AuditError(f"--apo {pair!r}: expected KEY=VALUE, e.g. --apo lambda_scale=2.0 "
-                             f"({str(exc).splitlines()[0]})") from None
+            raise AuditError(f"--apo {shown}: expected KEY=VALUE, e.g. --apo lambda_scale=2.0 "
+                             f"({cut_short(str(exc).splitlines()[0], 120)})") from None
+        except (ValueError, RecursionError):  # Hydra's int() of 4301 digits and more, nesting too deep
+            raise AuditError(f"--apo {shown}: a value Hydra cannot read as a number or a list") from None
         key = override.key_or_group.removeprefix("algorithm.apo.")
         if override.is_sweep_override() or override.is_delete() or not key:  # one replay takes one value
-            raise AuditError(f"--apo {pair!r}: expected one KEY=VALUE, e.g. --apo lambda_scale=2.0")
+            raise AuditError(f"--apo {shown}: expected one KEY=VALUE, e.g. --apo lambda_scale=2.0")
         if key in settings:
             raise AuditError(f"--apo {key} given twice")
         settings[key] = override.value()
@@ -59,11 +71,19 @@ def _tokenizer(name: str) -> Any:
         raise AuditError(f"--tokenizer {name}: no tokenizer loads from it ({reason})") from None
 
 
-def _at_least_one(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number of tokens, got {text!r}") from None
+def _token_cap(text: str) -> int:
+    """``--max-response-length``: ASCII digits (no ``1e3``, no ``1.5``), from 1 to 2^53, the dump's own bound
+    on a length (a cap above every length a response can have tells nothing). Bounded as written, before
+    int(), which refuses 4301 digits and more."""
+    digits = text.strip()
+    if not re.fullmatch(r"[+-]?[0-9]+", digits):
+        raise argparse.ArgumentTypeError(f"expected a whole number of tokens, got {cut_short(repr(text))}")
+    significant = digits.lstrip("+-").lstrip("0") or "0"
+    if digits.startswith("-") and significant != "0":
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {cut_short(digits)}")
+    if len(significant) > len(str(MAX_LENGTH)) or int(significant) > MAX_LENGTH:
+        raise argparse.ArgumentTypeError(f"must be at most 2^53 (no response is longer), got {cut_short(digits)}")
+    value = int(significant)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
     return value
@@ -83,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="a run's name in the report (once per RUN_DIR, in order)")
     parser.add_argument("--tokenizer", default=None,
                         help="model or tokenizer folder: count tokens when the dump has no token lengths")
-    parser.add_argument("--max-response-length", type=_at_least_one, default=None,
+    parser.add_argument("--max-response-length", type=_token_cap, default=None,
                         help="the runs' length cap (data.max_response_length), to tell truncation from token "
                              "lengths when the dump does not record it")
     parser.add_argument("--apo", action="append", default=[], metavar="KEY=VALUE",

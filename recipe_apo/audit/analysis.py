@@ -220,8 +220,8 @@ class _RunTotals:
         if step.truncated is not None:
             self.truncated_flags.append(step.truncated)
         if self.has_lags:
-            for lag, count in zip(*np.unique(step.policy_lag, return_counts=True)):
-                self.lag_counts[int(lag)] = self.lag_counts.get(int(lag), 0) + int(count)
+            for lag, count in zip(*(values.tolist() for values in np.unique(step.policy_lag, return_counts=True))):
+                self.lag_counts[lag] = self.lag_counts.get(lag, 0) + count
         return entry
 
     def _add_method(self, step: Step, outcomes: _Outcomes, name: str, measured: _Measures) -> None:
@@ -229,10 +229,13 @@ class _RunTotals:
         for cell in CELLS:
             self.mass_totals[name][cell] += float(measured.mass[outcomes.cells[cell]].sum())
         if self.has_lags:
-            by_lag = np.bincount(step.policy_lag, weights=measured.mass)
+            # Summed over the step's distinct lags, not bincount(lags): an array as long as the largest lag would
+            # be sized by the dump (dumps.py bounds a lag by its step, itself up to 2^53), not by its rows.
+            lags, which = np.unique(step.policy_lag, return_inverse=True)
+            by_lag = np.bincount(which.ravel(), weights=measured.mass, minlength=lags.size)
             lag_mass = self.lag_mass[name]
-            for lag in np.flatnonzero(np.bincount(step.policy_lag)):
-                lag_mass[int(lag)] = lag_mass.get(int(lag), 0.0) + by_lag[lag]
+            for lag, mass in zip(lags.tolist(), by_lag.tolist()):
+                lag_mass[lag] = lag_mass.get(lag, 0.0) + mass
         self.pooled[name].append(np.abs(measured.advantages))
         if self.has_logged:
             gap = np.abs(measured.advantages - step.logged_advantages)

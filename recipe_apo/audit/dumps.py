@@ -15,7 +15,10 @@ tokenizer (``tokenizer``); else characters, and the report says so.
 
 A dump is untrusted input: every field the audit reads has a rule (``FIELDS``) checked as the row is read, and
 a row that breaks one is refused naming ``file:line`` and the field, as is a step whose rows do not all carry
-the same fields, a uid written twice, a row whose ``step`` is not its file's, and two files of one step.
+the same fields, a uid written twice, a row whose ``step`` is not its file's, and two files of one step. Every
+number is typed and bounded before anything is made from it: whole numbers are whole, floats finite, and counts
+within what the dump itself can justify (a step number below 2^53, a policy lag below the step, an output index
+below the step's row count), so that no untrusted number sizes an allocation or overflows a conversion.
 """
 
 from __future__ import annotations
@@ -41,6 +44,10 @@ class AuditError(RecipeError, ValueError):
 LENGTH_UNITS = {"dump": "tokens", "tokenizer": "tokens (re-tokenized)", "characters": "characters"}
 # Lengths above it are not whole numbers in float64 any more; no response is that long.
 MAX_LENGTH = 2**53
+# Step numbers (a file's name, a row's step) above it are not whole numbers in float64 any more: the figure's
+# axis and most readers of audit.json hold them as floats. No run has that many steps (a step a microsecond
+# would take 285 years), and a policy lag, below its step, is bounded with it.
+MAX_STEP = 2**53
 
 _BAD = object()  # what a field's rule returns for a value that breaks it
 
@@ -59,24 +66,36 @@ def _number(value: Any) -> Any:
     return number if math.isfinite(number) else _BAD
 
 
+def _whole(value: Any, high: int) -> Any:
+    """``value`` as an int when it is a whole number (``3`` or ``3.0``, not ``true``) from 0 to ``high``. The
+    bounds apply to the value as written, before any conversion: 2^53 + 1 as a float would be 2^53, and
+    ``int(1e300)`` a 1000-bit integer that no int64 array holds."""
+    if isinstance(value, bool):  # JSON true is a Python int
+        return _BAD
+    if isinstance(value, int):
+        return value if 0 <= value <= high else _BAD
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer() and 0 <= value <= high:
+        return int(value)
+    return _BAD
+
+
 def _length(value: Any) -> Any:
     # 0 is legitimate: a response of no token (an aborted generation) carries no update, and the audit says so.
-    number = _number(value)
-    # The bounds on the value as written: 2^53 + 1 as a float would be 2^53.
-    return number if number is not _BAD and number.is_integer() and 0 <= value <= MAX_LENGTH else _BAD
+    length = _whole(value, MAX_LENGTH)
+    return _BAD if length is _BAD else float(length)
 
 
-def _whole(value: Any) -> Any:
-    number = _number(value)
-    return int(number) if number is not _BAD and number.is_integer() else _BAD
+def _step(value: Any) -> Any:
+    # Checked again against the file's step (a file's name is never a negative number), in read_step.
+    return _whole(value, MAX_STEP)
 
 
 def _lag(value: Any) -> Any:
     # verl's staleness in weight versions; null on its padding rows (they carry no versions), left out below.
+    # Bounded by the file's step in read_step (_check_lag): the type bound here only keeps the number an int64.
     if value is None:
         return None
-    lag = _whole(value)
-    return lag if lag is not _BAD and lag >= 0 else _BAD
+    return _whole(value, MAX_STEP)
 
 
 def _flag(value: Any) -> Any:
@@ -99,7 +118,7 @@ def _uid(value: Any) -> Any:
 FIELDS: dict[str, tuple[Callable[[Any], Any], str]] = {
     "output": (_text, "a string"),
     "score": (_number, "a finite number"),
-    "step": (_whole, "a whole number"),
+    "step": (_step, "a whole number from 0 to 2^53"),
     "uid": (_uid, "verl's uid {sample}_{rollout}_{output}"),
     "input": (_text, "a string"),
     "data_source": (_text, "a string"),
@@ -108,7 +127,7 @@ FIELDS: dict[str, tuple[Callable[[Any], Any], str]] = {
     "advantage": (_number, "a finite number"),  # the trainer writes the float the loss used: never null
     "apo_phi": (_number, "a finite number"),
     "apo_anchor": (_number, "a finite number"),
-    "policy_lag": (_lag, "a whole number of weight versions >= 0 (null on verl's padding rows only)"),
+    "policy_lag": (_lag, "a whole number of weight versions from 0 to 2^53 (null on verl's padding rows only)"),
 }
 
 
@@ -171,11 +190,24 @@ def _step_files(folder: Path) -> list[tuple[int, Path]]:
         digits = re.fullmatch(r"([0-9]+)\.jsonl", name)  # ASCII digits: str.isdigit() takes "²" too
         if digits is None:
             continue
-        step = int(digits.group(1))
+        step = _digits(digits.group(1), MAX_STEP)
+        if step is None:
+            raise AuditError(f"{folder}/{cut_short(name)}: step {cut_short(digits.group(1))} is beyond 2^53, more "
+                             "steps than any run has (the step bounds its rows' policy lags and is the report's "
+                             "step axis)")
         if step in files:
             raise AuditError(f"{folder}: {files[step].name} and {name} are both step {step}; keep one of them")
         files[step] = folder / name
     return sorted(files.items())
+
+
+def _digits(text: str, high: int) -> Optional[int]:
+    """ASCII digits ``text`` as an int if it is at most ``high``, else None. Bounded as written, before int(),
+    which refuses 4301 digits and more (leading zeros included)."""
+    significant = text.lstrip("0") or "0"
+    if len(significant) > len(str(high)) or int(significant) > high:
+        return None
+    return int(significant)
 
 
 def run_name(folder: Path) -> str:
@@ -183,10 +215,23 @@ def run_name(folder: Path) -> str:
     return folder.parent.name if folder.name == "rollouts" else folder.name
 
 
+def cut_short(text: str, width: int = 40) -> str:
+    """``text`` cut short to ``width`` characters: an error stays one readable line whatever it quotes."""
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
 def _shown(value: Any) -> str:
     """A field's value as the file spells it (``null``, ``"abc"``), cut short: an error stays one line."""
-    text = json.dumps(value, ensure_ascii=False)
-    return text if len(text) <= 40 else text[:37] + "..."
+    return cut_short(json.dumps(value, ensure_ascii=False))
+
+
+def _check_lag(path: Path, number: int, value: Any, lag: Optional[int], step: int) -> None:
+    """A policy lag no response of step ``step`` can have is refused naming its line. verl's lag is the step's
+    policy (weight version ``step - 1``: the policy trained at step t is version t - 1) minus the version that
+    generated the response, and versions are the trainer's step counts, from 0: so 0 <= lag <= step - 1."""
+    if lag is not None and lag > step - 1:
+        raise AuditError(f"{path}:{number}: policy_lag {_shown(value)} is more than step {step} allows (at most "
+                         f"{step - 1}: step {step} trains weight version {step - 1}, and versions start at 0)")
 
 
 def read_step(path: Path, step: int) -> Step:
@@ -213,6 +258,8 @@ def read_step(path: Path, step: int) -> Step:
             columns[field].append(value)
         if "step" in row and columns["step"][-1] != step:
             raise AuditError(f"{path}:{number}: step {_shown(row['step'])} is not the file's step {step}")
+        if "policy_lag" in row:
+            _check_lag(path, number, row["policy_lag"], columns["policy_lag"][-1], step)
         if "uid" in row:
             first = uid_lines.setdefault(row["uid"], number)
             if first != number:
@@ -222,7 +269,7 @@ def read_step(path: Path, step: int) -> Step:
     if not lines:
         raise AuditError(f"{path}: no responses (an empty step file: a writer that stopped before its first row?)")
     if "uid" in columns:
-        columns, lines = _one_row_per_trajectory(columns, lines)
+        columns, lines = _one_row_per_trajectory(columns, lines, path)
         if not lines:
             raise AuditError(f"{path}: only verl's padding rows, no responses")
         groups = [_UID.fullmatch(uid).group(1) for uid in columns["uid"]]
@@ -260,23 +307,33 @@ def _lags(columns: dict[str, list], lines: list[int], path: Path) -> Optional[np
     return np.asarray(columns["policy_lag"], dtype=np.int64)
 
 
-def _one_row_per_trajectory(columns: dict[str, list], lines: list[int]) -> tuple[dict[str, list], list[int]]:
+def _one_row_per_trajectory(columns: dict[str, list], lines: list[int],
+                            path: Path) -> tuple[dict[str, list], list[int]]:
     """A step's responses as the recipe's trainer counts them: verl's padding rows (uid ``pad...``) left out, and
     a multi-output trajectory (rows ``{sample}_{rollout}_0``, ``_1``, ...) as one response, its final output (the
     one verl scores; its advantage and Phi are every output's), with the token lengths of all its outputs (every
-    one of them is trained). Single-output steps come back unchanged."""
-    final: dict[str, int] = {}  # trajectory -> its row with the largest output index
+    one of them is trained). Single-output steps come back unchanged. An output index no row count justifies is
+    refused naming its line."""
+    final: dict[str, tuple[int, int]] = {}  # trajectory -> (its largest output index, that output's row)
     total: dict[str, float] = {}
     lengths = columns.get("response_length")
     for row, uid in enumerate(columns["uid"]):
         if uid.startswith("pad"):
             continue
-        trajectory, index = uid.rsplit("_", 1)
-        if trajectory not in final or int(index) > int(columns["uid"][final[trajectory]].rsplit("_", 1)[1]):
-            final[trajectory] = row
+        trajectory, digits = uid.rsplit("_", 1)
+        # verl numbers a trajectory's outputs 0, 1, ... and dumps every one into the step's file: an index is
+        # below the file's row count. ({rollout}, the uid's other number, is never read as a number: it is part
+        # of the trajectory's key, as text.)
+        index = _digits(digits, len(lines) - 1)
+        if index is None:
+            raise AuditError(f"{path}:{lines[row]}: uid {_shown(uid)} has output index {cut_short(digits)}, beyond "
+                             f"the step's {len(lines)} rows (verl numbers a trajectory's outputs 0, 1, ... and "
+                             "dumps each one)")
+        if trajectory not in final or index > final[trajectory][0]:
+            final[trajectory] = (index, row)
         if lengths is not None:
             total[trajectory] = total.get(trajectory, 0) + lengths[row]
-    keep = sorted(final.values())
+    keep = sorted(row for _, row in final.values())
     if len(keep) == len(lines):
         return columns, lines
     kept = {field: [values[row] for row in keep] for field, values in columns.items()}

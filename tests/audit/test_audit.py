@@ -194,15 +194,16 @@ def test_staleness_is_reported_by_lag_with_each_methods_update_mass(tmp_path):
     from recipe_apo.audit.report import report_markdown
 
     def row(uid, score, length, lag):
-        return {"input": "q", "output": "o", "score": score, "step": 1, "uid": uid, "response_length": length,
+        return {"input": "q", "output": "o", "score": score, "step": 2, "uid": uid, "response_length": length,
                 "policy_lag": lag}
 
-    # One group of four: two responses on-policy, two one version old; a padding row without versions.
+    # Step 2 (step 1 trains version 0, the first: no lag yet), one group of four: two responses on-policy, two
+    # one version old; a padding row without versions.
     rows = [row("g_0_0", 1.0, 2, 0), row("g_1_0", 0.0, 2, 0), row("g_2_0", 1.0, 6, 1), row("g_3_0", 0.0, 6, 1),
             {**row("pad1_0_0", 0.0, 0, None)}]
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    (run_dir / "1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run_dir / "2.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     result = audit_run(load_run(run_dir))
     assert result["staleness"]["response_share"] == {0: 0.5, 1: 0.5}
     # Dr. GRPO: |A_i| = 0.5 for all four, mass |A| x |o_i| / L0: lag 0 has 2 x 2 tokens, lag 1 has 2 x 6 tokens.
@@ -212,6 +213,6 @@ def test_staleness_is_reported_by_lag_with_each_methods_update_mass(tmp_path):
     assert "## 5. Staleness" in report_markdown([result])
     # A null lag on a response that is not padding is refused, naming its line.
     rows[0]["policy_lag"] = None
-    (run_dir / "1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    with pytest.raises(AuditError, match=r"1.jsonl:1: policy_lag null on a response that is not verl's padding row"):
+    (run_dir / "2.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(AuditError, match=r"2.jsonl:1: policy_lag null on a response that is not verl's padding row"):
         load_run(run_dir)

@@ -10,6 +10,8 @@ import json
 import math
 import subprocess
 import sys
+import time
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +21,8 @@ from hypothesis import strategies as st
 
 from recipe_apo.audit.__main__ import main
 from recipe_apo.audit.analysis import audit_run
-from recipe_apo.audit.dumps import MAX_LENGTH, AuditError, load_run, read_step
+from recipe_apo.audit.dumps import MAX_LENGTH, MAX_STEP, AuditError, load_run, read_step
+from recipe_apo.audit.report import audit_folders
 
 # A step of two groups of four, with every field the recipe's trainer writes.
 SCORES = ((1.0, 0.0, 0.0, 0.0), (1.0, 1.0, 0.0, 0.0))
@@ -181,6 +184,9 @@ CORRUPT = {
     "uid": st.one_of(st.none(), st.integers(), st.text(alphabet="ab_", max_size=5)),
     "data_source": st.one_of(st.none(), st.integers(), st.booleans()),
     "input": st.one_of(st.none(), st.integers(), st.booleans()),
+    # At step 2 a lag is 0 or 1 (the step trains weight version 1); null is refused too (not a padding row).
+    "policy_lag": st.one_of(NON_NUMBERS, st.integers(max_value=-1), FRACTIONS, st.integers(min_value=2),
+                            st.floats(min_value=2, allow_nan=False)),
 }
 
 
@@ -191,6 +197,9 @@ def test_a_row_with_any_field_broken_anywhere_is_refused_naming_its_line_and_fie
                                                                                     row, blank):
     value = data.draw(CORRUPT[field], label="value")
     rows = step_rows(2)
+    if field == "policy_lag":  # a field of every row or of none: the others carry a valid lag
+        for other in rows:
+            other["policy_lag"] = 1
     rows[row][field] = value
     lines: list = list(rows)
     for position in sorted(blank, reverse=True):
@@ -232,6 +241,156 @@ def test_rows_that_do_not_belong_together_are_refused(tmp_path, change, expected
     folder = write(tmp_path, {"1.jsonl": rows})
     with pytest.raises(AuditError, match=f"^{folder}/{expected}".replace("(", r"\(").replace(")", r"\)")):
         load_run(folder)
+
+
+# ---- numbers: typed and bounded where read, before anything is sized or converted by them ---------------------
+
+
+def refused_quickly(capsys, argv: list, out: Path) -> str:
+    """``refused``, in milliseconds and without a large allocation (numpy's arrays are traced too)."""
+    tracemalloc.start()
+    try:
+        start = time.perf_counter()
+        message = refused(capsys, argv, out)
+        elapsed = time.perf_counter() - start
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert elapsed < 0.5 and peak < 32 * 2**20, (elapsed, peak)
+    return message
+
+
+BEYOND_A_STEP = "is more than step {step} allows (at most {most}: step {step} trains weight version {most}, and " \
+                "versions start at 0)"
+NOT_A_LAG = "is not a whole number of weight versions from 0 to 2^53 (null on verl's padding rows only)"
+
+
+@pytest.mark.parametrize(("lag", "written", "expected"), [
+    (10**9, "1000000000", BEYOND_A_STEP),  # was a bincount of 7 GiB
+    (1e12, "1000000000000.0", BEYOND_A_STEP),  # of 7 TiB
+    (3, "3", BEYOND_A_STEP),  # step 3 trains version 2: 3 versions back is before the run's first
+    (2**63, "9223372036854775808", NOT_A_LAG),  # was an OverflowError into an int64 array
+    (1e300, "1e+300", NOT_A_LAG),  # likewise
+    (10**400, "1" + "0" * 36 + "...", NOT_A_LAG),  # an int no float holds
+], ids=["1e9", "1e12", "step", "2^63", "1e300", "1e400-int"])
+def test_a_policy_lag_no_response_of_its_step_can_have_is_refused_at_once_naming_its_line(tmp_path, capsys, lag,
+                                                                                           written, expected):
+    rows = step_rows(3)
+    for row in rows:
+        row["policy_lag"] = 0
+    rows[6]["policy_lag"] = lag  # line 7
+    run = write(tmp_path / "run", {"3.jsonl": rows})
+    message = refused_quickly(capsys, [run], tmp_path / "out")
+    assert message == f"{run}/3.jsonl:7: policy_lag {written} " + expected.format(step=3, most=2)
+
+
+# "huge": beyond float64 for a float, beyond int64 (yet a float) for a whole number.
+HOSTILE = {"huge": 10**400, "huge-whole": 2**63, "negative": -1, "fraction": 0.5, "nan": math.nan, "inf": math.inf,
+           "string": "1", "bool": True, "null": None}
+# Each field the audit reads as a number, and the hostile kinds it takes as they are (a score of -1 is a number;
+# the success rule refuses it later, naming the row; a flag may be true; a lag null on a padding row).
+NUMBER_FIELDS = {
+    "score": ("huge", "nan", "inf", "string", "bool", "null"),
+    "advantage": ("huge", "nan", "inf", "string", "bool", "null"),
+    "apo_phi": ("huge", "nan", "inf", "string", "bool", "null"),
+    "apo_anchor": ("huge", "nan", "inf", "string", "bool", "null"),
+    "response_length": tuple(HOSTILE),
+    "truncated": ("huge", "negative", "fraction", "nan", "inf", "string", "null"),
+    "step": tuple(HOSTILE),
+    "policy_lag": tuple(HOSTILE),
+}
+
+
+@pytest.mark.parametrize(("field", "kind"), [(f, k) for f, kinds in NUMBER_FIELDS.items() for k in kinds],
+                         ids=lambda v: v)
+def test_every_number_field_with_a_hostile_value_is_refused_naming_its_file_line_and_field(tmp_path, field, kind):
+    rows = step_rows(2)
+    for row in rows:
+        row["policy_lag"] = 1
+    rows[4][field] = HOSTILE[kind]  # line 5
+    folder = write(tmp_path, {"2.jsonl": rows})
+    with pytest.raises(AuditError) as refusal:
+        load_run(folder)
+    message = str(refusal.value)
+    assert message.startswith(f"{folder}/2.jsonl:5: {field} ") and "\n" not in message and len(message) < 300
+
+
+@pytest.mark.parametrize("step", [MAX_STEP + 1, 10**30, int("9" * 200)], ids=["2^53+1", "1e30", "200-digits"])
+def test_a_step_file_named_beyond_2_53_is_refused_naming_it(tmp_path, capsys, step):
+    rows = [{**row, "step": step} for row in step_rows()]
+    run = write(tmp_path / "run", {f"{step}.jsonl": rows, "1.jsonl": step_rows()})
+    message = refused(capsys, [run], tmp_path / "out")
+    name, digits = f"{step}.jsonl", str(step)
+    shown = (name if len(name) <= 40 else name[:37] + "...", digits if len(digits) <= 40 else digits[:37] + "...")
+    assert message.startswith(f"{run}/{shown[0]}: step {shown[1]} is beyond 2^53, more steps than any run has")
+
+
+def test_a_rows_step_is_not_rounded_into_its_files_step(tmp_path):
+    rows = step_rows(MAX_STEP)
+    rows[2]["step"] = MAX_STEP + 1  # as a float, 2^53 + 1 is 2^53: the file's step
+    folder = write(tmp_path, {f"{MAX_STEP}.jsonl": rows})
+    with pytest.raises(AuditError, match=f"^{folder}/{MAX_STEP}.jsonl:3: step {MAX_STEP + 1} is not a whole number "
+                                         "from 0 to 2\\^53$"):
+        load_run(folder)
+
+
+@pytest.mark.parametrize(("index", "shown"), [("8", "8"), ("9" * 5000, "9" * 37 + "...")], ids=["rows", "5000-digits"])
+def test_a_uid_output_index_beyond_the_steps_rows_is_refused_naming_its_line(tmp_path, capsys, index, shown):
+    rows = step_rows()
+    rows[1]["uid"] = f"s1g0_1_{index}"  # 8 rows: a trajectory has at most 8 outputs, 0 to 7
+    run = write(tmp_path / "run", {"1.jsonl": rows})
+    uid = json.dumps(rows[1]["uid"])
+    assert refused_quickly(capsys, [run], tmp_path / "out") == (
+        f"{run}/1.jsonl:2: uid {uid if len(uid) <= 40 else uid[:37] + '...'} has output index {shown}, beyond the "
+        "step's 8 rows (verl numbers a trajectory's outputs 0, 1, ... and dumps each one)")
+
+
+def test_lags_of_a_late_step_are_measured_without_an_array_as_long_as_the_lag(tmp_path):
+    # The largest step and lag the audit takes: its staleness is summed per lag, not over 0 .. the largest lag.
+    rows = step_rows(MAX_STEP)
+    for i, row in enumerate(rows):
+        row["policy_lag"] = (MAX_STEP - 1) * (i % 2)
+    run = load_run(write(tmp_path / "late", {f"{MAX_STEP}.jsonl": rows}))
+    audit_run(load_run(write(tmp_path / "warm", {"1.jsonl": step_rows()})))  # the replay's first-use imports
+    tracemalloc.start()
+    try:
+        start = time.perf_counter()
+        result = audit_run(run)
+        elapsed, peak = time.perf_counter() - start, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert elapsed < 1.0 and peak < 32 * 2**20, (elapsed, peak)
+    assert result["staleness"]["response_share"] == {0: 0.5, MAX_STEP - 1: 0.5}
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    (["--max-response-length", str(10**30)],
+     "argument --max-response-length: must be at most 2^53 (no response is longer), got 1000000000000000000000000000000"
+     " (see --help)"),
+    (["--max-response-length", "9" * 5000],
+     "argument --max-response-length: must be at most 2^53 (no response is longer), got " + "9" * 37
+     + "... (see --help)"),
+    (["--max-response-length", str(MAX_LENGTH)], "no policy_lag"),  # the largest cap taken: the dump is read
+    (["--apo", "history=" + "9" * 5000],
+     "--apo 'history=9999999999999999999999999999...: 5008 characters, longer than any KEY=VALUE of algorithm.apo "
+     "(at most 200)"),
+    (["--apo", "eta=" + "[" * 98 + "]" * 98], "--apo: algorithm.apo.eta must be a finite number, got [[[[[[[["),
+], ids=["cap-1e30", "cap-5000-digits", "cap-2^53", "apo-5000-digits", "apo-nested"])
+def test_a_number_argument_beyond_its_bound_is_refused_in_one_short_line(tmp_path, capsys, args, expected):
+    rows = step_rows()
+    for row in rows[1:]:
+        row["policy_lag"] = 0  # the first row lacks it: an error once the dump is read
+    run = write(tmp_path / "run", {"1.jsonl": rows})
+    message = refused(capsys, [run, *args], tmp_path / "out")
+    assert message.startswith(expected if expected != "no policy_lag" else f"{run}/1.jsonl:2: a policy_lag field")
+    assert len(message) < 300
+
+
+@pytest.mark.parametrize("cap", [0, 2**60, 1.5, True, "8"], ids=repr)
+def test_audit_folders_takes_the_command_lines_cap_only(tmp_path, cap):
+    run = write(tmp_path / "run", {"1.jsonl": step_rows()})
+    with pytest.raises(AuditError, match="^--max-response-length must be a whole number of tokens from 1 to 2\\^53"):
+        audit_folders([run], tmp_path / "out", max_response_length=cap)
 
 
 # ---- the files themselves ----------------------------------------------------------------------------------------

@@ -64,6 +64,8 @@ def test_returned_paths_and_files(tiny):
     assert tiny["val"] == tiny["model"].parent / "data" / "val.parquet" and tiny["val"].is_file()
     assert tiny["reward"].samefile(reward.__file__)
     assert not (tiny["model"].parent / ".make_tiny.partial").exists()
+    # Each folder it made holds its mark: what a later make_tiny (or rehearsal) may replace.
+    assert (tiny["model"] / mt.MADE_MARK).is_file() and (tiny["train"].parent / mt.MADE_MARK).is_file()
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -311,6 +313,11 @@ def test_rerun_overwrites_cleanly(tmp_path):
     assert len(pd.read_parquet(paths["train"])) == 6 and len(pd.read_parquet(paths["val"])) == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "model", "notes.txt"]
     assert lines and all(line.startswith("make_tiny:") for line in lines)
+    # A folder make_tiny created is marked as its own; one that was there is left unmarked.
+    assert (tmp_path / "model" / mt.MADE_MARK).is_file() and (tmp_path / "data" / mt.MADE_MARK).is_file()
+    fresh = tmp_path / "new" / "tiny"
+    mt.make_tiny(fresh, n_train=2, n_val=2, warmup_steps=0, progress=None)
+    assert sorted(p.name for p in fresh.iterdir()) == [mt.MADE_MARK, "data", "model"]
 
 
 @pytest.mark.parametrize(
@@ -328,10 +335,51 @@ def test_bad_arguments(tmp_path, kwargs, message):
     assert not (tmp_path / "out").exists()
 
 
-def test_out_dir_that_is_a_file(tmp_path):
+def test_out_dir_that_is_a_file_or_under_one(tmp_path):
     (tmp_path / "f").write_text("")
-    with pytest.raises(ValueError, match="not a directory"):
+    with pytest.raises(mt.OutDirError, match=f"^{re.escape(str(tmp_path / 'f'))} is a file, not a folder; give "
+                                             f"make_tiny a folder you can write$"):
         mt.make_tiny(tmp_path / "f", progress=None)
+    with pytest.raises(ValueError, match=f"/sub: {re.escape(str(tmp_path / 'f'))} is a file, not a folder; "):
+        mt.make_tiny(tmp_path / "f" / "sub", progress=None)
+
+
+@pytest.mark.parametrize("kind", ["a folder with files", "a file", "a link"])
+@pytest.mark.parametrize("name", ["model", "data", ".make_tiny.partial"])
+def test_a_folder_make_tiny_did_not_make_is_refused_and_kept(tmp_path, name, kind):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "model.safetensors").write_text("my weights")
+    out = tmp_path / "out"
+    out.mkdir()
+    target = out / name
+    if kind == "a folder with files":
+        target.mkdir()
+        (target / "model.safetensors").write_text("my weights")
+    elif kind == "a file":
+        target.write_text("my notes")
+    else:
+        target.symlink_to(mine, target_is_directory=True)
+    before = sorted(str(p) for p in tmp_path.rglob("*"))
+    # Small sizes: were it not refused at once, the build would take a second, not the module's default model.
+    with pytest.raises(mt.OutDirError) as error:
+        mt.make_tiny(out, n_train=2, n_val=2, warmup_steps=0, progress=None)
+    assert str(error.value) == (f"{target} is {kind} that recipe-apo did not make (no .recipe-apo-made in it), and "
+                                f"make_tiny would replace it: write the tiny model elsewhere, or remove {target} "
+                                f"yourself")
+    assert sorted(str(p) for p in tmp_path.rglob("*")) == before
+    assert (mine / "model.safetensors").read_text() == "my weights"
+
+
+def test_cli_says_a_refused_folder_in_one_line(tmp_path, capsys):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    assert mt.main([str(tmp_path), "--warmup-steps", "0", "--n-train", "2", "--n-val", "2"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == (f"recipe-apo: error: {tmp_path / 'model'} is a folder with files that recipe-apo did "
+                            f"not make (no .recipe-apo-made in it), and make_tiny would replace it: write the tiny "
+                            f"model elsewhere, or remove {tmp_path / 'model'} yourself\n")
 
 
 def test_cli_rejects_negative_count(tmp_path, capsys):

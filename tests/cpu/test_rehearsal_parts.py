@@ -418,14 +418,16 @@ def test_a_run_that_trained_no_step_fails_the_rehearsal(tmp_path, monkeypatch, c
     assert rehearse.main(["--out", str(out), "--steps", "2", "--methods", "apo"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1
-    assert err[0].startswith("rehearsal: error: apo's train run trained no step, expected to end at step 2: see ")
+    assert err[0].startswith("recipe-apo: error: apo's train run trained no step, expected to end at step 2: see ")
 
 
 def test_run_outputs_no_rehearsal_wrote_are_refused_and_kept(tmp_path, capsys):
     (tmp_path / "checkpoints" / "mine").mkdir(parents=True)
     (tmp_path / "summary.md").write_text("mine")
-    with pytest.raises(rehearse.RehearsalError, match=r"checkpoints exists and was not written by a rehearsal: "
-                                                      r"give --out a new or empty folder, or remove "):
+    with pytest.raises(rehearse.RehearsalRefused, match=r"is not empty \(checkpoints, summary.md\) and no rehearsal "
+                                                        r"wrote it \(no .recipe-apo-rehearsal in it\): give another "
+                                                        r"--out \(a new or empty folder\), or, if nothing in it is "
+                                                        r"needed, remove "):
         rehearse.prepare_out(tmp_path)
     assert (tmp_path / "checkpoints" / "mine").is_dir() and (tmp_path / "summary.md").read_text() == "mine"
     assert not (tmp_path / rehearse.MARKER).exists()

@@ -21,9 +21,11 @@ def fingerprint(prefix, method, items):
 def test_a_scripts_settings_count_through_a_hash_and_the_users_are_spelled_out():
     user = ["algorithm.apo.eta=0.5", "trainer.total_training_steps=10"]
     name = experiment_name("apo", SCRIPT + user, prefix="paper", script_overrides=len(SCRIPT))
-    # In the hash: full keys, the full model id, the training data by file name; sorted by key.
+    # In the hash: full keys, the full model id, the training data by its full paths (a list, as verl reads one
+    # path), sorted by key. (It once held the data's file names only: moving the data kept the name, so a run on
+    # other data resumed the first; tests/integration/test_run_names.py.)
     items = ["algorithm.apo.eta=0.5", "data.max_response_length=3000",
-             "actor_rollout_ref.model.path=Qwen/Qwen2.5-Math-1.5B", "train_files=math.parquet"]
+             "actor_rollout_ref.model.path=Qwen/Qwen2.5-Math-1.5B", "data.train_files=[/d/math.parquet]"]
     assert name == f"paper-apo-apo.eta=0.5-{fingerprint('paper', 'apo', items)}"
 
 
@@ -34,10 +36,11 @@ def test_the_last_value_of_a_key_counts_and_repeating_the_scripts_value_changes_
     changed = experiment_name("apo", SCRIPT + ["data.max_response_length=2048"], prefix="paper",
                               script_overrides=len(SCRIPT))
     assert same == base and changed != base and changed.startswith("paper-apo-data.max_response_length=2048-")
-    # the data's folder does not count, its file names do
+    # The data's folder counts as its file names do: this test once said moving the data kept the name, the
+    # defect by which /data/v1/train.parquet and /data/v2/train.parquet shared a checkpoint folder.
     moved = [item.replace("/d/", "/elsewhere/") for item in SCRIPT]
     other = [item.replace("math.parquet", "gsm8k.parquet") for item in SCRIPT]
-    assert experiment_name("apo", moved, prefix="paper", script_overrides=len(SCRIPT)) == base
+    assert experiment_name("apo", moved, prefix="paper", script_overrides=len(SCRIPT)) != base
     assert experiment_name("apo", other, prefix="paper", script_overrides=len(SCRIPT)) != base
 
 

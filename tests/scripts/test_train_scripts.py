@@ -29,7 +29,7 @@ METHODS = ("grpo", "drgrpo", "apo", "codapo")
 
 
 def script_command(script, *args, env=None, dry_run="args"):
-    full_env = {**os.environ, "RECIPE_APO_DRY_RUN": dry_run, "PYTHON": sys.executable, "DATA_DIR": "/data/apo"}
+    full_env = {**os.environ, "RECIPE_APO_DRY_RUN": dry_run, "PYTHON": sys.executable, "DATA_DIR": "/data/recipe_apo"}
     full_env.pop("METHOD", None)
     full_env.pop("EXPERIMENT_NAME", None)
     full_env.update(env or {})
@@ -120,8 +120,8 @@ def test_paper_runs_map_section_5_1(compose, size, method):
     assert actor.ppo_mini_batch_size * rollout.n == 128  # batch of 128 per update
     assert updates_per_round(config) == 8  # 8 updates per round
     assert data.max_prompt_length + data.max_response_length <= 4096  # Qwen2.5-Math's context
-    assert data.train_files == "/data/apo/math_lvl3to5.parquet"
-    assert list(data.val_files) == [f"/data/apo/{b}.parquet"
+    assert data.train_files == "/data/recipe_apo/math_lvl3to5.parquet"
+    assert list(data.val_files) == [f"/data/recipe_apo/{b}.parquet"
                                     for b in ("aime24", "amc", "math500", "minerva", "olympiadbench")]
     assert config.actor_rollout_ref.model.path == {"1.5b": "Qwen/Qwen2.5-Math-1.5B", "7b": "Qwen/Qwen2.5-Math-7B"}[size]
     assert rollout.temperature == 1.0 and rollout.top_p == 1.0
@@ -144,8 +144,8 @@ def test_small_gsm8k_run(compose, method):
     assert config.actor_rollout_ref.rollout.n == 8
     assert updates_per_round(config) == 8
     assert config.actor_rollout_ref.model.path == "Qwen/Qwen2.5-0.5B-Instruct"
-    assert config.data.train_files == "/data/apo/gsm8k_train.parquet"
-    assert config.data.val_files == "/data/apo/gsm8k_test.parquet"
+    assert config.data.train_files == "/data/recipe_apo/gsm8k_train.parquet"
+    assert config.data.val_files == "/data/recipe_apo/gsm8k_test.parquet"
     check_recording_and_fairness(config)
     check_method(config, method, l0=config.data.max_response_length)
 
@@ -229,11 +229,12 @@ def test_run_names_separate_settings_not_plumbing():
     assert name("method=apo") == base  # the default method, said or not
     # where things are and how they are logged do not change the run
     assert name("trainer.logger=[console,wandb]", "data.val_files=[x]", "trainer.total_training_steps=5") == base
-    assert name(env={"DATA_DIR": "/elsewhere"}) == base
+    # the data's path counts (its full path is in the hash): another folder is another run
+    assert name(env={"DATA_DIR": "/elsewhere"}) != base
     # an override equal to the script's own value is the same run
     assert name("data.train_batch_size=128") == base
     # what is trained does
-    distinct = {base, name("data.train_files=/data/apo/gsm8k_train.parquet"),
+    distinct = {base, name("data.train_files=/data/recipe_apo/gsm8k_train.parquet"),
                 name("actor_rollout_ref.model.path=Qwen/Qwen2.5-Math-7B"), name("algorithm.apo.eta=0.5"),
                 name("actor_rollout_ref.actor.optim.lr=2e-6"), name("data.max_prompt_length=512")}
     assert len(distinct) == 6
@@ -388,14 +389,14 @@ def test_generation_commands_for_a_verl_checkpoint(tmp_path, capsys):
     (actor / "fsdp_config.json").write_text("{}")
     out = tmp_path / "eval"
     assert evaluate.main(["--model", str(tmp_path / "global_step_640"), "--out-dir", str(out), "--dry-run",
-                          "--data-dir", "/data/apo", "--ngpus", "4", "--python", "py"]) == 0
+                          "--data-dir", "/data/recipe_apo", "--ngpus", "4", "--python", "py"]) == 0
     commands = [line for line in capsys.readouterr().err.splitlines() if line.startswith("+ ")]
     assert commands[0] == (f"+ py -m verl.model_merger merge --backend fsdp --local_dir {actor} "
                            f"--target_dir {out}/hf_model")
     generate = commands[1]
     assert generate.startswith("+ py -m verl.trainer.main_generation_server ")
-    for part in ("data.train_files=[/data/apo/aime24.parquet,/data/apo/amc.parquet,/data/apo/math500.parquet,"
-                 "/data/apo/minerva.parquet,/data/apo/olympiadbench.parquet]",
+    for part in ("data.train_files=[/data/recipe_apo/aime24.parquet,/data/recipe_apo/amc.parquet,/data/recipe_apo/math500.parquet,"
+                 "/data/recipe_apo/minerva.parquet,/data/recipe_apo/olympiadbench.parquet]",
                  f"+data.output_path={out}/generations.parquet", f"actor_rollout_ref.model.path={out}/hf_model",
                  "actor_rollout_ref.rollout.temperature=0.0", "actor_rollout_ref.rollout.n=1",
                  "data.max_response_length=3000", "trainer.n_gpus_per_node=4"):
