@@ -28,7 +28,7 @@ import tempfile
 from pathlib import Path
 
 from recipe_apo.cpu import rehearse
-from recipe_apo.cpu.make_tiny import make_tiny
+from recipe_apo.cpu.make_tiny import OutDirError, make_tiny
 
 STAGES = ("gen", "old_log_prob", "adv", "update_actor", "step")
 TARGET = 0.98  # APO throughput / GRPO throughput
@@ -65,7 +65,10 @@ def main() -> int:
                   f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={args.dynamic_bsz}"]
     methods = [m for m in args.methods.split(",") if m]
     out = (args.out or Path(tempfile.mkdtemp(prefix="bench_e2e_"))).resolve()
-    paths = make_tiny(out / "tiny", progress=None)
+    try:
+        paths = make_tiny(out / "tiny", progress=None)
+    except OutDirError as exc:  # a tiny/ the recipe did not make: kept, and said in one line
+        parser.error(str(exc))
     steps: dict[str, list[dict]] = {m: [] for m in methods}
     per_round: list[dict[str, float]] = []
     for round_ in range(args.rounds):
