@@ -10,6 +10,8 @@ from recipe_apo.cpu import vllm_engine
 from recipe_apo.integration.errors import RecipeConfigError
 from recipe_apo.integration.modes import verl_mode
 from recipe_apo.integration.validation import REHEARSAL_ROLLOUT as ROLLOUT_NAME
+from recipe_apo.integration.verl_settings import check_trainer_mode
+from recipe_apo.methods.checks import check_integer
 
 
 def _get(config: Any, dotted: str, default=None):
@@ -37,7 +39,7 @@ def _check_rollout(config: Any) -> None:
             f"{vllm_engine.INSTALL_HINT}"
         )
     for key in ("tensor_model_parallel_size", "data_parallel_size", "pipeline_model_parallel_size"):
-        if int(rollout.get(key, 1)) != 1:
+        if check_integer(f"actor_rollout_ref.rollout.{key}", rollout.get(key, 1), RecipeConfigError) != 1:
             raise RecipeConfigError(
                 f"actor_rollout_ref.rollout.{key}={rollout.get(key)}: the CPU rehearsal runs one generation "
                 "process per replica; set it to 1"
@@ -45,8 +47,10 @@ def _check_rollout(config: Any) -> None:
 
 
 def _check_trainer_mode(config: Any) -> None:
-    """Refuses separate_async: its rollout pool takes the weights through a GPU transfer backend."""
-    mode = verl_mode(str(_get(config, "trainer.v1.trainer_mode", "sync")))
+    """Refuses a trainer mode verl's registry lacks (the launch's own check, which runs after these: an unknown
+    name must not slip past the test below), and separate_async: its rollout pool takes the weights through a
+    GPU transfer backend."""
+    mode = verl_mode(check_trainer_mode(config))
     if mode == "separate_async":
         raise RecipeConfigError(
             "trainer.v1.trainer_mode=separate_async: its rollout pool takes the weights through a transfer backend "
@@ -55,12 +59,13 @@ def _check_trainer_mode(config: Any) -> None:
 
 
 def _check_workers(config: Any) -> None:
-    """Refuses several nodes without a cluster to run them on, no FSDP worker, or fewer Ray GPUs than workers:
+    """Refuses node, worker and Ray GPU counts that are not whole numbers (1.5 must not pass as 1), several nodes
+    without a cluster to run them on, no FSDP worker, or fewer Ray GPUs than workers:
     each FSDP worker is one Ray worker holding one "GPU" of the CPU platform, so Ray must be told there are as
     many. Several nodes are several Ray nodes on this machine, started beforehand with their GPUs declared
     (``recipe_apo.cpu.local_cluster``); the run joins them through ``ray_kwargs.ray_init.address``."""
-    nodes = int(config.trainer.nnodes)
-    workers = int(config.trainer.n_gpus_per_node)
+    nodes = check_integer("trainer.nnodes", config.trainer.nnodes, RecipeConfigError)
+    workers = check_integer("trainer.n_gpus_per_node", config.trainer.n_gpus_per_node, RecipeConfigError)
     address = _get(config, "ray_kwargs.ray_init.address")
     if nodes < 1:
         raise RecipeConfigError(f"trainer.nnodes={nodes}: the rehearsal needs at least one node")
@@ -74,8 +79,9 @@ def _check_workers(config: Any) -> None:
         raise RecipeConfigError(f"trainer.n_gpus_per_node={workers}: the rehearsal needs at least one FSDP worker")
     if address:
         return  # the cluster's nodes declared their GPUs; verl checks its resource pool against them
-    ray_gpus = _get(config, "ray_kwargs.ray_init.num_gpus", 0)
-    if int(ray_gpus) < workers:
+    ray_gpus = check_integer("ray_kwargs.ray_init.num_gpus", _get(config, "ray_kwargs.ray_init.num_gpus", 0),
+                             RecipeConfigError)
+    if ray_gpus < workers:
         raise RecipeConfigError(
             f"ray_kwargs.ray_init.num_gpus={ray_gpus} is below trainer.n_gpus_per_node={workers}: the CPU platform "
             "counts one GPU per FSDP worker; leave num_gpus to rehearsal=cpu (it follows n_gpus_per_node)"

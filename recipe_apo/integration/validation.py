@@ -14,6 +14,7 @@ from recipe_apo.integration.engine_watch import EngineWatch
 from recipe_apo.integration.errors import RecipeConfigError
 from recipe_apo.integration.flags import check_flags
 from recipe_apo.integration.modes import ASYNC_MODES, is_recipe_trainer, verl_mode
+from recipe_apo.integration.verl_settings import check_token_budgets, check_trainer_mode, check_v1_settings
 from recipe_apo.methods.apo_settings import ApoConfigError, ApoSettings
 from recipe_apo.methods.checks import AGG_MODES, NORM_MODE, check_choice, check_integer, check_number
 from recipe_apo.methods.codapo import CodapoConfigError, CodapoSettings
@@ -81,6 +82,13 @@ def _is_positive_number(value: Any) -> bool:
 def _check_flags(config: Any, rehearsal: bool) -> None:
     """Refuses a flag set to anything but true/false: every later check reads flags with Python's truth."""
     check_flags(config)
+
+
+def _check_trainer_mode(config: Any, rehearsal: bool) -> None:
+    """Refuses a trainer.v1.trainer_mode that verl's trainer registry lacks (verl's modes, the recipe's apo_*
+    trainers, a plugin's own): verl looks the name up as it is, in a Ray worker, after the model load
+    (``recipe_apo.integration.verl_settings.check_trainer_mode``, shared with the CPU rehearsal's checks)."""
+    check_trainer_mode(config)
 
 
 def _check_method_settings(config: Any, rehearsal: bool) -> None:
@@ -156,6 +164,42 @@ def _check_trainer_version(config: Any, rehearsal: bool) -> None:
     """Refuses trainer.use_v1=false: the recipe plugs into verl's V1 trainer only."""
     if not config.trainer.get("use_v1", True):
         raise RecipeConfigError("trainer.use_v1=false: the recipe runs verl's V1 trainer; set trainer.use_v1=true")
+
+
+def _check_v1_settings(config: Any, rehearsal: bool) -> None:
+    """Refuses a trainer.v1.* setting of the wrong type or range for the trainer's mode (parameter_sync_step,
+    num_warmup_batches, separate_async's hybrid_rollout, the replay buffer's sampler): verl reads each in a Ray
+    worker, where a wrong one is a TypeError or an assertion minutes in, and a huge warm-up queues prompts it never
+    trains (``recipe_apo.integration.verl_settings.check_v1_settings`` says what each must be, and why)."""
+    check_v1_settings(config, check_trainer_mode(config))
+
+
+def _check_cluster_size(config: Any, rehearsal: bool) -> None:
+    """Refuses a trainer.nnodes or trainer.n_gpus_per_node that is not a whole number >= 1: verl multiplies them
+    into its resource pool and its batch-size checks, where 1.5 or text fails in a traceback."""
+    for key in ("nnodes", "n_gpus_per_node"):
+        check_integer(f"trainer.{key}", config.trainer.get(key, 1), RecipeConfigError, low=1)
+
+
+def _check_token_budgets(config: Any, rehearsal: bool) -> None:
+    """Refuses, with dynamic batch sizes, a per-GPU token budget (actor, old log-probs, reference, critic) below
+    data.max_prompt_length + data.max_response_length: verl asserts that the longest sequence fits a micro-batch
+    in a Ray worker, at the first batch (``recipe_apo.integration.verl_settings.check_token_budgets``)."""
+    check_token_budgets(config)
+
+
+def _check_codapo_rewards(config: Any, rehearsal: bool) -> None:
+    """Refuses CoDaPO with algorithm.use_kl_in_reward=true: CoDaPO counts a response as correct when its reward
+    is exactly 1.0 (``recipe_apo.methods.codapo``), and a KL-penalised reward (score - beta * KL) never is, so every
+    group's accuracy would be 0 and its confidence-difficulty weight the bare offset."""
+    if _estimator(config) != "codapo" or not config.algorithm.get("use_kl_in_reward", False):
+        return
+    raise RecipeConfigError(
+        "algorithm.use_kl_in_reward=true with algorithm.adv_estimator=codapo: CoDaPO counts a response as correct "
+        "when its reward is exactly 1.0, which a KL-penalised reward never is, so every group's accuracy would be 0 "
+        "(weight = the bare weight_offset); use the KL loss instead (actor_rollout_ref.actor.use_kl_loss=true, "
+        "algorithm.use_kl_in_reward=false)"
+    )
 
 
 def _check_apo_needs(config: Any, rehearsal: bool) -> None:
@@ -287,11 +331,16 @@ def _check_group_size(config: Any, rehearsal: bool) -> None:
 # and whether the job runs the CPU rehearsal.
 CHECKERS: tuple[Callable[[Any, bool], None], ...] = (
     _check_flags,
+    _check_trainer_mode,
     _check_method_settings,
     _check_zero_variance,
     _check_codapo_trainer,
     _check_codapo_resampling,
     _check_trainer_version,
+    _check_v1_settings,
+    _check_cluster_size,
+    _check_token_budgets,
+    _check_codapo_rewards,
     _check_apo_needs,
     _check_registered_names,
     _check_std_normalisation,
@@ -376,9 +425,25 @@ def _warn_unbalanced_batch(config: Any) -> Optional[str]:
     )
 
 
+def _warn_codapo_overlong_penalty(config: Any) -> Optional[str]:
+    """CoDaPO beside DAPO's overlong penalty (verl's dapo reward manager): a correct but long response scores below
+    1.0, and CoDaPO's accuracy counts only rewards exactly 1.0 (the same trap as the KL penalty, for long ones)."""
+    manager = OmegaConf.select(config, "reward.reward_manager.name", default=None)
+    overlong = OmegaConf.select(config, "reward.reward_kwargs.overlong_buffer_cfg.enable", default=None)
+    if str(config.algorithm.adv_estimator) != "codapo" or manager != "dapo" or overlong is not True:
+        return None
+    return (
+        "algorithm.adv_estimator=codapo with reward.reward_manager.name=dapo and "
+        "reward.reward_kwargs.overlong_buffer_cfg.enable=true: DAPO's overlong penalty lowers the reward of responses "
+        "longer than max_resp_len - overlong_buffer_cfg.len, so a correct long one scores below 1.0 and CoDaPO's "
+        "accuracy (rewards exactly 1.0) counts it as wrong"
+    )
+
+
 # Run in this order by config_warnings; each returns its one line, or None when the setting is fine.
 WARNINGS: tuple[Callable[[Any], Optional[str]], ...] = (
     _warn_codapo_tiling,
+    _warn_codapo_overlong_penalty,
     _warn_per_micro_batch_mean,
     _warn_multi_output_loops,
     _warn_unshuffled_mini_batches,

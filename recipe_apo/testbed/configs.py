@@ -10,13 +10,16 @@ Hydra's ConfigStore as ``testbed_presets``, which ``testbed.yaml``'s defaults li
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 from hydra import compose
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
+from recipe_apo.errors import RecipeError
 from recipe_apo.integration import presets
+from recipe_apo.testbed.errors import TestbedSettingError
+from recipe_apo.testbed.settings import hydra_line, text
 
 CONFIG_NAME = "testbed"
 # The ConfigStore entry of the preset defaults (testbed.yaml's defaults list names it).
@@ -33,6 +36,12 @@ def preset_defaults() -> dict:
 def store_preset_defaults() -> None:
     """(Re)store ``preset_defaults()`` as the ``testbed_presets`` config that testbed.yaml composes."""
     ConfigStore.instance().store(name=PRESET_DEFAULTS, node=preset_defaults())
+    _REFERENCES.clear()
+
+
+# A method entry's own signature (METHOD_KEYS of testbed.yaml + the entry alone), by entry: it depends on nothing
+# else, and composing it again for every scenario of a league cost a compose per method and scenario.
+_REFERENCES: dict[tuple[str, ...], tuple] = {}
 
 
 store_preset_defaults()
@@ -61,37 +70,68 @@ def _method_signature(cfg: DictConfig) -> tuple:
     return tuple(OmegaConf.select(cfg, key) for key in METHOD_KEYS)
 
 
-def method_configs(overrides: list[str], entries: Optional[dict[str, list[str]]] = None) -> dict[str, DictConfig]:
+def compose_testbed(overrides: list[str], where: str = "") -> DictConfig:
+    """``compose(testbed, overrides)``; an error Hydra or OmegaConf raises is refused as one line naming the
+    override (and ``where`` it came from, e.g. `` (in methods.x: [...])``)."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        return compose(config_name=CONFIG_NAME, overrides=overrides)
+    except (HydraException, OmegaConfBaseException) as exc:
+        raise TestbedSettingError(hydra_line(exc, overrides) + where) from None
+
+
+def method_configs(overrides: list[str], entries: Optional[dict[str, list[str]]] = None,
+                   check: Optional[Callable[[DictConfig], None]] = None) -> dict[str, DictConfig]:
     """label -> composed config. Needs an initialized Hydra (inside the app, or ``initialize_config_module``).
 
     ``entries`` (label -> overrides, e.g. ``league_entries``) runs those; else ``method=<preset>`` among
     ``overrides`` runs that preset alone; otherwise every ``methods`` entry runs. A label gains
-    ``[estimator+loss ...]`` when the command line changed what its preset defines.
+    ``[estimator+loss ...]`` when the command line changed what its preset defines. ``check``, when given, is
+    called on each config; what it refuses in a method's own overrides is said with the method's entry.
     """
-    base = compose(config_name=CONFIG_NAME, overrides=overrides)
+    base = compose_testbed(overrides)
+    if check is not None:
+        check(base)  # the command line's own settings, said as they are
     chosen = [o for o in overrides if _key(o) == "method"]
     if entries is not None:
         entries = {label: list(extra) for label, extra in entries.items()}
-        user = overrides
     elif chosen:
         entries = {chosen[-1].split("=", 1)[1]: []}
-        user = overrides
     else:
-        entries = {label: list(extra) for label, extra in base.methods.items()}
-        user = overrides
+        methods = base.get("methods")
+        if not OmegaConf.is_dict(methods) or not all(OmegaConf.is_list(v) for v in methods.values()):
+            raise TestbedSettingError(
+                f"methods={text(OmegaConf.to_container(methods) if OmegaConf.is_config(methods) else methods)}: a "
+                "mapping of label -> list of overrides, e.g. +methods.sapo=[method=grpo,"
+                "actor_rollout_ref.actor.policy_loss.loss_mode=sapo]")
+        entries = {str(label): [str(o) for o in extra] for label, extra in methods.items()}
+    user = overrides
     out: dict[str, DictConfig] = {}
     for label, extra in entries.items():
+        where = f" (in methods.{label}: {text(extra)})" if extra and extra != [f"method={label}"] else ""
         shared = [o for o in extra if any(_key(o) == k or (k.endswith(".") and _key(o).startswith(k))
                                           for k in SHARED_KEYS)]
         if shared:
-            raise ValueError(
+            raise TestbedSettingError(
                 f"methods.{label} sets {', '.join(shared)}: every method of a seed shares the rounds, task, "
                 "prompts, group size, evaluation and warm-up; set it on the command line for all methods"
             )
-        cfg = compose(config_name=CONFIG_NAME, overrides=list(user) + extra)
-        reference = compose(config_name=CONFIG_NAME, overrides=extra if extra else [f"method={label}"])
-        if _method_signature(cfg) != _method_signature(reference):
-            changed = [str(v) for v, r in zip(_method_signature(cfg), _method_signature(reference)) if v != r]
+        cfg = compose_testbed(list(user) + extra, where)
+        if check is not None:
+            try:
+                check(cfg)
+            except RecipeError as exc:
+                if not where:
+                    raise
+                raise TestbedSettingError(" ".join(str(exc).split()) + where) from None
+        own = tuple(extra if extra else [f"method={label}"])
+        if own not in _REFERENCES:
+            _REFERENCES[own] = _method_signature(compose_testbed(list(own), where))
+        reference = _REFERENCES[own]
+        if _method_signature(cfg) != reference:
+            changed = [str(v) for v, r in zip(_method_signature(cfg), reference) if v != r]
             label = f"{label}[{'+'.join(changed)}]"
         out[label] = cfg
     return out
@@ -106,21 +146,22 @@ def league_entries(cfg: DictConfig) -> dict[str, list[str]]:
     bases: dict[str, list[str]] = {}
     for name in cfg.league.methods:
         if name not in cfg.methods:
-            raise ValueError(
-                f"league.methods names {name!r}, which is not a label of methods ({', '.join(cfg.methods)})")
+            raise TestbedSettingError(f"league.methods={text(list(cfg.league.methods))}: {name} is not a label of "
+                                      f"methods ({', '.join(cfg.methods)})")
         bases[str(name)] = list(cfg.methods[name])
     for name, overrides in extra.items():
         if name in bases:
-            raise ValueError(f"league.extra names {name!r}, which league.methods runs already")
+            raise TestbedSettingError(f"league.extra.{name}={text(list(overrides))}: league.methods runs {name} "
+                                      "already; name it otherwise")
         bases[str(name)] = list(overrides)
     for suffix, names in variant_of.items():
         if suffix not in cfg.league.variants:
-            raise ValueError(f"league.variant_of names {suffix!r}, which is not a suffix of league.variants "
-                             f"({', '.join(cfg.league.variants)})")
+            raise TestbedSettingError(f"league.variant_of.{suffix}={text(list(names))}: {suffix} is not a suffix of "
+                                      f"league.variants ({', '.join(cfg.league.variants)})")
         unknown = [n for n in names if n not in cfg.methods and n not in extra]
         if unknown:
-            raise ValueError(f"league.variant_of.{suffix} names {', '.join(map(str, unknown))}: not a label of "
-                             "methods or league.extra")
+            raise TestbedSettingError(f"league.variant_of.{suffix}={text(list(names))}: {', '.join(map(str, unknown))}"
+                                      " not a label of methods or league.extra")
     out: dict[str, list[str]] = {}
     for name, overrides in bases.items():
         out[name] = overrides
@@ -128,7 +169,7 @@ def league_entries(cfg: DictConfig) -> dict[str, list[str]]:
             if suffix not in variant_of or name in variant_of[suffix]:
                 out[f"{name}_{suffix}"] = overrides + list(more)
     if not out:
-        raise ValueError("league.methods and league.extra are empty: name at least one label of methods")
+        raise TestbedSettingError("league.methods=[]: name at least one label of methods (league.extra is empty)")
     return out
 
 
@@ -138,4 +179,5 @@ def task_overrides() -> Optional[list[str]]:
 
     if not HydraConfig.initialized():
         return None
-    return list(HydraConfig.get().overrides.task)
+    # As written: iterating the node would resolve an override's ${...} (rounds=${oops}) as Hydra's own key.
+    return [str(o) for o in OmegaConf.to_container(HydraConfig.get().overrides.task, resolve=False)]

@@ -13,15 +13,20 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hydra import compose
+from omegaconf import DictConfig
 
-from recipe_apo.testbed.configs import CONFIG_NAME, _key, league_entries
-from recipe_apo.testbed.report import PAIRED, paired_between, task_text
+from recipe_apo.errors import RecipeError
+from recipe_apo.testbed.configs import _key, compose_testbed, league_entries
+from recipe_apo.testbed.errors import TestbedSettingError
+from recipe_apo.testbed.report import RUN_FILES, paired_between, task_text
 from recipe_apo.testbed.runner import checked_configs, run_testbed
+from recipe_apo.testbed.settings import check_settings, text
 
 # Columns of a scenario's table beside the ranking metric: (summary key, header, format).
 COLUMNS = [
@@ -38,27 +43,61 @@ HEADERS = {
 }
 
 
-def run_league(overrides: list[str], out_dir: Path, show_progress: bool = True) -> dict[str, Any]:
-    """Run every league method on every league scenario; write league.md / league.json / league.png."""
-    started = time.perf_counter()
+@dataclass
+class LeaguePlan:
+    """A league composed and checked, before any training: its methods (label -> overrides), its scenarios (name
+    -> overrides) and, per scenario, every method's checked config."""
+
+    base: DictConfig
+    metric: str
+    entries: dict[str, list[str]]
+    scenarios: dict[str, list[str]]
+    cfgs: dict[str, dict[str, DictConfig]]
+
+
+def plan_league(overrides: list[str]) -> LeaguePlan:
+    """Compose and check every method on every scenario: a bad setting, method or scenario fails here, in
+    seconds, not after the scenarios before it have trained."""
     for override in overrides:
         if _key(override) in ("method", "scenario"):
-            raise ValueError(
-                f"mode=league runs league.methods on league.scenarios; drop {override} from the command line "
-                "(e.g. league.methods=[grpo,codapo] or 'league.scenarios=[[],[\"task.max_len=6\"]]')"
+            raise TestbedSettingError(
+                f"{override}: mode=league runs league.methods on league.scenarios; drop {override} from the command "
+                "line (e.g. league.methods=[grpo,codapo] or 'league.scenarios=[[],[\"task.max_len=6\"]]')"
             )
-    base = compose(config_name=CONFIG_NAME, overrides=overrides)
+    base = compose_testbed(overrides)
+    check_settings(base)  # the command line's own settings, said as they are
     metric = str(base.league.metric)
-    if metric not in PAIRED:
-        raise ValueError(f"league.metric must be one of the paired metrics ({', '.join(PAIRED)}), got {metric!r}")
     entries = league_entries(base)
     scenarios = league_scenarios(base.league.scenarios)
-    # Every scenario composed and checked before any training: a bad one fails in seconds, not after the others.
-    cfgs = {name: checked_configs(list(overrides) + extra, entries) for name, extra in scenarios.items()}
+    cfgs = {}
+    for name, extra in scenarios.items():
+        where = f" (in league.scenarios entry {text(extra)})"
+        try:
+            cfgs[name] = checked_configs(list(overrides) + extra, entries)
+        except RecipeError as exc:
+            message = " ".join(str(exc).split())
+            raise TestbedSettingError(message if not extra or where in message else message + where) from None
+    return LeaguePlan(base, metric, entries, scenarios, cfgs)
+
+
+def run_league(overrides: list[str], out_dir: Path, show_progress: bool = True,
+               plan: LeaguePlan | None = None) -> dict[str, Any]:
+    """Run every league method on every league scenario; write league.md / league.json / league.png.
+
+    A league run into a folder that holds an earlier league replaces it: once every setting is checked
+    (``plan_league``, or the ``plan`` given), the earlier league's own files (``clear_earlier_league``) go before
+    any training, so the folder never holds a scenario that league.md does not list."""
+    started = time.perf_counter()
+    plan = plan if plan is not None else plan_league(overrides)
+    base, metric, entries, scenarios = plan.base, plan.metric, plan.entries, plan.scenarios
+    cleared = clear_earlier_league(out_dir)
+    if cleared:
+        print(f"Cleared the earlier league's results in {out_dir}: {', '.join(cleared)}", flush=True)
     summaries = {}
     for i, name in enumerate(scenarios):
+        mark_scenario(out_dir / name, name)
         summaries[name] = run_testbed(list(overrides) + scenarios[name], out_dir / name, show_progress,
-                                      desc=f"league {name} ({i + 1}/{len(scenarios)})", cfgs=cfgs[name])
+                                      desc=f"league {name} ({i + 1}/{len(scenarios)})", cfgs=plan.cfgs[name])
     names = [*base.league.methods, *(base.league.get("extra") or {})]
     families = {name: name for name in names}
     families.update({f"{name}_{suffix}": name for name in names for suffix in base.league.variants
@@ -69,6 +108,57 @@ def run_league(overrides: list[str], out_dir: Path, show_progress: bool = True) 
     league["overrides"] = list(overrides)
     write_league(league, out_dir)
     return league
+
+
+# What a league writes: league.md / league.json / league.png in its folder, and each scenario's testbed run in a
+# folder of its own, marked by MARKER (written before the scenario trains) so that a later league in the same
+# folder removes only what a league wrote.
+LEAGUE_FILES = ("league.md", "league.json", "league.png")
+MARKER = ".league_scenario.json"
+
+
+def mark_scenario(folder: Path, name: str) -> None:
+    """Mark ``folder`` as a league scenario's, listing the files its run writes (``report.RUN_FILES``)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / MARKER).write_text(json.dumps({"scenario": name, "files": list(RUN_FILES)}))
+
+
+def _earlier_scenarios(out_dir: Path) -> list[Path]:
+    """The scenario folders an earlier league wrote in ``out_dir``: those marked by MARKER, and those its
+    league.json lists (a league written before the marker)."""
+    found = {Path(root) for root, _, files in os.walk(out_dir) if MARKER in files}
+    try:
+        listed = json.loads((out_dir / "league.json").read_text())["scenarios"]
+        found |= {out_dir / name for name, s in listed.items() if s.get("report") == f"{name}/report.md"}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        pass
+    return sorted(folder for folder in found if folder.is_dir() and out_dir.resolve() in folder.resolve().parents)
+
+
+def clear_earlier_league(out_dir: Path) -> list[str]:
+    """Remove what an earlier league wrote in ``out_dir``: its league.md / league.json / league.png, and in each
+    of its scenario folders the files a testbed run writes and the mark, then the folder if nothing else is
+    left in it. Anything else (a file of the user's) stays. Returns the scenarios cleared."""
+    if not out_dir.is_dir():
+        return []
+    cleared = []
+    for folder in _earlier_scenarios(out_dir):
+        try:
+            written = [str(n) for n in json.loads((folder / MARKER).read_text())["files"]
+                       if "/" not in str(n) and str(n) not in ("", ".", "..")]
+        except (OSError, ValueError, KeyError, TypeError):
+            written = []
+        for name in dict.fromkeys([*written, *RUN_FILES, MARKER]):
+            if (folder / name).is_file():
+                (folder / name).unlink()
+        cleared.append(folder.relative_to(out_dir).as_posix())
+        while folder != out_dir and folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()
+            folder = folder.parent
+    for name in LEAGUE_FILES:
+        if (out_dir / name).is_file():
+            (out_dir / name).unlink()
+    return cleared
 
 
 def scenario_name(overrides: list[str]) -> str:
@@ -83,15 +173,18 @@ def league_scenarios(node: Any) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for extra in node:
         if isinstance(extra, str):
-            raise ValueError(f"league.scenarios must be a list of override lists, e.g. [[],[task.max_len=6]]; "
+            raise TestbedSettingError(f"league.scenarios must be a list of override lists, e.g. [[],[task.max_len=6]]; "
                              f"got {extra!r} as an entry")
         extra = [str(o) for o in extra]
         name = scenario_name(extra)
+        if name.startswith("/") or ".." in name.split("/"):
+            raise TestbedSettingError(f"league.scenarios entry {text(extra)}: its folder, {name}, would leave the "
+                                      "league's folder; write the value without / or ..")
         if name in out:
-            raise ValueError(f"league.scenarios lists {name} twice")
+            raise TestbedSettingError(f"league.scenarios lists {name} twice")
         out[name] = extra
     if not out:
-        raise ValueError("league.scenarios is empty: list at least one, e.g. league.scenarios=[[]]")
+        raise TestbedSettingError("league.scenarios is empty: list at least one, e.g. league.scenarios=[[]]")
     return out
 
 

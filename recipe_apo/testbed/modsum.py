@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from recipe_apo.testbed.errors import TestbedSettingError
 from recipe_apo.testbed.task import FILL, FIRST_SYMBOL, SEP, answer_span, with_fillers
 
 DIGITS = 10
@@ -37,12 +38,14 @@ class ModSumTask:
     def __post_init__(self) -> None:
         whole = all(isinstance(m, int) and not isinstance(m, bool) and m >= 2 for m in self.moduli)
         if not self.moduli or not whole or len(set(self.moduli)) != len(self.moduli):
-            raise ValueError(f"task.moduli must be distinct whole numbers >= 2, got {list(self.moduli)}")
-        if self.prefix_max < 0 or self.filler_mean < 0:
-            raise ValueError("task.prefix_max and task.filler_mean must be >= 0")
+            raise TestbedSettingError(f"task.moduli={list(self.moduli)}: must be distinct whole numbers >= 2")
+        if self.prefix_max < 0:
+            raise TestbedSettingError(f"task.prefix_max={self.prefix_max}: must be >= 0")
+        if not self.filler_mean >= 0:
+            raise TestbedSettingError(f"task.filler_mean={self.filler_mean}: must be a finite number >= 0")
         if self.max_response_length < self.max_digits + 1:
-            raise ValueError(
-                f"data.max_response_length ({self.max_response_length}) must leave room for the longest "
+            raise TestbedSettingError(
+                f"data.max_response_length={self.max_response_length}: must leave room for the longest "
                 f"demonstration ({self.max_digits} digits + end token)"
             )
 

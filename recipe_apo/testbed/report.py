@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from recipe_apo.integration.validation import OWN_AGGREGATION
+from recipe_apo.testbed.settings import PAIRED_METRICS
 from recipe_apo.testbed.train import BUCKETS
 
 
@@ -80,8 +81,7 @@ HEADLINE = [
     ("wall_s", "wall time per run (s)", "{:.1f}", None),
 ]
 # The metrics compared pair by pair.
-PAIRED = ["success_avg", "success_early", "success_final", "hard_success_avg", "hard_success_final",
-          "fillers_correct", "fillers_incorrect", "len_correct", "len_incorrect", "cut_share"]
+PAIRED = list(PAIRED_METRICS)  # settings.PAIRED_METRICS: league.metric is one of them
 
 
 def _nanmean(values) -> float:
@@ -443,6 +443,10 @@ def _kernels_line(summary: dict[str, Any]) -> list[str]:
     how = "pinned (" + ", ".join(f"{k}={v}" for k, v in pinned.items()) + ")" if pinned else "native"
     return [f"Kernels: torch {kernels['torch']}, CPU capability {kernels['cpu_capability']}, {how}, "
             f"{kernels['workers']} worker(s) x {kernels['threads']} thread(s)."]
+
+
+# Every file write_outputs writes (the league removes a scenario's run by this list: league.clear_earlier_league).
+RUN_FILES = ("summary.json", "history.json", "report.md", "success.png", "length.png", "anchor.png", "grad_norm.png")
 
 
 def write_outputs(summary: dict[str, Any], runs: list[dict[str, Any]], out_dir: Path, plots: bool = True) -> None:

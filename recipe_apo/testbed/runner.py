@@ -10,43 +10,54 @@ from typing import Optional
 
 from omegaconf import DictConfig, OmegaConf
 
+from recipe_apo.errors import RecipeError
 from recipe_apo.testbed.configs import method_configs
+from recipe_apo.testbed.errors import TestbedSettingError
+from recipe_apo.testbed.settings import check_settings, refuse
 
 
 def check_method(cfg: DictConfig) -> None:
-    """Fail before any training on a name verl does not know or a setting its actor config (or the testbed's
-    algorithm.codapo / algorithm.zero_variance / staleness, the task) refuses."""
+    """Fail before any training, with one line naming the key, on a setting of the wrong type or out of bounds
+    or unknown (``settings.check_settings``), a name verl does not know, or a setting its actor config (or the
+    testbed's algorithm.codapo / algorithm.zero_variance, the task) refuses."""
     from verl.trainer.ppo.core_algos import get_adv_estimator_fn, get_policy_loss_fn
 
-    from recipe_apo.methods.codapo import CodapoSettings
     from recipe_apo.methods.zero_variance import check_mode
     from recipe_apo.testbed.train import make_task
-    from recipe_apo.testbed.update import ZERO_VARIANCE_MODES, actor_config, effective_agg_mode
+    from recipe_apo.testbed.update import actor_config, effective_agg_mode
 
-    if cfg.algorithm.adv_estimator not in ("gae", "grpo"):
-        get_adv_estimator_fn(cfg.algorithm.adv_estimator)
-    get_policy_loss_fn(cfg.actor_rollout_ref.actor.policy_loss.loss_mode)
-    actor = actor_config(cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout.n)
-    if cfg.algorithm.adv_estimator == "codapo":
-        CodapoSettings.from_algorithm_config(cfg.algorithm)
+    check_settings(cfg)
+    estimator = cfg.algorithm.adv_estimator
+    if estimator not in ("gae", "grpo"):
+        try:
+            get_adv_estimator_fn(estimator)
+        except (ValueError, KeyError) as exc:
+            from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY
+
+            names = ", ".join(sorted({"gae", "grpo", *ADV_ESTIMATOR_REGISTRY}))
+            raise refuse("algorithm.adv_estimator", estimator, f"an estimator registered in verl: {names}") from exc
+    loss_mode = cfg.actor_rollout_ref.actor.policy_loss.loss_mode
+    try:
+        get_policy_loss_fn(loss_mode)
+    except (ValueError, KeyError) as exc:
+        raise refuse("actor_rollout_ref.actor.policy_loss.loss_mode", loss_mode,
+                     " ".join(str(exc).split())) from exc
+    try:
+        actor = actor_config(cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout.n)
+    except (ValueError, TypeError, AssertionError) as exc:
+        if isinstance(exc, RecipeError):
+            raise
+        raise TestbedSettingError(f"actor_rollout_ref.actor: verl's actor config refuses it: "
+                                  f"{' '.join(str(exc).split())}") from exc
     mode = cfg.algorithm.get("zero_variance", "keep")
-    if mode not in ZERO_VARIANCE_MODES:
-        raise ValueError(f"algorithm.zero_variance must be one of {', '.join(ZERO_VARIANCE_MODES)} in the testbed "
-                         f"(exact: the testbed's reference only), got {mode!r}")
     if mode != "keep":
         check_mode("exclude", effective_agg_mode(actor))  # a mode without a denominator has nothing to exclude
-    make_task(cfg)  # the task's own checks
-    staleness = cfg.get("staleness", 0)
-    if isinstance(staleness, bool) or not isinstance(staleness, int) or not 0 <= staleness <= 1000:
-        raise ValueError(f"staleness must be a whole number of rounds in [0, 1000], got {staleness!r}")
+    make_task(cfg)  # the task's own checks (min_len <= max_len, room in L0)
 
 
 def checked_configs(overrides: list[str], entries: Optional[dict[str, list[str]]] = None) -> dict[str, DictConfig]:
     """label -> composed config (``method_configs``), each checked by ``check_method``."""
-    cfgs = method_configs(overrides, entries)
-    for cfg in cfgs.values():
-        check_method(cfg)
-    return cfgs
+    return method_configs(overrides, entries, check=check_method)
 
 
 def run_testbed(

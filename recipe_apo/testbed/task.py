@@ -22,6 +22,8 @@ from typing import Protocol
 
 import torch
 
+from recipe_apo.testbed.errors import TestbedSettingError
+
 PAD, SEP, EOS, FILL = 0, 1, 2, 3
 FIRST_SYMBOL = 4
 
@@ -38,14 +40,17 @@ class ReverseTask:
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_len <= self.max_len:
-            raise ValueError(f"task needs 1 <= min_len <= max_len, got {self.min_len}, {self.max_len}")
+            raise TestbedSettingError(f"task.min_len={self.min_len}: needs 1 <= task.min_len <= task.max_len "
+                                      f"({self.max_len})")
         if self.max_response_length < self.max_len + 1:
-            raise ValueError(
-                f"data.max_response_length ({self.max_response_length}) must leave room for the longest answer "
+            raise TestbedSettingError(
+                f"data.max_response_length={self.max_response_length}: must leave room for the longest answer "
                 f"({self.max_len} symbols + end token)"
             )
-        if self.alphabet < 2 or self.filler_mean < 0:
-            raise ValueError("task.alphabet must be >= 2 and task.filler_mean >= 0")
+        if self.alphabet < 2:
+            raise TestbedSettingError(f"task.alphabet={self.alphabet}: must be >= 2")
+        if not self.filler_mean >= 0:
+            raise TestbedSettingError(f"task.filler_mean={self.filler_mean}: must be a finite number >= 0")
 
     @property
     def vocab_size(self) -> int:

@@ -32,9 +32,11 @@ from recipe_apo.methods import driver_state
 from recipe_apo.methods.codapo import CodapoSettings
 from recipe_apo.methods.group_stats import length_by_outcome
 from recipe_apo.methods.zero_variance import exclude_zero_variance, live_rows
+from recipe_apo.testbed.errors import TestbedSettingError
 from recipe_apo.testbed.modsum import ModSumTask
 from recipe_apo.testbed.policy import TokenPolicy, build_policy, pretrain
 from recipe_apo.testbed.rollout import compute_advantages, rollout
+from recipe_apo.testbed.settings import TASKS
 from recipe_apo.testbed.task import ReverseTask, Task
 from recipe_apo.testbed.update import actor_config, effective_agg_mode, ppo_update
 
@@ -48,7 +50,6 @@ def generator(seed: int, stream: int, step: int = 0) -> torch.Generator:
     return torch.Generator().manual_seed(1_000_003 * seed + 7919 * stream + step)
 
 
-TASKS = ("reverse", "modsum")
 
 
 def make_task(cfg: DictConfig) -> Task:
@@ -64,14 +65,14 @@ def make_task(cfg: DictConfig) -> Task:
         )
     if name == "modsum":
         if not OmegaConf.is_list(cfg.task.moduli):
-            raise ValueError(f"task.moduli must be a list of whole numbers >= 2, e.g. [2,4,8], got {cfg.task.moduli!r}")
+            raise TestbedSettingError(f"task.moduli={cfg.task.moduli!r}: a list of whole numbers >= 2, e.g. [2,4,8]")
         return ModSumTask(
             moduli=tuple(cfg.task.moduli),
             max_response_length=cfg.data.max_response_length,
             filler_mean=cfg.task.filler_mean,
             prefix_max=cfg.task.prefix_max,
         )
-    raise ValueError(f"task.name must be one of {', '.join(TASKS)} (task=reverse|modsum), got {name!r}")
+    raise TestbedSettingError(f"task.name={name}: one of {', '.join(TASKS)} (task=reverse|modsum)")
 
 
 @dataclass

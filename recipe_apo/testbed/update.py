@@ -21,14 +21,9 @@ from omegaconf import DictConfig, OmegaConf
 from recipe_apo.integration.validation import OWN_AGGREGATION
 from recipe_apo.methods.apo_loss import RATIO_BAND
 from recipe_apo.methods.zero_variance import denominator_ratio
+from recipe_apo.testbed.errors import TestbedSettingError
 from recipe_apo.testbed.policy import TokenPolicy
-
-# algorithm.zero_variance in the testbed: the recipe's two, and the exact reference the recipe cannot run.
-ZERO_VARIANCE_MODES = ("keep", "exclude", "exact")
-
-# Nested or runtime-only fields of verl's actor config that the testbed does not take from its yaml.
-_NOT_FROM_YAML = {"policy_loss", "optim", "checkpoint", "fsdp_config", "profiler", "engine", "model_config",
-                  "qat", "global_batch_info", "strategy", "rollout_n", "router_replay", "megatron"}
+from recipe_apo.testbed.settings import VERL_NOT_FROM_YAML, ZERO_VARIANCE_MODES
 
 
 def actor_config(actor: DictConfig, rollout_n: int):
@@ -42,15 +37,16 @@ def actor_config(actor: DictConfig, rollout_n: int):
 
     plain = OmegaConf.to_container(actor, resolve=True)
     if plain.get("use_kl_loss"):
-        raise ValueError("the testbed has no reference policy: actor_rollout_ref.actor.use_kl_loss must be false")
+        raise TestbedSettingError(f"actor_rollout_ref.actor.use_kl_loss={str(plain['use_kl_loss']).lower()}: must be "
+                                  "false: the testbed has no reference policy")
     if plain.get("entropy_coeff"):
         # Accepted and ignored, it would let a sweep over it measure noise.
-        raise ValueError(
+        raise TestbedSettingError(
             f"actor_rollout_ref.actor.entropy_coeff={plain['entropy_coeff']}: the testbed has no entropy bonus; "
             "set it to 0"
         )
     known = {f.name for f in dataclasses.fields(FSDPActorConfig)}
-    kwargs = {key: value for key, value in plain.items() if key in known and key not in _NOT_FROM_YAML}
+    kwargs = {key: value for key, value in plain.items() if key in known and key not in VERL_NOT_FROM_YAML}
     loss_fields = {f.name for f in dataclasses.fields(PolicyLossConfig)} - {"rollout_correction"}
     policy_loss = PolicyLossConfig(**{k: v for k, v in plain.get("policy_loss", {}).items() if k in loss_fields})
     return FSDPActorConfig(strategy="fsdp2", rollout_n=rollout_n, policy_loss=policy_loss, **kwargs)

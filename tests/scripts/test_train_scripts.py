@@ -395,8 +395,9 @@ def test_generation_commands_for_a_verl_checkpoint(tmp_path, capsys):
                            f"--target_dir {out}/hf_model")
     generate = commands[1]
     assert generate.startswith("+ py -m verl.trainer.main_generation_server ")
-    for part in ("data.train_files=[/data/recipe_apo/aime24.parquet,/data/recipe_apo/amc.parquet,/data/recipe_apo/math500.parquet,"
-                 "/data/recipe_apo/minerva.parquet,/data/recipe_apo/olympiadbench.parquet]",
+    files = ",".join(f"/data/recipe_apo/{name}.parquet" for name in ("aime24", "amc", "math500", "minerva",
+                                                                      "olympiadbench"))
+    for part in (f"data.train_files=[{files}]",
                  f"+data.output_path={out}/generations.parquet", f"actor_rollout_ref.model.path={out}/hf_model",
                  "actor_rollout_ref.rollout.temperature=0.0", "actor_rollout_ref.rollout.n=1",
                  "data.max_response_length=3000", "trainer.n_gpus_per_node=4"):

@@ -49,9 +49,9 @@ def test_the_league_config_names_seven_methods_and_six_scenarios(hydra_ctx):
 
 
 @pytest.mark.parametrize("override, match", [
-    ("+league.variant_of.zz=[grpo]", "league.variant_of names 'zz', which is not a suffix of league.variants"),
-    ("league.variant_of.zv=[grpoo]", "league.variant_of.zv names grpoo: not a label of methods or league.extra"),
-    ('+league.extra.grpo=["method=grpo"]', "league.extra names 'grpo', which league.methods runs already"),
+    ("+league.variant_of.zz=[grpo]", r"league.variant_of.zz=\[grpo\]: zz is not a suffix of league.variants"),
+    ("league.variant_of.zv=[grpoo]", r"league.variant_of.zv=\[grpoo\]: grpoo not a label of methods or league.extra"),
+    ('+league.extra.grpo=["method=grpo"]', r"league.extra.grpo=\[method=grpo\]: league.methods runs grpo already"),
 ])
 def test_league_method_settings_are_checked(hydra_ctx, override, match):
     from hydra import compose
@@ -195,5 +195,5 @@ def test_the_league_refuses_a_method_or_scenario_on_the_command_line(hydra_ctx, 
 
     with pytest.raises(ValueError, match="mode=league runs league.methods on league.scenarios; drop method=grpo"):
         run_league(["mode=league", "method=grpo"], tmp_path, show_progress=False)
-    with pytest.raises(ValueError, match="league.methods names 'sapo', which is not a label of methods"):
+    with pytest.raises(ValueError, match=r"league.methods=\[sapo\]: sapo is not a label of methods"):
         run_league(["mode=league", "league.methods=[sapo]"], tmp_path, show_progress=False)

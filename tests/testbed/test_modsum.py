@@ -95,10 +95,10 @@ def test_demonstrations_are_correct_and_as_short_as_the_rule_says():
 
 
 @pytest.mark.parametrize("bad, match", [
-    ({"moduli": (1, 4)}, "task.moduli must be distinct whole numbers >= 2"),
-    ({"moduli": (4, 4)}, "task.moduli must be distinct whole numbers >= 2"),
-    ({"prefix_max": -1}, "task.prefix_max and task.filler_mean must be >= 0"),
-    ({"max_response_length": 7}, r"data.max_response_length \(7\) must leave room for the longest demonstration"),
+    ({"moduli": (1, 4)}, r"task.moduli=\[1, 4\]: must be distinct whole numbers >= 2"),
+    ({"moduli": (4, 4)}, r"task.moduli=\[4, 4\]: must be distinct whole numbers >= 2"),
+    ({"prefix_max": -1}, "task.prefix_max=-1: must be >= 0"),
+    ({"max_response_length": 7}, r"data.max_response_length=7: must leave room for the longest demonstration"),
 ])
 def test_bad_settings_are_refused(bad, match):
     with pytest.raises(ValueError, match=match):
@@ -116,13 +116,13 @@ def test_a_modsum_testbed_run_and_its_checks(hydra_ctx, tmp_path):
     assert "Task: digit sums mod K in {2, 4, 8, 16, 32}. 4 rounds of 8 prompts" in report
     assert set(summary["aggregate"]) == {"grpo", "apo"}
     assert 0 <= summary["aggregate"]["apo"]["success_final"]["mean"] <= 1
-    with pytest.raises(ValueError, match="task.moduli must be distinct"):
+    with pytest.raises(ValueError, match=r"task.moduli=\[1,2\]: a non-empty list of distinct whole numbers in \[2, "):
         run_testbed(["seeds=[0]", *TINY_RUN, "task=modsum", "task.moduli=[1,2]", "method=grpo"], tmp_path,
                     show_progress=False)
-    with pytest.raises(ValueError, match=r"task.moduli must be a list of whole numbers >= 2, e.g. \[2,4,8\], got 5"):
+    with pytest.raises(ValueError, match=r"task.moduli=5: a non-empty list of distinct whole numbers"):
         run_testbed(["seeds=[0]", *TINY_RUN, "task=modsum", "task.moduli=5", "method=grpo"], tmp_path,
                     show_progress=False)
-    with pytest.raises(ValueError, match=r"task.name must be one of reverse, modsum"):
+    with pytest.raises(ValueError, match=r"task.name=sort: one of reverse, modsum"):
         run_testbed(["seeds=[0]", *TINY_RUN, "task.name=sort", "method=grpo"], tmp_path, show_progress=False)
     # The task is shared by the methods of a seed: a method's own entry may not change it.
     with pytest.raises(ValueError, match="methods.apo sets task=modsum"):

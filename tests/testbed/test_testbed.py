@@ -71,6 +71,13 @@ def test_smoke_every_method_writes_its_files_with_finite_numbers(tiny_run):
     assert "Paired differences" in report and "seed noise" in report
 
 
+def test_a_run_writes_exactly_the_files_a_league_rerun_clears(tiny_run):
+    from recipe_apo.testbed.report import RUN_FILES
+
+    out, _ = tiny_run
+    assert sorted(p.name for p in out.iterdir()) == sorted(RUN_FILES)  # league.clear_earlier_league's list
+
+
 def test_methods_of_a_seed_share_their_start(tiny_run):
     out, summary = tiny_run
     history = json.loads((out / "history.json").read_text())
@@ -551,7 +558,7 @@ def test_zero_variance_in_a_testbed_run(hydra_ctx, tmp_path):
 
 
 def test_zero_variance_settings_are_checked_before_training(hydra_ctx, tmp_path):
-    with pytest.raises(ValueError, match="algorithm.zero_variance must be one of keep, exclude, exact"):
+    with pytest.raises(ValueError, match="algorithm.zero_variance=drop: one of keep, exclude, exact"):
         _run(TINY + ["method=grpo", "algorithm.zero_variance=drop"], tmp_path)
     with pytest.raises(ValueError, match="token-sum: that mode has no denominator"):
         _run(TINY + ["method=grpo", "algorithm.zero_variance=exact", "actor_rollout_ref.actor.loss_agg_mode=token-sum"],
@@ -659,7 +666,7 @@ def test_a_stale_run_samples_and_takes_old_log_probs_from_the_policy_of_two_roun
 
 @pytest.mark.parametrize("value", [-1, 2.5, "two", True, 1001])
 def test_staleness_is_checked_before_training(hydra_ctx, tmp_path, value):
-    with pytest.raises(ValueError, match=r"staleness must be a whole number of rounds in \[0, 1000\]"):
+    with pytest.raises(ValueError, match=r"staleness=.*: a whole number in \[0, 1000\]"):
         _run(TINY + ["method=grpo", f"staleness={value}"], tmp_path)
 
 
