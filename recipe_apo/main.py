@@ -18,7 +18,7 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from recipe_apo.errors import RecipeError
+from recipe_apo.errors import RecipeError, recipe_error
 from recipe_apo.integration.engine_watch import EngineWatch
 from recipe_apo.integration.modes import is_recipe_trainer, recipe_mode, verl_mode
 from recipe_apo.integration.naming import (  # experiment_name: the naming rule, from the entry point too
@@ -99,25 +99,6 @@ def describe(config: DictConfig, rehearsal: str | None = None) -> str:
         *([f"validation generations: {trainer.validation_data_dir}"] if trainer.get("validation_data_dir") else []),
         *([f"rehearsal: {rehearsal} (rollout {config.actor_rollout_ref.rollout.name})"] if rehearsal else []),
     ])
-
-
-def recipe_error(exc: BaseException) -> BaseException | None:
-    """The recipe's own error (a ``RecipeError``: bad data, setting or state file) behind an exception, if any.
-
-    Ray re-raises a remote error as ``RayTaskError`` with the original under ``.cause``, nested once per actor
-    it crossed (agent loop -> task runner -> here); Ray's copy is itself an instance of the original's class,
-    so only an error without ``.cause`` is the original.
-    """
-    seen, todo = set(), [exc]
-    while todo:
-        current = todo.pop()
-        if current is None or id(current) in seen:
-            continue
-        seen.add(id(current))
-        if isinstance(current, RecipeError) and not hasattr(current, "cause"):
-            return current
-        todo += [getattr(current, "cause", None), current.__cause__, current.__context__]
-    return None
 
 
 def one_line(error: BaseException) -> str:

@@ -23,7 +23,7 @@ from typing import Any, Optional
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from recipe_apo.errors import RecipeError
+from recipe_apo.errors import RecipeError, recipe_error
 from recipe_apo.testbed.configs import compose_testbed
 from recipe_apo.testbed.settings import check_settings, hydra_line, refuse
 
@@ -147,20 +147,6 @@ def sweep_jobs(config: DictConfig) -> list[list[str]]:
     except Exception:  # a sweep the basic sweeper refuses: it says so itself when it starts
         return []
     return [list(job) for batch in batches for job in batch]
-
-
-def recipe_error(exc: BaseException) -> Optional[RecipeError]:
-    """The recipe's own error behind ``exc`` (itself, or its cause or context), if any."""
-    seen, todo = set(), [exc]
-    while todo:
-        current = todo.pop()
-        if current is None or id(current) in seen:
-            continue
-        seen.add(id(current))
-        if isinstance(current, RecipeError):
-            return current
-        todo += [current.__cause__, current.__context__]
-    return None
 
 
 def refusal(exc: BaseException, from_app: bool, overrides: list[str]) -> Optional[str]:

@@ -16,8 +16,8 @@ from recipe_apo.cpu import rehearse
 from recipe_apo.cpu.checks import check_rehearsal_config
 from recipe_apo.cpu.hf_server import RehearsalUnsupported, Sampling, generate_batch, generate_seeded
 from recipe_apo.cpu.hf_server import request_seed as hf_server_seed
+from recipe_apo.errors import recipe_error
 from recipe_apo.integration.validation import RecipeConfigError, validate_recipe_config
-from recipe_apo.main import recipe_error
 from recipe_apo.methods.errors import BatchInputError
 
 VOCAB, PAD = 40, 0

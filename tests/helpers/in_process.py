@@ -12,6 +12,7 @@ import os
 import sys
 from pathlib import Path
 from subprocess import CompletedProcess
+from typing import Callable
 
 
 def run_recipe_main(*args: str, cwd: Path) -> CompletedProcess:
@@ -19,17 +20,26 @@ def run_recipe_main(*args: str, cwd: Path) -> CompletedProcess:
     logging handlers (Hydra configures logging per job) are restored afterwards."""
     from recipe_apo import main as recipe_main
 
+    def entry() -> None:
+        sys.argv = ["recipe_apo.main", *args]
+        recipe_main.main()
+
+    return run_entry(entry, "recipe_apo.main", *args, cwd=cwd)
+
+
+def run_entry(entry: Callable[[], None], name: str, *args: str, cwd: Path) -> CompletedProcess:
+    """``entry()`` (a command's main function, given its arguments) run as ``python -m name ARGS`` would run in
+    ``cwd``: what it printed and its exit code, with ``sys.argv``, the working directory and logging restored."""
     argv, where = sys.argv, os.getcwd()
     loggers = [logging.getLogger(), logging.getLogger("hydra")]
     saved = [(logger, logger.handlers[:], logger.level) for logger in loggers]
     out, err = io.StringIO(), io.StringIO()
     code = 0
     try:
-        sys.argv = ["recipe_apo.main", *args]
         os.chdir(cwd)
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
-                recipe_main.main()
+                entry()
             except SystemExit as exc:
                 code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
     finally:
@@ -38,4 +48,4 @@ def run_recipe_main(*args: str, cwd: Path) -> CompletedProcess:
         for logger, handlers, level in saved:
             logger.handlers[:] = handlers
             logger.setLevel(level)
-    return CompletedProcess(["recipe_apo.main", *args], code, out.getvalue(), err.getvalue())
+    return CompletedProcess([name, *args], code, out.getvalue(), err.getvalue())

@@ -5,11 +5,8 @@ league's own results and nothing else."""
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import io
 import json
-import logging
 import math
 import os
 import subprocess
@@ -18,6 +15,7 @@ from pathlib import Path
 from subprocess import CompletedProcess
 
 import pytest
+from helpers.in_process import run_entry
 from helpers.paths import ROOT
 from helpers.testbed_tiny import TINY_RUN
 from omegaconf import OmegaConf
@@ -33,25 +31,7 @@ def run_cli(*args: str, cwd: Path) -> CompletedProcess:
     and exits): what it printed and its exit status. Only for refused runs: a valid one would train."""
     from recipe_apo.testbed.__main__ import cli
 
-    argv, where = sys.argv, os.getcwd()
-    loggers = [logging.getLogger(), logging.getLogger("hydra")]
-    saved = [(logger, logger.handlers[:], logger.level) for logger in loggers]
-    out, err = io.StringIO(), io.StringIO()
-    code = 0
-    try:
-        os.chdir(cwd)
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try:
-                cli(list(args))
-            except SystemExit as exc:
-                code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
-    finally:
-        sys.argv = argv
-        os.chdir(where)
-        for logger, handlers, level in saved:
-            logger.handlers[:] = handlers
-            logger.setLevel(level)
-    return CompletedProcess(["recipe_apo.testbed", *args], code, out.getvalue(), err.getvalue())
+    return run_entry(lambda: cli(list(args)), "recipe_apo.testbed", *args, cwd=cwd)
 
 
 def assert_refused(result: CompletedProcess, start: str) -> str:
