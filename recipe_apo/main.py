@@ -29,6 +29,7 @@ from recipe_apo.integration.naming import (  # experiment_name: the naming rule,
     swept_keys,
 )
 from recipe_apo.integration.validation import config_warnings, validate_recipe_config
+from recipe_apo.integration.verl_settings import check_with_verl
 
 
 def name_the_run(config: DictConfig) -> None:
@@ -73,6 +74,7 @@ def prepare(config: DictConfig, rehearsal: str | None = None) -> DictConfig:
         check_rehearsal_config(config)
         for_existing_cluster(config)  # trainer.nnodes>1: the run joins the local cluster at ray_init.address
     validate_recipe_config(config, rehearsal=on_cpu)
+    check_with_verl(config)
     for warning in config_warnings(config):
         print(f"recipe-apo: warning: {warning}", file=sys.stderr)
     return config
@@ -113,14 +115,11 @@ def run(config: DictConfig, rehearsal: str | None = None) -> None:
         import recipe_apo.cpu.activate  # noqa: F401
     import ray
     from verl.trainer.main_ppo import run_ppo
-    from verl.trainer.ppo.utils import need_critic, need_reference_policy
-    from verl.utils.config import validate_config
     from verl.utils.device import auto_set_device
 
     from recipe_apo.integration.task_runner import ApoTaskRunner
 
     auto_set_device(config)
-    validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
     started_ray = not ray.is_initialized()
     watch = EngineWatch.from_config(config)
     error = None

@@ -38,6 +38,14 @@ def _check_rollout(config: Any) -> None:
             f"actor_rollout_ref.rollout.name=vllm: vLLM is not installed in this environment; "
             f"{vllm_engine.INSTALL_HINT}"
         )
+    if str(rollout.name) == "vllm" and rollout.get("full_determinism", False) is True:
+        # Measured: the engine dies at the first generation ("'function' object is not subscriptable" in
+        # vllm/model_executor/layers/batch_invariant.py, a Triton kernel launched on the CPU).
+        raise RecipeConfigError(
+            "actor_rollout_ref.rollout.full_determinism=true with rollout.name=vllm: full determinism turns on "
+            "vLLM's batch-invariant kernels, which are Triton GPU kernels, and vLLM's CPU engine dies at its first "
+            f"generation; rehearse deterministic rollouts with rollout.name={ROLLOUT_NAME} (it honours the setting)"
+        )
     for key in ("tensor_model_parallel_size", "data_parallel_size", "pipeline_model_parallel_size"):
         if check_integer(f"actor_rollout_ref.rollout.{key}", rollout.get(key, 1), RecipeConfigError) != 1:
             raise RecipeConfigError(

@@ -28,6 +28,7 @@ from recipe_apo.methods.checks import check_choice, check_flag, check_integer, c
 
 __all__ = [
     "MAX_OFF_POLICY_STRATEGIES", "MODE_KEY", "SEQUENCE_PARALLEL_KEYS", "check_token_budgets", "check_trainer_mode",
+    "check_with_verl",
     "check_v1_settings", "registered_trainers", "verl_trainer_names",
 ]
 
@@ -424,3 +425,23 @@ def check_token_budgets(config: Any) -> None:
             f"data.max_response_length = {longest}: verl packs whole sequences into micro-batches of at most that "
             f"many tokens per GPU, so the longest must fit; set {how}"
         )
+
+
+# ---- verl's own check -------------------------------------------------------------------------------------------
+def check_with_verl(config: Any) -> None:
+    """verl's own config check, ``verl.utils.config.validate_config`` (the batch sizes' divisibility by the
+    GPUs, its actor, rollout, reference and critic dataclasses' ``__post_init__`` and ``validate()``), the one
+    ``main_ppo`` runs before Ray starts: run by the launch in ``prepare``, so a dry run refuses what the real
+    launch refuses, and said as one line instead of verl's traceback."""
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    try:
+        validate_config(config=config, use_reference_policy=need_reference_policy(config),
+                        use_critic=need_critic(config))
+    except Exception as exc:  # verl says a bad setting with assert, ValueError, TypeError or OmegaConf's errors
+        while exc.__cause__ is not None or exc.__context__ is not None:  # Hydra's instantiate wraps verl's own
+            exc = exc.__cause__ or exc.__context__
+        lines = str(exc).strip().splitlines() or [type(exc).__name__]
+        raise RecipeConfigError(f"verl's config check refused the run: {lines[0]}") from None
+

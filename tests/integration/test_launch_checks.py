@@ -307,6 +307,10 @@ def test_the_default_config_passes_in_each_mode_and_in_the_rehearsal():
      "trainer.v1.separate_async.parameter_sync_step must be an integer >= 1, got -1"),
     ([DYNAMIC, f"{ACTOR_BUDGET}=4"], f"{ACTOR_BUDGET}=4 with actor_rollout_ref.actor.use_dynamic_bsz=true"),
     (["trainer.n_gpus_per_node=1.5"], "trainer.n_gpus_per_node must be an integer >= 1, got 1.5"),
+    # verl's own check (verl.utils.config.validate_config), which main_ppo runs before Ray: in the dry run too.
+    (["data.train_batch_size=3", "actor_rollout_ref.rollout.n=3", "actor_rollout_ref.actor.ppo_mini_batch_size=3"],
+     "verl's config check refused the run: real_train_batch_size (9) must be divisible by minimal possible batch "
+     "size (8)"),
 ])
 def test_a_dry_run_refuses_what_the_launch_refuses_in_one_line(overrides, expected, tmp_path):
     rollout = [] if "rehearsal=cpu" in overrides else ["actor_rollout_ref.rollout.name=vllm"]

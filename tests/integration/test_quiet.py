@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 
+from helpers.composing import LAUNCHABLE
 from helpers.paths import ROOT
 
 from recipe_apo.integration import quiet
@@ -75,7 +76,7 @@ def test_the_training_entry_keeps_verls_warnings_and_never_loads_the_cpu_rehears
     script = (
         "import runpy, sys\n"
         "sys.argv = ['recipe_apo.main', 'method=apo', 'actor_rollout_ref.rollout.name=vllm',"
-        " 'actor_rollout_ref.rollout.n=2', 'dry_run=true']\n"
+        f" 'actor_rollout_ref.rollout.n=2', 'dry_run=true', *{LAUNCHABLE!r}]\n"
         "import recipe_apo.integration.trainer, recipe_apo.integration.task_runner, recipe_apo.integration.checkpoint\n"
         "import recipe_apo.integration.quiet\n"
         "runpy.run_module('recipe_apo.main', run_name='__main__')\n"

@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers.composing import compose_recipe
+from helpers.composing import LAUNCHABLE, compose_recipe
 from helpers.in_process import run_recipe_main
 from omegaconf import OmegaConf
 
@@ -283,7 +283,7 @@ def test_a_quoted_boolean_stops_a_dry_run_and_the_codapo_warning_is_said_once(tm
         "recipe-apo: error: algorithm.norm_adv_by_std_in_grpo must be true or false, got 'false' "
         "(a string: drop the quotes)")
     result = run_recipe_main("method=codapo", "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.n=8",
-                             "algorithm.codapo.repeat_count=2", "dry_run=true", cwd=tmp_path)
+                             "algorithm.codapo.repeat_count=2", "dry_run=true", *LAUNCHABLE, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     warned = [line for line in result.stderr.splitlines() if "algorithm.codapo.repeat_count=2" in line]
     assert len(warned) == 1 and warned[0].startswith("recipe-apo: warning: ")
@@ -291,12 +291,13 @@ def test_a_quoted_boolean_stops_a_dry_run_and_the_codapo_warning_is_said_once(tm
 
 def test_multirun_dry_run_gives_each_job_its_own_name_folders_and_method(tmp_path):
     result = run_recipe_main("-m", "method=grpo,drgrpo,apo", "algorithm.apo.lambda_scale=1.1", "dry_run=true",
-                             "actor_rollout_ref.rollout.n=8", "actor_rollout_ref.rollout.name=vllm",
+                             "actor_rollout_ref.rollout.n=8", "actor_rollout_ref.rollout.name=vllm", *LAUNCHABLE,
                              f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     experiments = [line.split(": ", 1)[1] for line in result.stdout.splitlines() if line.startswith("experiment:")]
     checkpoints = [line.split(": ", 1)[1] for line in result.stdout.splitlines() if line.startswith("checkpoints:")]
-    assert experiments == [f"recipe_apo/{m}-apo.lambda_scale=1.1-rollout.n=8" for m in ("grpo", "drgrpo", "apo")]
+    assert experiments == [f"recipe_apo/{m}-apo.lambda_scale=1.1-actor.use_dynamic_bsz=True-rollout.n=8"
+                           for m in ("grpo", "drgrpo", "apo")]
     assert len(set(checkpoints)) == 3
     jobs = sorted((tmp_path / "sweep").glob("[0-9]"))
     assert len(jobs) == 3
@@ -389,7 +390,7 @@ SEPARATE_POOL = ("actor_rollout_ref.rollout.nnodes=1", "actor_rollout_ref.rollou
 def test_verls_trainer_modes_run_the_recipes_trainer_for_each(tmp_path):
     result = run_recipe_main("-m", "method=apo", "trainer.v1.trainer_mode=sync,colocate_async,separate_async",
                              "dry_run=true", "actor_rollout_ref.rollout.n=8", "actor_rollout_ref.rollout.name=vllm",
-                             *SEPARATE_POOL,
+                             *SEPARATE_POOL, *LAUNCHABLE,
                              f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     trainers = [line for line in result.stdout.splitlines() if line.startswith("trainer:")]
@@ -397,7 +398,7 @@ def test_verls_trainer_modes_run_the_recipes_trainer_for_each(tmp_path):
                         for mode in ("sync", "colocate_async", "separate_async")]
     experiments = [line for line in result.stdout.splitlines() if line.startswith("experiment:")]
     # The sweep's key names each job (the default mode too: jobs of one sweep never share a name).
-    assert [line.split("-rollout.", 1)[0] for line in experiments] == [
+    assert [line.split("-actor.", 1)[0] for line in experiments] == [
         f"experiment: recipe_apo/apo-trainer.v1.trainer_mode={mode}" for mode in ("sync", "colocate_async",
                                                                                   "separate_async")]
 

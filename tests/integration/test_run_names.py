@@ -9,6 +9,7 @@ path; and a quoted ``trainer.v1.trainer_mode='sync'`` got another name than the 
 from __future__ import annotations
 
 import pytest
+from helpers.composing import LAUNCHABLE
 from helpers.in_process import run_recipe_main
 from omegaconf import OmegaConf
 
@@ -16,7 +17,7 @@ from recipe_apo.integration.errors import RecipeConfigError
 from recipe_apo.integration.naming import check_the_sweep, experiment_name, job_name
 
 DATA = "data.train_files=/data/{}/train.parquet"
-DRY = ("dry_run=true", "actor_rollout_ref.rollout.n=8", "actor_rollout_ref.rollout.name=vllm")
+DRY = ("dry_run=true", "actor_rollout_ref.rollout.n=8", "actor_rollout_ref.rollout.name=vllm", *LAUNCHABLE)
 
 
 def name(*overrides, **kwargs):
@@ -103,8 +104,10 @@ def test_a_multirun_over_data_folders_names_its_jobs_apart_and_reads_environment
     names = [experiment.split("/", 1)[1] for experiment in lines(result.stdout, "experiment:")]
     # Each job as a single run of its resolved path would be named (the quoted default mode counting for nothing).
     swept = {"data.train_files"}
-    assert names == [name(DATA.format(v), "actor_rollout_ref.rollout.n=8", swept=swept) for v in ("v1", "v2")]
-    assert names[0] != names[1] and all(n.startswith("apo-train_files=train.parquet-rollout.n=8-") for n in names)
+    assert names == [name(DATA.format(v), "actor_rollout_ref.rollout.n=8", *LAUNCHABLE, swept=swept)
+                     for v in ("v1", "v2")]
+    assert names[0] != names[1] and all(
+        n.startswith("apo-train_files=train.parquet-actor.use_dynamic_bsz=True-rollout.n=8-") for n in names)
     assert len(set(lines(result.stdout, "checkpoints:"))) == 2
 
 
@@ -114,7 +117,8 @@ def test_a_multirun_whose_jobs_would_share_a_checkpoint_folder_is_refused_before
     assert "experiment:" not in result.stdout and "dry run:" not in result.stdout  # job #0 did not start either
     (error,) = [line for line in result.stderr.splitlines() if "error" in line]
     assert error.startswith("recipe-apo: error: jobs #0 (method=apo) and #1 (method=apo) of this multirun would share "
-                            "the checkpoint folder checkpoints/recipe_apo/apo-rollout.n=8 (run name apo-rollout.n=8)")
+                            "the checkpoint folder checkpoints/recipe_apo/apo-actor.use_dynamic_bsz=True-rollout.n=8 "
+                            "(run name apo-actor.use_dynamic_bsz=True-rollout.n=8)")
 
 
 def sweep_hydra(tmp_path):
