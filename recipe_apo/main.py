@@ -65,7 +65,8 @@ def prepare(config: DictConfig, rehearsal: str | None = None) -> DictConfig:
     name_the_run(config)
     OmegaConf.resolve(config)
     with open_dict(config):
-        config.trainer.v1.trainer_mode = recipe_mode(str(config.trainer.v1.get("trainer_mode", "sync")))
+        # not str(): a null or a number must reach the mode check as itself, not as the text "None" or "1"
+        config.trainer.v1.trainer_mode = recipe_mode(config.trainer.v1.get("trainer_mode", "sync"))
     on_cpu = rehearsal == "cpu"
     if on_cpu:
         from recipe_apo.cpu.checks import check_rehearsal_config

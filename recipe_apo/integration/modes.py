@@ -8,14 +8,17 @@ exact mode string, so each recipe trainer sets the string back to verl's before 
 
 from __future__ import annotations
 
+from typing import Any
+
 # verl's mode -> the recipe's trainer registered for it.
 RECIPE_TRAINERS = {"sync": "apo_sync", "colocate_async": "apo_colocate_async", "separate_async": "apo_separate_async"}
 VERL_MODES = {recipe: verl for verl, recipe in RECIPE_TRAINERS.items()}
 ASYNC_MODES = ("colocate_async", "separate_async")
 
 
-def recipe_mode(mode: str) -> str:
-    """The trainer the recipe runs for ``mode``: its own for a verl mode, anything else (a user's trainer) as is."""
+def recipe_mode(mode: Any) -> Any:
+    """The trainer the recipe runs for ``mode``: its own for a verl mode, anything else (a user's trainer, or a
+    value the launch's mode check then refuses) as is."""
     return RECIPE_TRAINERS.get(mode, mode)
 
 

@@ -64,7 +64,7 @@ def _shown(value: Any) -> str:
     text with spaces) as Python's repr, so that ``' sync'`` shows its space."""
     if isinstance(value, str) and value and value.strip() == value and " " not in value:
         return value
-    return repr(value)
+    return "null" if value is None else repr(value)
 
 
 def _positive_integer(value: Any) -> bool:

@@ -26,12 +26,12 @@ LONGEST = 1024  # verl's data.max_prompt_length + data.max_response_length (512 
 
 def launch_config(*overrides: str, rehearsal: bool = False):
     """The config as recipe_apo.main.prepare hands it to the checks, with verl's mode name swapped for the recipe's
-    trainer (``recipe_mode(str(...))``). Left unresolved: OmegaConf resolves each interpolation as a check reads
+    trainer (``recipe_mode(...)``). Left unresolved: OmegaConf resolves each interpolation as a check reads
     it, to what ``OmegaConf.resolve`` gives, and resolving the whole config would take most of a test's time."""
     base = ("rehearsal=cpu", "actor_rollout_ref.rollout.n=2") if rehearsal else BASE
     config = compose_recipe(*base, *overrides, resolve=False)
     with open_dict(config):
-        config.trainer.v1.trainer_mode = recipe_mode(str(config.trainer.v1.get("trainer_mode", "sync")))
+        config.trainer.v1.trainer_mode = recipe_mode(config.trainer.v1.get("trainer_mode", "sync"))
     return config
 
 
@@ -55,7 +55,7 @@ def refusal(*overrides: str, rehearsal: bool = False) -> str:
     ("' sync'", "' sync'", " (did you mean sync?)"),
     ("Separate_Async", "Separate_Async", " (did you mean separate_async?)"),
     ("apo_Sync", "apo_Sync", " (did you mean apo_sync?)"),
-    ("null", "None", ""),
+    ("null", "null", ""),
     ("1", "1", ""),
 ])
 def test_a_trainer_mode_verl_has_not_registered_is_refused_naming_the_registered_ones(value, shown, hint):
