@@ -17,6 +17,7 @@ import functools
 import importlib.util
 import sys
 import typing
+import warnings
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
@@ -437,8 +438,11 @@ def check_with_verl(config: Any) -> None:
     from verl.utils.config import validate_config
 
     try:
-        validate_config(config=config, use_reference_policy=need_reference_policy(config),
-                        use_critic=need_critic(config))
+        with warnings.catch_warnings():
+            # need_critic's note for every estimator but gae, said where no critic was asked for
+            warnings.filterwarnings("ignore", message="Disabled critic as algorithm.adv_estimator != gae")
+            use_critic = need_critic(config)
+        validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=use_critic)
     except Exception as exc:  # verl says a bad setting with assert, ValueError, TypeError or OmegaConf's errors
         while exc.__cause__ is not None or exc.__context__ is not None:  # Hydra's instantiate wraps verl's own
             exc = exc.__cause__ or exc.__context__

@@ -320,3 +320,20 @@ def test_a_dry_run_refuses_what_the_launch_refuses_in_one_line(overrides, expect
     assert lines == [f"recipe-apo: error: {lines[-1].removeprefix('recipe-apo: error: ')}"], result.stderr
     assert lines[0].startswith(f"recipe-apo: error: {expected}")
     assert "Traceback" not in result.stderr + result.stdout
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/training.md"])
+def test_the_documented_gpu_command_passes_a_dry_run(page, tmp_path):
+    """The page's first ``python -m recipe_apo.main method=apo`` command, as written: it used to leave
+    rollout.log_prob_micro_batch_size_per_gpu unset, which verl's own check refuses at the launch."""
+    import re
+    import shlex
+
+    from helpers.paths import ROOT
+
+    text = (ROOT / page).read_text(encoding="utf-8")
+    block = re.search(r"python -m recipe_apo\.main method=apo \\\n(.*?)\n```", text, re.S).group(1)
+    arguments = shlex.split(block.replace("\\\n", " ").replace("$HOME", "/home/user"))
+    result = run_recipe_main("method=apo", *arguments, "dry_run=true", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-1000:]
+    assert "dry run: stopping before Ray starts" in result.stdout
