@@ -1,5 +1,5 @@
-"""Registers the recipe's methods with verl: the ``apo`` and ``codapo`` advantage estimators and the ``apo``
-policy loss.
+"""Registers the recipe's methods with verl: the ``apo`` and ``codapo`` advantage estimators and the ``apo`` and
+``apo_one_sided`` policy losses.
 
 This module is the target of the ``verl.plugins`` entry point, so ``import verl`` imports it in the driver and
 in every Ray worker. verl swallows a failing plugin import with a DEBUG log; this module therefore reports
@@ -17,9 +17,10 @@ logger = logging.getLogger("recipe_apo")
 PINNED_VERL_VERSION = "0.9.1"
 NAME = "apo"
 CODAPO = "codapo"
+ONE_SIDED = "apo_one_sided"
 # Everything this plugin registers: the start-up node check looks for each name on every Ray node.
 ESTIMATORS = (NAME, CODAPO)
-LOSSES = (NAME,)
+LOSSES = (NAME, ONE_SIDED)
 
 
 def verl_version_warning(installed: Optional[str]) -> Optional[str]:
@@ -48,7 +49,7 @@ def register() -> None:
     from verl.trainer.ppo import core_algos
 
     from recipe_apo.methods.apo import apo_outcome_advantage
-    from recipe_apo.methods.apo_loss import compute_policy_loss_apo
+    from recipe_apo.methods.apo_loss import compute_policy_loss_apo, compute_policy_loss_apo_one_sided
     from recipe_apo.methods.codapo import codapo_outcome_advantage
 
     _register(core_algos.ADV_ESTIMATOR_REGISTRY, core_algos.register_adv_est, NAME, apo_outcome_advantage,
@@ -57,6 +58,8 @@ def register() -> None:
               "advantage estimator")
     _register(core_algos.POLICY_LOSS_REGISTRY, core_algos.register_policy_loss, NAME, compute_policy_loss_apo,
               "policy loss")
+    _register(core_algos.POLICY_LOSS_REGISTRY, core_algos.register_policy_loss, ONE_SIDED,
+              compute_policy_loss_apo_one_sided, "policy loss")
     warning = verl_version_warning(getattr(verl, "__version__", None))
     if warning:
         logger.warning(warning)
@@ -66,8 +69,9 @@ try:
     register()
 except Exception as exc:
     logger.error(
-        "recipe-apo: registering the 'apo' and 'codapo' advantage estimators and the 'apo' policy loss with verl "
-        "failed (%s: %s); algorithm.adv_estimator=apo|codapo and policy_loss.loss_mode=apo will not be available "
+        "recipe-apo: registering the 'apo' and 'codapo' advantage estimators and the 'apo' and 'apo_one_sided' "
+        "policy losses with verl failed (%s: %s); algorithm.adv_estimator=apo|codapo and "
+        "policy_loss.loss_mode=apo|apo_one_sided will not be available "
         "in this process",
         type(exc).__name__,
         exc,

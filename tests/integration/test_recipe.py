@@ -96,6 +96,12 @@ def test_valid_presets_pass_validation(method):
     validate_recipe_config(valid(f"method={method}", "algorithm.zero_variance=exclude"))
 
 
+def test_the_one_sided_gate_is_one_documented_override_on_apo():
+    config = valid("method=apo", "actor_rollout_ref.actor.policy_loss.loss_mode=apo_one_sided")
+    validate_recipe_config(config)
+    assert (config.actor_rollout_ref.actor.tau_pos, config.actor_rollout_ref.actor.tau_neg) == (1.0, 1.5)
+
+
 def test_kl_in_reward_is_fine_with_a_threshold_success_and_data_sources_with_the_recipe_trainer():
     validate_recipe_config(valid("algorithm.use_kl_in_reward=true", "algorithm.apo.success=threshold"))
     validate_recipe_config(valid("algorithm.apo.anchor_scope=data_source"))
@@ -113,6 +119,8 @@ def test_kl_in_reward_is_fine_with_a_threshold_success_and_data_sources_with_the
          "actor_rollout_ref.actor.loss_scale_factor"),
         (["actor_rollout_ref.actor.loss_scale_factor=-5"], "actor_rollout_ref.actor.loss_scale_factor"),
         (["actor_rollout_ref.actor.tau_neg=0"], "actor_rollout_ref.actor.tau_neg"),
+        (["actor_rollout_ref.actor.policy_loss.loss_mode=apo_one_sided", "actor_rollout_ref.actor.tau_pos=-1"],
+         "actor_rollout_ref.actor.tau_pos"),
         (["algorithm.adv_estimator=apo_typo"], "algorithm.adv_estimator"),
         (["actor_rollout_ref.actor.policy_loss.loss_mode=nope"], "actor_rollout_ref.actor.policy_loss.loss_mode"),
         (["actor_rollout_ref.rollout.n=1"], "actor_rollout_ref.rollout.n"),
