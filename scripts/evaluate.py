@@ -1,14 +1,18 @@
 #!/usr/bin/env python
-"""pass@1 of a model on the paper's five benchmarks, as a markdown table laid out like the paper's (section 5.2).
+"""Mean pass@1 of a model on the paper's five benchmarks, with its standard error, as a markdown table laid out
+like the paper's (section 5.2).
 
     # a trained verl checkpoint (merged to Hugging Face format first) or any Hugging Face model
     python scripts/evaluate.py --model checkpoints/recipe_apo/qwen2.5-math-1.5b-apo/global_step_640 \\
-        --name "1.5B - APO" --ngpus 8
-    python scripts/evaluate.py --model Qwen/Qwen2.5-Math-1.5B --name "1.5B - base"
+        --name "1.5B - APO" --ngpus 8 --paper
+    python scripts/evaluate.py --model Qwen/Qwen2.5-Math-1.5B --name "1.5B - base" --greedy
 
-    # CPU only: score generations written earlier, or only tabulate scored files (several = several rows)
+    # CPU only: score generations written earlier, tabulate scored files (one --name for several files: the
+    # runs of one method over seeds, one row), or a training run's validation dump
     python scripts/evaluate.py --score eval/apo/generations.parquet --name "1.5B - APO"
     python scripts/evaluate.py --table eval/grpo/scores.jsonl eval/drgrpo/scores.jsonl eval/apo/scores.jsonl --paper
+    python scripts/evaluate.py --validation checkpoints/recipe_apo/<experiment>/validation/1320.jsonl
+    python scripts/evaluate.py --attainability   # which samples per problem can give the paper's figures
 
 Three stages, each of which can run on its own:
 
@@ -16,14 +20,23 @@ Three stages, each of which can run on its own:
    ``global_step_N/actor`` into a Hugging Face folder under ``<out-dir>/hf_model``.
 2. **generate** (GPUs): verl's ``python -m verl.trainer.main_generation_server`` serves the model with vLLM and
    answers every prompt of ``<data-dir>/{aime24,amc,math500,minerva,olympiadbench}.parquet`` (made by
-   ``scripts/prepare_data.py``: the Qwen-Math prompt) greedily, at most 3,000 tokens, like Dr. GRPO's
-   evaluation and the training runs' validation. Output: ``<out-dir>/generations.parquet``.
+   ``scripts/prepare_data.py``: the Qwen-Math prompt) ``--n`` times each, sampled at ``--temperature`` and
+   ``--top-p`` (``--greedy``: once, greedily, like Dr. GRPO's evaluation), at most 3,000 tokens. By default
+   32 samples per AIME24 problem, 16 per AMC problem and 4 per problem of the others: with these, every figure
+   of the paper's table is a value the benchmark can take (``--attainability``, docs/paper.md). One server
+   run per distinct ``--n``; output: ``<out-dir>/generations.parquet``.
 3. **score** (CPU): every response through ``recipe_apo.reward.compute_score``, the training reward (or the
    ``--reward-path``/``--reward-name`` function, in verl's custom-reward form); one JSON line per problem in
    ``<out-dir>/scores.jsonl``; the table in ``<out-dir>/results.md`` and on stdout.
 
-pass@1 is the mean score per benchmark (over the ``--n`` samples of each problem; greedy: one); "Avg." is the
-unweighted mean of the five benchmarks, as in the paper.
+Per benchmark: mean pass@1 (the mean over problems of each problem's fraction of right samples) ± its standard
+error between problems (the standard deviation of those fractions, ddof 1, over the square root of the number
+of problems), and pass@k at k = the samples per problem (Chen et al. 2021's unbiased estimator; a sample is
+right when it scores 1). "Avg." is the unweighted mean of the five benchmarks, as in the paper. Files that share
+a ``--name`` are runs of one method with different seeds: one row, the mean across runs ± the standard error
+across runs. ``--paper`` puts the paper's row above each run named like one of its rows ("1.5B - APO", or a
+run folder ``qwen2.5-math-1.5b-apo-...``) and the gap below it, "beyond noise" only when it exceeds the 95%
+critical value times the standard error (the paper gives no error bars: its figures are taken as exact).
 """
 
 from __future__ import annotations
@@ -31,12 +44,14 @@ from __future__ import annotations
 import argparse
 import glob
 import json
+import math
 import os
+import re
 import shlex
 import subprocess
 import sys
 from collections import defaultdict
-from typing import Any, Callable, Iterable, Optional, Sequence
+from typing import Any, Callable, Iterable, NamedTuple, Optional, Sequence
 
 # (data_source written by prepare_data.py, column title in the paper's table, problems)
 BENCHMARKS: tuple[tuple[str, str, int], ...] = (
@@ -60,50 +75,249 @@ PAPER_ROWS: tuple[tuple[str, tuple[float, ...], float], ...] = (
     ("7B - APO (paper)", (45.5, 65.6, 84.9, 35.1, 43.5), 54.9),
 )
 
+# Samples per problem by default (--n). With N problems and k samples each, mean pass@1 moves in steps of
+# 100 / (N k) points; these are the k, with some margin, at which each of the paper's six figures of the
+# benchmark is a value it can take (``--attainability``; docs/paper.md), at 8,076 responses per model instead
+# of greedy's 1,560 (one k of 32 for all five would take 49,920).
+DEFAULT_SAMPLES = {"aime24": 32, "amc": 16, "math500": 4, "minerva": 4, "olympiadbench": 4}
+OTHER_SAMPLES = 4  # a benchmark outside the paper's table
+# The paper does not say how it sampled for evaluation: by default the policy's own distribution, as trained.
+DEFAULT_TEMPERATURE, DEFAULT_TOP_P = 1.0, 1.0
+
+# Two-sided 95% critical values of Student's t by degrees of freedom (1-30): the SE across R runs has R - 1.
+_T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
+          2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
+          2.045, 2.042)
+Z_975 = 1.96
+
 
 # --------------------------------------------------------------------------------------------------------------
-# Table (pure Python: testable anywhere)
+# Statistics and the table (pure Python: testable anywhere)
 # --------------------------------------------------------------------------------------------------------------
+
+
+class Estimate(NamedTuple):
+    """One benchmark (or the average) of one row, in percent: ``mean`` pass@1 and its standard error ``se``
+    (None: not defined, e.g. the paper's figures); ``problems`` scored, ``samples`` per problem (the fewest any
+    problem got), ``pass_at_k`` at k = ``samples``, and how many ``runs`` (seeds) it pools. A named tuple, not a
+    dataclass: this script is also loaded as a module without an entry in sys.modules (tests)."""
+
+    mean: float
+    se: Optional[float] = None
+    problems: int = 0
+    samples: int = 1
+    pass_at_k: Optional[float] = None
+    runs: int = 1
+
+
+Row = tuple[str, Sequence[Any], Any]  # (name, one cell per benchmark, the average): Estimate, str or None
 
 
 def read_scores(path: str) -> list[dict]:
-    """Rows of a scores.jsonl: {"benchmark": str, "score": float in [0, 1], ...}, one per problem."""
+    """Rows of a scores.jsonl: {"benchmark": str, "score": float in [0, 1], "scores": [...], ...}, one per
+    problem (``scores``: each sample's score; files without it count ``score`` as one sample)."""
     from recipe_apo.integration.jsonl import read_rows
 
     return [row for _, row in read_rows(path, ("benchmark", "score"), "not a scores.jsonl of scripts/evaluate.py")]
 
 
-def summarize(rows: Iterable[dict]) -> dict[str, tuple[float, int]]:
-    """benchmark -> (pass@1 in percent, number of problems)."""
-    totals: dict[str, list[float]] = defaultdict(list)
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Chen et al. (2021)'s unbiased estimate of pass@k from n samples of which c are right: 1 - C(n-c, k) / C(n, k),
+    the chance that k of the n samples drawn without replacement hold a right one."""
+    if not 1 <= k <= n:
+        raise ValueError(f"pass@{k} needs at least {k} samples, got {n}")
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def mean_and_se(values: Sequence[float]) -> tuple[float, Optional[float]]:
+    """The mean and its standard error, std(values, ddof=1) / sqrt(len(values)); no SE for fewer than 2."""
+    mean = sum(values) / len(values)
+    if len(values) < 2:
+        return mean, None
+    variance = sum((value - mean) ** 2 for value in values) / (len(values) - 1)
+    return mean, math.sqrt(variance / len(values))
+
+
+def _sample_scores(row: dict) -> list[float]:
+    scores = row.get("scores")
+    return [float(s) for s in scores] if isinstance(scores, list) and scores else [float(row["score"])]
+
+
+def estimate(rows: Sequence[dict]) -> Estimate:
+    """One benchmark's score rows (one per problem) -> mean pass@1 ± its standard error between problems, and
+    pass@k at k = the fewest samples any problem has. The SE is over the problems' fractions of right samples:
+    it holds both the sampling noise and how problems differ, so it does not vanish as k grows."""
+    fractions = [100.0 * float(row["score"]) for row in rows]
+    mean, se = mean_and_se(fractions)
+    samples = [_sample_scores(row) for row in rows]
+    k = min(len(s) for s in samples)
+    # A sample is right when it scores 1 (the reward is 1 for a right answer, 0 otherwise).
+    passed = [pass_at_k(len(s), sum(1 for score in s if score >= 1.0), k) for s in samples]
+    return Estimate(mean, se, problems=len(rows), samples=k, pass_at_k=100.0 * sum(passed) / len(passed))
+
+
+def summarize(rows: Iterable[dict]) -> dict[str, Estimate]:
+    """benchmark -> its Estimate, from score rows of several benchmarks."""
+    by_benchmark: dict[str, list[dict]] = defaultdict(list)
     for row in rows:
-        totals[str(row["benchmark"])].append(float(row["score"]))
-    return {name: (100.0 * sum(scores) / len(scores), len(scores)) for name, scores in totals.items()}
+        by_benchmark[str(row["benchmark"])].append(row)
+    return {name: estimate(benchmark_rows) for name, benchmark_rows in by_benchmark.items()}
 
 
-def table_row(name: str, summary: dict[str, tuple[float, int]]) -> tuple[str, list[Optional[float]], Optional[float]]:
-    cells = [summary[key][0] if key in summary else None for key, _, _ in BENCHMARKS]
-    average = sum(cells) / len(cells) if all(cell is not None for cell in cells) else None
-    return name, cells, average
+def average(cells: Sequence[Optional[Estimate]]) -> Optional[Estimate]:
+    """The unweighted mean of one run's benchmarks; its SE is sqrt(sum SE^2) / count, the benchmarks' problems
+    and samples being independent. None when a benchmark is missing."""
+    if not cells or any(cell is None for cell in cells):
+        return None
+    mean = sum(cell.mean for cell in cells) / len(cells)
+    if any(cell.se is None for cell in cells):
+        return Estimate(mean)
+    return Estimate(mean, math.sqrt(sum(cell.se ** 2 for cell in cells)) / len(cells))
 
 
-def _cell(value: Optional[float]) -> str:
-    return "-" if value is None else f"{value:.1f}"
+def across_runs(estimates: Sequence[Estimate]) -> Estimate:
+    """Runs of one method (seeds) pooled: the mean of their means ± the standard error across runs, which holds
+    the training's seed-to-seed spread as well as the evaluation's noise."""
+    if len(estimates) == 1:
+        return estimates[0]
+    mean, se = mean_and_se([e.mean for e in estimates])
+    k = min(e.samples for e in estimates)
+    pass_k = [e.pass_at_k for e in estimates]
+    same_k = all(p is not None for p in pass_k) and all(e.samples == k for e in estimates)
+    return Estimate(mean, se, problems=min(e.problems for e in estimates), samples=k,
+                    pass_at_k=sum(pass_k) / len(pass_k) if same_k else None, runs=len(estimates))
 
 
-def markdown_table(rows: Sequence[tuple[str, Sequence[Optional[float]], Optional[float]]]) -> str:
+def run_row(name: str, summaries: Sequence[dict[str, Estimate]]) -> Row:
+    """The row of one method: one run's estimates, or several runs' pooled by ``across_runs`` (its average too:
+    the SE across the runs' averages, which keeps how a run's benchmarks move together)."""
+    per_run = [[summary.get(key) for key, _, _ in BENCHMARKS] for summary in summaries]
+    averages = [average(cells) for cells in per_run]
+    if len(summaries) == 1:
+        return name, per_run[0], averages[0]
+    cells = [None if any(run[i] is None for run in per_run) else across_runs([run[i] for run in per_run])
+             for i in range(len(BENCHMARKS))]
+    total = None if any(a is None for a in averages) else across_runs(averages)
+    return f"{name} ({len(summaries)} runs)", cells, total
+
+
+def critical_value(runs: int) -> float:
+    """The 95% two-sided critical value for a gap over its SE: normal for one run (its SE is over 30 problems or
+    more), Student's t with runs - 1 degrees of freedom for an SE across a few runs (4.30 for 3 seeds)."""
+    if runs <= 1:
+        return Z_975
+    return _T_975[runs - 2] if runs - 1 <= len(_T_975) else Z_975
+
+
+def gap_cell(run: Optional[Estimate], paper: float) -> str:
+    """run - paper in points, "beyond noise" only when larger than the critical value times the run's SE: the
+    paper reports no error, so its figure is taken as exact."""
+    if run is None:
+        return "-"
+    gap = run.mean - paper
+    if run.se is None:
+        return f"{gap:+.1f} (no SE)"
+    beyond = abs(gap) > critical_value(run.runs) * run.se
+    return f"{gap:+.1f} {'beyond' if beyond else 'within'} noise"
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, str):
+        return value
+    if isinstance(value, Estimate):
+        return f"{value.mean:.1f}" if value.se is None else f"{value.mean:.1f} ± {value.se:.1f}"
+    return f"{value:.1f}"
+
+
+def markdown_table(rows: Sequence[Row], with_average: bool = True) -> str:
     """The paper's layout: Model | AIME24 | AMC | MATH500 | Minerva | Olympiad Bench | Avg."""
-    header = ["Model"] + [title for _, title, _ in BENCHMARKS] + ["Avg."]
+    header = ["Model"] + [title for _, title, _ in BENCHMARKS] + (["Avg."] if with_average else [])
     lines = ["| " + " | ".join(header) + " |", "|---" + "|---:" * (len(header) - 1) + "|"]
-    for name, cells, average in rows:
-        lines.append("| " + " | ".join([name] + [_cell(c) for c in cells] + [_cell(average)]) + " |")
+    for name, cells, total in rows:
+        values = [name] + [_cell(c) for c in cells] + ([_cell(total)] if with_average else [])
+        lines.append("| " + " | ".join(values) + " |")
     return "\n".join(lines)
 
 
-def count_warnings(name: str, summary: dict[str, tuple[float, int]]) -> list[str]:
+def pass_at_k_table(rows: Sequence[Row]) -> Optional[str]:
+    """pass@k of the runs' rows, k = samples per problem (shown in each cell); None when no run sampled twice."""
+    def cell(value: Any) -> Any:
+        if isinstance(value, Estimate) and value.pass_at_k is not None:
+            return f"{value.pass_at_k:.1f} (k={value.samples})"
+        return None
+
+    kept = [(name, [cell(c) for c in cells], None) for name, cells, _ in rows
+            if any(isinstance(c, Estimate) and c.samples > 1 for c in cells)]
+    return markdown_table(kept, with_average=False) if kept else None
+
+
+def paper_row_for(name: str) -> Optional[tuple[str, tuple[float, ...], float]]:
+    """The paper's row a run is named after: "1.5B - APO ..." (its label in any case, alone or followed by
+    anything but a letter or digit: "1.5B - GRPO" is not "1.5B - GRPOX") or a run folder of the paper scripts,
+    "qwen2.5-math-1.5b-apo-...". None when none is."""
+    folder = re.match(r"qwen2\.5-math-(1\.5b|7b)-(grpo|drgrpo|apo)(?![a-z0-9])", name.strip().lower())
+    if folder:
+        size, method = folder.groups()
+        name = f"{size.upper()} - {_PAPER_METHODS[method]}"
+    text = " ".join(name.split()).lower()
+    for row in PAPER_ROWS:
+        label = row[0].removesuffix(" (paper)").lower()
+        if text == label or (text.startswith(label) and not text[len(label)].isalnum()):
+            return row
+    return None
+
+
+_PAPER_METHODS = {"grpo": "GRPO", "drgrpo": "Dr. GRPO", "apo": "APO"}
+
+
+def paper_comparison(rows: Sequence[Row]) -> tuple[list[Row], list[str]]:
+    """Each run named after a row of the paper: the paper's row, the run's, then the gap; other runs as they are,
+    with a warning. The paper's whole table first when no run is named after one of its rows."""
+    out: list[Row] = []
+    warnings = []
+    for name, cells, total in rows:
+        paper = paper_row_for(name)
+        if paper is None:
+            warnings.append(f"{name}: no row of the paper's table to compare with (name it like '1.5B - APO')")
+            out.append((name, cells, total))
+            continue
+        label, figures, paper_average = paper
+        out.append((label, list(figures), paper_average))
+        out.append((name, cells, total))
+        out.append(("gap to the paper", [gap_cell(c, f) for c, f in zip(cells, figures)],
+                    gap_cell(total, paper_average)))
+    if len(warnings) == len(rows):
+        out = [(label, list(figures), paper_average) for label, figures, paper_average in PAPER_ROWS] + out
+    return out, warnings
+
+
+SE_NOTE = ("Mean pass@1 (%) ± its standard error: between problems for one run, across runs for a row of "
+           "several runs (seeds).")
+GAP_NOTE = ("A gap to the paper is beyond noise when larger than 1.96 SE (one run) or Student's t(runs - 1) SE "
+            "(4.30 for 3 runs); the paper's figures, which come without errors, are taken as exact.")
+
+
+def report(runs: Sequence[tuple[str, Sequence[dict[str, Estimate]]]], paper: bool) -> tuple[str, list[str]]:
+    """The markdown report of named runs (each: one summary, or one per seed): the table of mean pass@1 ± SE
+    (with the paper's rows and the gaps when ``paper``), then pass@k; and the warnings."""
+    warnings = [w for name, summaries in runs for summary in summaries for w in count_warnings(name, summary)]
+    rows = [run_row(name, summaries) for name, summaries in runs]
+    pass_table = pass_at_k_table(rows)
+    if paper:
+        rows, paper_warnings = paper_comparison(rows)
+        warnings += paper_warnings
+    text = markdown_table(rows) + "\n\n" + SE_NOTE + (" " + GAP_NOTE if paper else "")
+    if pass_table:
+        text += "\n\npass@k (%), k = samples per problem:\n\n" + pass_table
+    return text, warnings
+
+
+def count_warnings(name: str, summary: dict[str, Estimate]) -> list[str]:
     warnings = []
     for key, title, expected in BENCHMARKS:
-        count = summary.get(key, (0.0, 0))[1]
+        count = summary[key].problems if key in summary else 0
         if count != expected:
             warnings.append(f"{name}: {title} has {count} scored problems, the paper uses {expected}")
     extra = sorted(set(summary) - {key for key, _, _ in BENCHMARKS})
@@ -112,16 +326,87 @@ def count_warnings(name: str, summary: dict[str, tuple[float, int]]) -> list[str
     return warnings
 
 
-def tables_from_files(paths: Sequence[str], names: Sequence[str], paper: bool) -> tuple[str, list[str]]:
-    rows, warnings = [], []
+def group_runs(paths: Sequence[str], names: Sequence[str]) -> list[tuple[str, list[str]]]:
+    """(name, its files), in order of first appearance: files given one --name are one method's runs."""
+    groups: dict[str, list[str]] = {}
     for index, path in enumerate(paths):
         name = names[index] if index < len(names) else _default_name(path)
-        summary = summarize(read_scores(path))
-        warnings += count_warnings(name, summary)
-        rows.append(table_row(name, summary))
-    if paper:
-        rows = [(name, list(cells), average) for name, cells, average in PAPER_ROWS] + rows
-    return markdown_table(rows), warnings
+        groups.setdefault(name, []).append(path)
+    return list(groups.items())
+
+
+def tables_from_files(paths: Sequence[str], names: Sequence[str], paper: bool) -> tuple[str, list[str]]:
+    runs = [(name, [summarize(read_scores(path)) for path in files]) for name, files in group_runs(paths, names)]
+    return report(runs, paper)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Which samples per problem can give the paper's figures
+# --------------------------------------------------------------------------------------------------------------
+
+
+def attainable(figure: float, problems: int, samples: int) -> bool:
+    """Whether mean pass@1 over ``problems`` problems with ``samples`` samples each can print as ``figure`` (in
+    percent, one decimal). It is 100 m / (problems x samples) for a count m of right samples, so some m must
+    land within 0.05 of the figure (inclusive: either way of rounding a half). Exact, in integers:
+    |100 m / T - t / 10| <= 1/20 with T = problems x samples and t the figure in tenths is
+    |2000 m - 2 t T| <= T."""
+    total = problems * samples
+    tenths = round(figure * 10)
+    lowest = -((total - 2 * tenths * total) // 2000)  # ceil((2 t T - T) / 2000)
+    highest = (2 * tenths * total + total) // 2000
+    return max(lowest, 0) <= min(highest, total)
+
+
+def paper_figures(key: str) -> list[float]:
+    """The paper's six figures of one benchmark."""
+    column = [key for key, _, _ in BENCHMARKS].index(key)
+    return [figures[column] for _, figures, _ in PAPER_ROWS]
+
+
+def every_figure_from(problems: int) -> int:
+    """The k from which on every one-decimal figure is attainable: steps of 100 / (problems x k) <= 0.1 point
+    always land in a figure's window of 0.1, i.e. problems x k >= 1,000."""
+    return -(-1000 // problems)
+
+
+def attaining_samples(key: str, problems: int) -> list[int]:
+    """Every k up to ``every_figure_from(problems)`` (all larger k attain everything too) at which all the paper's
+    figures of a benchmark are attainable."""
+    return [k for k in range(1, every_figure_from(problems) + 1)
+            if all(attainable(f, problems, k) for f in paper_figures(key))]
+
+
+def _ranges(values: Sequence[int], open_end: int) -> str:
+    """[23, 28, 29, 31, 32, 33, 34], 34 -> "23, 28, 29, 31 and up" (the run reaching ``open_end`` goes on)."""
+    parts, start = [], None
+    for i, value in enumerate(values):
+        start = value if start is None else start
+        if i + 1 == len(values) or values[i + 1] != value + 1:
+            parts.append(f"{start} and up" if value == open_end else str(start) if value == start else
+                         f"{start}, {value}" if value == start + 1 else f"{start}-{value}")
+            start = None
+    return ", ".join(parts)
+
+
+def attainability_table() -> str:
+    """Per benchmark: the paper's figures greedy decoding (k = 1) cannot give, every k that gives all six, and
+    the default k with the responses it takes."""
+    lines = ["| Benchmark | Problems | Not attainable at k = 1 | k attaining all six | Default k | Responses |",
+             "|---|---:|---|---|---:|---:|"]
+    for key, title, problems in BENCHMARKS:
+        missed = [f"{f:.1f}" for f in paper_figures(key) if not attainable(f, problems, 1)]
+        lines.append(f"| {title} | {problems} | {', '.join(missed) or '-'} | "
+                     f"{_ranges(attaining_samples(key, problems), every_figure_from(problems))} | "
+                     f"{DEFAULT_SAMPLES[key]} | {problems * DEFAULT_SAMPLES[key]:,} |")
+    # One k for all five, as verl's validation samples: a k every benchmark attains.
+    bound = max(every_figure_from(problems) for _, _, problems in BENCHMARKS)
+    common = [k for k in range(1, bound + 1) if all(
+        k >= every_figure_from(problems) or k in attaining_samples(key, problems) for key, _, problems in BENCHMARKS)]
+    total = sum(problems * DEFAULT_SAMPLES[key] for key, _, problems in BENCHMARKS)
+    greedy = sum(problems for _, _, problems in BENCHMARKS)
+    lines.append(f"| all five | {greedy:,} | | {_ranges(common, bound)} (one k for all) | | {total:,} |")
+    return "\n".join(lines)
 
 
 def model_label(model: str) -> str:
@@ -229,10 +514,7 @@ def score_generations(path: str, out_path: str, timeout: float, score_many: Opti
                 "response_chars": [len(r) if isinstance(r, str) else 0 for r in responses],
             }
         )
-    os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
-    with open(out_path, "w", encoding="utf-8") as handle:
-        for result in results:
-            handle.write(json.dumps(result, ensure_ascii=False) + "\n")
+    write_scores(results, out_path)
     return results
 
 
@@ -271,7 +553,9 @@ def merge_command(python: str, actor_dir: str, target_dir: str) -> list[str]:
 
 
 def generation_command(python: str, model: str, data_files: Sequence[str], output: str,
-                       args: argparse.Namespace) -> list[str]:
+                       args: argparse.Namespace, samples: int) -> list[str]:
+    """verl's generation server answering every prompt of ``data_files`` ``samples`` times at ``args``'s
+    temperature and top-p (already resolved: 0 for greedy)."""
     files = "[" + ",".join(data_files) + "]"
     return [
         python, "-m", "verl.trainer.main_generation_server",
@@ -286,7 +570,7 @@ def generation_command(python: str, model: str, data_files: Sequence[str], outpu
         "actor_rollout_ref.rollout.load_format=auto",
         f"actor_rollout_ref.rollout.temperature={args.temperature}",
         f"actor_rollout_ref.rollout.top_p={args.top_p}",
-        f"actor_rollout_ref.rollout.n={args.n}",
+        f"actor_rollout_ref.rollout.n={samples}",
         f"actor_rollout_ref.rollout.tensor_model_parallel_size={args.tp}",
         f"actor_rollout_ref.rollout.gpu_memory_utilization={args.gpu_memory_utilization}",
         # The OpenAI-style server applies the chat template itself: it needs the tokenizer.
@@ -294,6 +578,21 @@ def generation_command(python: str, model: str, data_files: Sequence[str], outpu
         f"trainer.n_gpus_per_node={args.ngpus}",
         "trainer.nnodes=1",
     ] + list(args.generation_override)
+
+
+def sample_groups(samples: dict[str, int]) -> list[tuple[int, list[str]]]:
+    """(k, benchmarks sampled k times) in order of first appearance: verl's server takes one n per run."""
+    groups: dict[int, list[str]] = {}
+    for name, k in samples.items():
+        groups.setdefault(k, []).append(name)
+    return list(groups.items())
+
+
+def join_generations(parts: Sequence[str], output: str) -> None:
+    """The generation runs' parquet files as one, in order (each row: a problem and its list of responses)."""
+    import pandas as pd
+
+    pd.concat([pd.read_parquet(part) for part in parts], ignore_index=True).to_parquet(output)
 
 
 def run(command: list[str], dry_run: bool) -> None:
@@ -311,6 +610,61 @@ def benchmark_files(data_dir: str, names: Sequence[str]) -> list[str]:
 
 
 # --------------------------------------------------------------------------------------------------------------
+# A training run's validation dump (CPU)
+# --------------------------------------------------------------------------------------------------------------
+
+
+def scores_from_validation(dump: str, data_dir: str, names: Sequence[str]) -> list[dict]:
+    """Score rows, one per problem, from a validation dump of a training run (``trainer.validation_data_dir``,
+    ``<step>.jsonl``: one line per response, scored by the training reward). verl's dump names no benchmark:
+    it holds the prompts of ``data.val_files`` in order (verl's ``data.validation_shuffle`` is false), each
+    repeated ``val_kwargs.n`` times, so the problems come from the prepared files of ``names`` in that order,
+    and every response's ground truth must be its problem's."""
+    import pandas as pd
+
+    from recipe_apo.integration.jsonl import read_rows
+
+    hint = "not a validation dump of verl (trainer.validation_data_dir)"
+    responses = [row for _, row in read_rows(dump, ("input", "gts", "score"), hint)]
+    problems = []
+    for name, path in zip(names, benchmark_files(data_dir, names)):
+        for position, row in enumerate(pd.read_parquet(path).itertuples(index=False)):
+            index = _as_dict(getattr(row, "extra_info", None)).get("index", position)
+            problems.append((name, index, _as_dict(row.reward_model).get("ground_truth")))
+    if not problems or not responses or len(responses) % len(problems):
+        raise ValueError(f"{dump}: {len(responses)} responses are not the same number for each of the "
+                         f"{len(problems)} problems of {', '.join(names)} (data.val_files in another order, or "
+                         "other benchmarks? --benchmarks names them in data.val_files' order)")
+    k = len(responses) // len(problems)
+    rows = []
+    for number, (name, index, truth) in enumerate(problems):
+        block = responses[number * k:(number + 1) * k]
+        if any(r["input"] != block[0]["input"] or str(r["gts"]) != str(truth) for r in block):
+            raise ValueError(f"{dump}: responses {number * k + 1}-{(number + 1) * k} are not the {k} samples of "
+                             f"{name} problem {index} (ground truth {truth!r}): validated in another order than "
+                             f"--benchmarks {','.join(names)}?")
+        scores = [float(r["score"]) for r in block]
+        rows.append({"benchmark": name, "index": index, "ground_truth": truth, "scores": scores,
+                     "score": sum(scores) / k})
+    return rows
+
+
+def validation_label(dump: str) -> str:
+    """``<experiment>-validation_<step>`` for ``.../<experiment>/validation/<step>.jsonl``."""
+    path = os.path.abspath(dump)
+    step = os.path.splitext(os.path.basename(path))[0]
+    experiment = os.path.basename(os.path.dirname(os.path.dirname(path)))
+    return f"{experiment}-validation_{step}" if experiment else f"validation_{step}"
+
+
+def write_scores(rows: Sequence[dict], out_path: str) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
+    with open(out_path, "w", encoding="utf-8") as handle:
+        for row in rows:
+            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+
+# --------------------------------------------------------------------------------------------------------------
 # Command line
 # --------------------------------------------------------------------------------------------------------------
 
@@ -321,20 +675,39 @@ def build_parser() -> argparse.ArgumentParser:
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--model", help="Hugging Face model (id or folder) or verl checkpoint (global_step_N[/actor])")
     mode.add_argument("--score", metavar="GENERATIONS", help="score an existing generations parquet (CPU)")
-    mode.add_argument("--table", nargs="+", metavar="SCORES", help="tabulate scores.jsonl files, one row each (CPU)")
+    mode.add_argument("--table", nargs="+", metavar="SCORES",
+                      help="tabulate scores.jsonl files, one row each; files given the same --name are one "
+                           "method's runs (seeds), one row: mean across runs ± SE across runs (CPU)")
+    mode.add_argument("--validation", metavar="DUMP",
+                      help="tabulate a training run's validation dump, <checkpoint folder>/validation/<step>.jsonl "
+                           "(its prompts in --benchmarks order, as the paper scripts' data.val_files) (CPU)")
+    mode.add_argument("--attainability", action="store_true",
+                      help="print which samples per problem can give every figure of the paper's table")
     parser.add_argument("--name", action="append", default=[],
-                        help="row name in the table (repeat for several --table files)")
+                        help="row name in the table (repeat for several --table files; the same name for runs "
+                             "of one method over seeds); named like a row of the paper ('1.5B - APO') for --paper")
     parser.add_argument("--out-dir", default=None, help="default: eval/<name of the model or checkpoint>")
     parser.add_argument("--data-dir", default="~/data/recipe_apo", help="where prepare_data.py wrote the benchmarks")
-    parser.add_argument("--benchmarks", default=",".join(key for key, _, _ in BENCHMARKS))
+    parser.add_argument("--benchmarks", default=",".join(key for key, _, _ in BENCHMARKS),
+                        help="the prepared files (<data-dir>/<name>.parquet) to evaluate, comma-separated; for "
+                             "--validation in the run's data.val_files order")
     parser.add_argument("--ngpus", type=int, default=8)
     parser.add_argument("--tp", type=int, default=1, help="tensor parallel size of each vLLM replica")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.85)
     parser.add_argument("--max-prompt-length", type=int, default=1024)
     parser.add_argument("--max-response-length", type=int, default=3000, help="the paper's (and Dr. GRPO's) cap")
-    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy, as Dr. GRPO evaluates")
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--n", type=int, default=1, help="samples per problem (needs --temperature > 0 when > 1)")
+    defaults = ",".join(f"{key}={k}" for key, k in DEFAULT_SAMPLES.items())
+    parser.add_argument("--n", default=None, metavar="K or BENCHMARK=K,...",
+                        help=f"samples per problem, for every benchmark (K) or some (the rest keep theirs); "
+                             f"default {defaults} ({OTHER_SAMPLES} for others): every figure of the paper's "
+                             f"table attainable (--attainability)")
+    parser.add_argument("--temperature", type=float, default=None,
+                        help=f"sampling temperature, default {DEFAULT_TEMPERATURE} (the policy's own "
+                             "distribution, as in training); 0: greedy, one sample")
+    parser.add_argument("--top-p", type=float, default=None, help=f"nucleus sampling, in (0, 1]; default "
+                                                                  f"{DEFAULT_TOP_P}")
+    parser.add_argument("--greedy", action="store_true",
+                        help="one greedy answer per problem (temperature 0), as Dr. GRPO evaluates")
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds per answer check")
     parser.add_argument("--reward-path", default=DEFAULT_REWARD_PATH,
                         help="reward function's file or pkg://module, as verl's reward.custom_reward_function.path")
@@ -342,24 +715,117 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--python", default=sys.executable, help="interpreter that runs verl")
     parser.add_argument("--generation-override", action="append", default=[], metavar="KEY=VALUE",
                         help="extra Hydra override for main_generation_server")
-    parser.add_argument("--paper", action="store_true", help="put the paper's rows above yours")
+    parser.add_argument("--paper", action="store_true",
+                        help="put the paper's row above each run named after one (--name) and the gap below it, "
+                             "marked beyond noise only past the 95%% critical value times the run's SE")
     parser.add_argument("--dry-run", action="store_true", help="print the merge and generation commands only")
     return parser
+
+
+def samples_per_benchmark(spec: Optional[str], names: Sequence[str]) -> dict[str, int]:
+    """--n: K for every benchmark, or BENCHMARK=K,... for some (the rest keep their defaults). ValueError names
+    what is wrong."""
+    samples = {name: DEFAULT_SAMPLES.get(name, OTHER_SAMPLES) for name in names}
+    if spec is None:
+        return samples
+    if "=" not in spec:
+        return {name: _count(spec) for name in names}
+    for part in spec.split(","):
+        name, _, value = part.partition("=")
+        if name.strip() not in samples:
+            raise ValueError(f"{name.strip()!r} is not one of --benchmarks ({', '.join(names)})")
+        samples[name.strip()] = _count(value)
+    return samples
+
+
+def _count(text: str) -> int:
+    try:
+        k = int(text)
+    except ValueError:
+        raise ValueError(f"{text.strip()!r} is not a whole number of samples") from None
+    if k < 1:
+        raise ValueError(f"samples per problem must be 1 or more, got {k}")
+    return k
+
+
+def resolve_sampling(parser: argparse.ArgumentParser, args: argparse.Namespace,
+                     names: Sequence[str]) -> dict[str, int]:
+    """Check --n, --temperature, --top-p and --greedy (parser.error names a bad one); set args.temperature and
+    args.top_p to what generation uses; return the samples per problem of each benchmark."""
+    if args.temperature is not None and args.temperature < 0:
+        parser.error(f"--temperature must be 0 (greedy) or more, got {args.temperature}")
+    if args.top_p is not None and not 0 < args.top_p <= 1:
+        parser.error(f"--top-p must be in (0, 1], got {args.top_p}")
+    if args.greedy and args.temperature:
+        parser.error(f"--greedy decodes at temperature 0, got --temperature {args.temperature}")
+    try:
+        samples = samples_per_benchmark(args.n, names)
+    except ValueError as exc:
+        parser.error(f"--n: {exc}")
+    if args.greedy or args.temperature == 0:
+        if args.n is not None and max(samples.values()) > 1:
+            parser.error("--n > 1 needs sampling: greedy decoding (--greedy or --temperature 0) gives "
+                         "identical answers")
+        args.temperature, args.top_p = 0.0, 1.0
+        return {name: 1 for name in names}
+    args.temperature = DEFAULT_TEMPERATURE if args.temperature is None else args.temperature
+    args.top_p = DEFAULT_TOP_P if args.top_p is None else args.top_p
+    return samples
+
+
+def generate(args: argparse.Namespace, model: str, out_dir: str, samples: dict[str, int]) -> str:
+    """Run verl's generation server once per distinct samples-per-problem; the generations parquet's path."""
+    generations = os.path.join(os.path.abspath(out_dir), "generations.parquet")
+    groups = sample_groups(samples)
+    parts = []
+    for k, names in groups:
+        files = benchmark_files(args.data_dir, names) if not args.dry_run else [
+            os.path.join(os.path.expanduser(args.data_dir), f"{n}.parquet") for n in names]
+        part = generations if len(groups) == 1 else os.path.join(os.path.abspath(out_dir), f"generations.n{k}.parquet")
+        print(f"[2/3] generating {k} response(s) per problem of {', '.join(names)} with verl's generation server "
+              f"on {args.ngpus} GPU(s) -> {part}", file=sys.stderr)
+        run(generation_command(args.python, model, files, part, args, k), args.dry_run)
+        parts.append(part)
+    if len(groups) > 1 and not args.dry_run:
+        join_generations(parts, generations)
+    return generations
+
+
+def finish(runs_rows: Sequence[dict], name: str, out_dir: str, scores_path: str, paper: bool) -> int:
+    """Print (and write to results.md) the report of one scored run."""
+    table, warnings = report([(name, [summarize(runs_rows)])], paper)
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    with open(os.path.join(out_dir, "results.md"), "w", encoding="utf-8") as handle:
+        handle.write(table + "\n")
+    print(f"scores: {scores_path}\ntable: {os.path.join(out_dir, 'results.md')}", file=sys.stderr)
+    print(table)
+    return 0
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    names = [part.strip() for part in args.benchmarks.split(",") if part.strip()]
 
+    if args.attainability:
+        print(attainability_table())
+        return 0
     if args.table:
         table, warnings = tables_from_files(args.table, args.name, args.paper)
         for warning in warnings:
             print(f"warning: {warning}", file=sys.stderr)
         print(table)
         return 0
+    if args.validation:
+        name = args.name[0] if args.name else validation_label(args.validation)
+        out_dir = args.out_dir or os.path.join("eval", name.replace(" ", "_").replace("/", "_"))
+        rows = scores_from_validation(args.validation, args.data_dir, names)
+        scores_path = os.path.join(out_dir, "scores.jsonl")
+        write_scores(rows, scores_path)
+        return finish(rows, name, out_dir, scores_path, args.paper)
 
-    if args.n > 1 and args.temperature == 0:
-        parser.error("--n > 1 needs --temperature > 0 (greedy decoding gives n identical answers)")
+    samples = resolve_sampling(parser, args, names) if args.model else {}
     # Loaded first: a wrong --reward-path should fail before the generation's GPU hours, not after.
     score_many = None if args.dry_run else reward_scorer(args.reward_path, args.reward_name)
 
@@ -372,9 +838,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         name = args.name[0] if args.name else model_label(model)
         out_dir = args.out_dir or os.path.join("eval", name.replace(" ", "_").replace("/", "_"))
         os.makedirs(out_dir, exist_ok=True)
-        names = [part.strip() for part in args.benchmarks.split(",") if part.strip()]
-        files = benchmark_files(args.data_dir, names) if not args.dry_run else [
-            os.path.join(os.path.expanduser(args.data_dir), f"{n}.parquet") for n in names]
         actor_dir = find_actor_checkpoint(model) if os.path.isdir(model) else None
         if actor_dir is not None:
             merged = os.path.join(out_dir, "hf_model")
@@ -386,28 +849,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             model = os.path.abspath(merged)
         else:
             print(f"[1/3] {model}: a Hugging Face model, nothing to merge", file=sys.stderr)
-        generations = os.path.join(os.path.abspath(out_dir), "generations.parquet")
-        print(f"[2/3] generating with verl's generation server on {args.ngpus} GPU(s) -> {generations}",
-              file=sys.stderr)
-        run(generation_command(args.python, model, files, generations, args), args.dry_run)
+        generations = generate(args, model, out_dir, samples)
         if args.dry_run:
             return 0
 
     print(f"[3/3] scoring {generations}", file=sys.stderr)
     scores_path = os.path.join(out_dir, "scores.jsonl")
     results = score_generations(generations, scores_path, args.timeout, score_many)
-    summary = summarize(results)
-    for warning in count_warnings(name, summary):
-        print(f"warning: {warning}", file=sys.stderr)
-    rows = [table_row(name, summary)]
-    if args.paper:
-        rows = [(n, list(c), a) for n, c, a in PAPER_ROWS] + rows
-    table = markdown_table(rows)
-    with open(os.path.join(out_dir, "results.md"), "w", encoding="utf-8") as handle:
-        handle.write(table + "\n")
-    print(f"scores: {scores_path}\ntable: {os.path.join(out_dir, 'results.md')}", file=sys.stderr)
-    print(table)
-    return 0
+    return finish(results, name, out_dir, scores_path, args.paper)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,9 @@
 # reward scores their `openai/gsm8k` rows with verl's "#### answer" rule.
 # Environment: DATA_DIR (~/data/recipe_apo), MODEL (Qwen/Qwen2.5-0.5B-Instruct),
 # PYTHON (python), LOGGERS (console,file: verl's trainer.logger, e.g. console,wandb), EXPERIMENT_NAME (default:
-# qwen2.5-0.5b-gsm8k-<method>[-<your overrides>]-<hash of every setting that counts>, made by recipe_apo/integration/naming.py).
+# qwen2.5-0.5b-gsm8k-<method>[-<your overrides>]-<hash of every setting that counts>, made by recipe_apo/integration/naming.py),
+# VAL_N (greedy here; or a number of samples per problem), VAL_TEMPERATURE (1.0), VAL_TOP_P (1.0).
+# Seed: data.seed=N (42) reseeds the prompt order, vLLM's sampling and the mini-batch shuffle, and names the run.
 # RECIPE_APO_DRY_RUN=1 names and validates the run and prints where it writes, starting nothing (=cfg prints
 # the composed config with Hydra's --cfg job; =args prints the command).
 # Every run records its rollouts and validation generations under its checkpoint folder (see docs/paper.md).
@@ -22,6 +24,7 @@ set -euo pipefail
 source "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/lib/recipe_launch.sh"
 
 recipe_parse_method "$@"
+recipe_validation greedy
 
 DATA_DIR="${DATA_DIR:-$HOME/data/recipe_apo}"
 MODEL="${MODEL:-Qwen/Qwen2.5-0.5B-Instruct}"
@@ -29,14 +32,15 @@ MODEL="${MODEL:-Qwen/Qwen2.5-0.5B-Instruct}"
 args=(
     # --- data ---------------------------------------------------------------------------------------------------
     data.train_files="$DATA_DIR/gsm8k_train.parquet"  # 7,473 problems
-    data.val_files="$DATA_DIR/gsm8k_test.parquet"     # 1,319 problems, greedy pass@1
+    data.val_files="$DATA_DIR/gsm8k_test.parquet"     # 1,319 problems, greedy pass@1 (VAL_N)
     data.train_batch_size=64         # 64 prompts x 8 = 512 rollouts per round (the paper: 128 x 8)
     data.max_prompt_length=512
     data.max_response_length=1024    # GSM8K solutions are short; also L0 (loss_scale_factor)
     data.filter_overlong_prompts=true
     data.shuffle=true
     # verl's default (null) draws a new prompt order every run: seeded, each method sees the same prompts in
-    # the same order, so a difference between methods is not a difference in data order.
+    # the same order, so a difference between methods is not a difference in data order. The run's seed: the
+    # rollout's sampling and the mini-batch shuffle follow it (below), so data.seed=N is another run of it.
     data.seed=42
 
     # --- rollout ------------------------------------------------------------------------------------------------
@@ -47,9 +51,9 @@ args=(
     actor_rollout_ref.rollout.top_p=1.0
     actor_rollout_ref.rollout.tensor_model_parallel_size=1
     actor_rollout_ref.rollout.gpu_memory_utilization=0.4
-    actor_rollout_ref.rollout.val_kwargs.temperature=0
-    actor_rollout_ref.rollout.val_kwargs.do_sample=false
-    actor_rollout_ref.rollout.val_kwargs.n=1
+    'actor_rollout_ref.rollout.seed=${data.seed}'  # vLLM's sampling seed
+    # Greedy validation by default: cheap, and this run is not the paper's table (VAL_N=4 samples instead).
+    "${VALIDATION[@]}"
 
     # --- policy update ------------------------------------------------------------------------------------------
     # [paper] 8 updates per round: verl counts ppo_mini_batch_size in prompts (x rollout.n), so 8 prompts =
@@ -57,6 +61,7 @@ args=(
     actor_rollout_ref.actor.ppo_mini_batch_size=8
     actor_rollout_ref.actor.ppo_epochs=1
     actor_rollout_ref.actor.shuffle=true  # mini-batches of mixed lengths (see train_qwen2.5_math.sh)
+    'actor_rollout_ref.actor.data_loader_seed=${data.seed}'  # that shuffle's seed
     actor_rollout_ref.actor.optim.lr=1e-6
     actor_rollout_ref.actor.optim.lr_scheduler_type=constant
     actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.0
@@ -81,7 +86,7 @@ args=(
     trainer.test_freq=20
     trainer.val_before_train=true
     trainer.save_freq=116
-    trainer.max_actor_ckpt_to_keep=1
+    trainer.max_actor_ckpt_to_keep=null  # both saved checkpoints kept (about 6 GB each); =N keeps the last N
 )
 
 recipe_launch qwen2.5-0.5b-gsm8k "${args[@]}"

@@ -13,7 +13,11 @@
 # Data: `python scripts/prepare_data.py --out-dir "$DATA_DIR"` first.
 # Environment: DATA_DIR (~/data/recipe_apo), MODEL (Qwen/Qwen2.5-Math-1.5B or -7B), NGPUS (8), NNODES (1),
 # PYTHON (python), LOGGERS (console,file: verl's trainer.logger, e.g. console,wandb), EXPERIMENT_NAME (default:
-# qwen2.5-math-<size>-<method>[-<your overrides>]-<hash of every setting that counts>, made by recipe_apo/integration/naming.py).
+# qwen2.5-math-<size>-<method>[-<your overrides>]-<hash of every setting that counts>, made by recipe_apo/integration/naming.py),
+# VAL_N (4 samples per problem at validation, or greedy), VAL_TEMPERATURE (1.0), VAL_TOP_P (1.0).
+# Seed: data.seed=N (42) reseeds the prompt order, vLLM's sampling and the mini-batch shuffle, and names the run;
+# three seeds of a method in one Hydra multirun: -m method=apo data.seed=1,2,3 (docs/paper.md).
+# Checkpoints: every saved one is kept (every 64 rounds); trainer.max_actor_ckpt_to_keep=N keeps the last N.
 # RECIPE_APO_DRY_RUN=1 names and validates the run and prints where it writes, starting nothing (=cfg prints
 # the composed config with Hydra's --cfg job; =args prints the command).
 # Every run records its rollouts and validation generations under its checkpoint folder (see docs/paper.md).
@@ -35,6 +39,7 @@ esac
 shift
 
 recipe_parse_method "$@"
+recipe_validation 4
 
 DATA_DIR="${DATA_DIR:-$HOME/data/recipe_apo}"
 MODEL="${MODEL:-$default_model}"
@@ -45,7 +50,7 @@ args=(
     # --- data ---------------------------------------------------------------------------------------------------
     data.train_files="$DATA_DIR/math_lvl3to5.parquet"  # [paper] MATH levels 3-5, 8,523 problems
     # [paper] AIME24 (30), AMC (83), MATH500 (500), Minerva (272), OlympiadBench (675); verl reports each as
-    # val-core/<benchmark>/acc/mean@1 (greedy pass@1).
+    # val-core/<benchmark>/acc/mean@<VAL_N> (mean pass@1; its SE: scripts/evaluate.py --validation).
     "data.val_files=[$DATA_DIR/aime24.parquet,$DATA_DIR/amc.parquet,$DATA_DIR/math500.parquet,$DATA_DIR/minerva.parquet,$DATA_DIR/olympiadbench.parquet]"
     data.train_batch_size=128        # [paper] 1,024 rollouts per round = 128 prompts x 8 rollouts
     data.max_prompt_length=1024      # [Dr. GRPO] prompt_max_length 1024 (+3,000 fits the model's 4,096 positions)
@@ -53,7 +58,8 @@ args=(
     data.filter_overlong_prompts=true
     data.shuffle=true
     # verl's default (null) draws a new prompt order every run: seeded, each method sees the same prompts in
-    # the same order, so a difference between methods is not a difference in data order.
+    # the same order, so a difference between methods is not a difference in data order. The run's seed: the
+    # rollout's sampling and the mini-batch shuffle follow it (below), so data.seed=N is another run of it.
     data.seed=42
 
     # --- rollout ------------------------------------------------------------------------------------------------
@@ -64,10 +70,13 @@ args=(
     actor_rollout_ref.rollout.top_p=1.0
     actor_rollout_ref.rollout.tensor_model_parallel_size="$rollout_tp"
     actor_rollout_ref.rollout.gpu_memory_utilization="$rollout_memory"
-    # [Dr. GRPO] evaluation is greedy (eval_temperature 0), one sample, same 3,000-token cap
-    actor_rollout_ref.rollout.val_kwargs.temperature=0
-    actor_rollout_ref.rollout.val_kwargs.do_sample=false
-    actor_rollout_ref.rollout.val_kwargs.n=1
+    'actor_rollout_ref.rollout.seed=${data.seed}'  # vLLM's sampling seed (verl's default: 42 in every run)
+    # Validation samples VAL_N (4) answers per problem at temperature 1, top-p 1, same 3,000-token cap: the
+    # paper's figures are means over several samples (not multiples of 1/problems); with 4 the MATH500, Minerva
+    # and OlympiadBench ones are attainable, at 4x greedy's cost every 16 rounds. The table's figures come from
+    # scripts/evaluate.py (32 samples per AIME24 problem, 16 per AMC one). VAL_N=greedy: Dr. GRPO's greedy
+    # evaluation (eval_temperature 0, one sample).
+    "${VALIDATION[@]}"
 
     # --- policy update ------------------------------------------------------------------------------------------
     # [paper] "updated 8 times with a batch size of 128": verl counts ppo_mini_batch_size in PROMPTS and
@@ -80,6 +89,7 @@ args=(
     # always get the longest and truncated responses: a length effect in a study of length bias. [Dr. GRPO]
     # Oat shuffles every epoch.
     actor_rollout_ref.actor.shuffle=true
+    'actor_rollout_ref.actor.data_loader_seed=${data.seed}'  # that shuffle's seed (verl's default: 42)
     actor_rollout_ref.actor.optim.lr=1e-6                     # [Dr. GRPO] learning_rate 1e-6
     actor_rollout_ref.actor.optim.lr_scheduler_type=constant  # [Dr. GRPO] lr_scheduler constant
     actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.0
@@ -110,7 +120,10 @@ args=(
     trainer.test_freq=16             # [Dr. GRPO] eval_steps 16
     trainer.val_before_train=true    # the base model's row of the table
     trainer.save_freq=64
-    trainer.max_actor_ckpt_to_keep=2
+    # Every saved checkpoint is kept (21 over the 1,320 rounds), so any stage of training can be evaluated
+    # later: about 18 GB each for 1.5B, 90 GB for 7B (docs/paper.md). trainer.max_actor_ckpt_to_keep=N keeps
+    # the last N.
+    trainer.max_actor_ckpt_to_keep=null
 )
 
 recipe_launch "qwen2.5-math-$size" "${args[@]}"

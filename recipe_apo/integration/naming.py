@@ -48,8 +48,10 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 from recipe_apo.integration.errors import RecipeConfigError
 
 # Overrides that say where things are or how they are logged, not what is trained.
-LOCATION_KEYS = ("method", "dry_run", "run_name.", "data.val_files", "trainer.", "ray_kwargs.", "hydra.",
-                 "actor_rollout_ref.rollout.name")
+# Validation (its files and its sampling, val_kwargs) does not change what is trained: more validation samples on a
+# resumed run stay that run.
+LOCATION_KEYS = ("method", "dry_run", "run_name.", "data.val_files", "actor_rollout_ref.rollout.val_kwargs.",
+                 "trainer.", "ray_kwargs.", "hydra.", "actor_rollout_ref.rollout.name")
 # trainer.* is plumbing, but for verl's V1 trainer settings: an asynchronous mode trains on staler responses.
 TRAINED_TRAINER_KEYS = ("trainer.v1.",)
 SYNC_MODES = ("sync", "apo_sync")

@@ -1,15 +1,23 @@
-"""One fixed set of CPU kernels for the testbed, so that its figures are the same on any x86 CPU.
+"""One fixed set of CPU kernels for the testbed, so that its figures are the same on any x86-64 CPU.
 
 An RL run's trajectory diverges from a last-bit float difference, and torch picks its CPU kernels by the machine
 (AVX-512 on one, AVX2 on another), as do MKL and oneDNN beneath it: the same seed then trains differently on two
-machines. The testbed pins all three to AVX2, the widest set nearly every x86-64 CPU since 2013 has, before torch
-loads: ``ATEN_CPU_CAPABILITY=avx2`` (torch's own kernels), ``MKL_CBWR=AVX2`` (MKL's conditional numerical
-reproducibility), ``DNNL_MAX_CPU_ISA=AVX2`` (oneDNN). Each library reads its setting from the environment when
-it loads, and importing ``recipe_apo`` loads torch (through verl): so ``recipe_apo/__init__.py`` sets them first
-when the process was started as ``python -m recipe_apo.testbed`` (``pin_early``), and the testbed re-executes
-itself once with them where that could not happen (torch loaded before, an interpreter started another way). Its
-worker processes inherit them. ``RECIPE_APO_TESTBED_KERNELS=native`` lets torch choose, as before. Threads are the
-testbed's own setting (``threads_per_worker``), recorded beside the kernels in ``summary.json``.
+machines. The testbed pins them before torch loads:
+
+- ``ATEN_CPU_CAPABILITY=avx2``: torch's own kernels, the AVX2 set nearly every x86-64 CPU since 2013 has;
+- ``MKL_CBWR=COMPATIBLE``: MKL's conditional numerical reproducibility on its SSE2 branch without the approximate
+  rcpps/rsqrtps instructions. It is the one branch besides AUTO that MKL honours on non-Intel CPUs: the AVX2 branch
+  pinned before is Intel-only, and on an AMD CPU MKL silently falls back to AUTO (measured on this project's AMD
+  EPYC: ``MKL_CBWR=AVX2`` gives the same bits as no setting, ``COMPATIBLE`` others), so an Intel and an AMD machine
+  ran different matrix products (docs/testbed.md, "Reproducibility");
+- ``DNNL_MAX_CPU_ISA=AVX2``: oneDNN (no testbed op uses it today; pinned so that one added later is covered).
+
+Each library reads its setting from the environment when it loads, and importing ``recipe_apo`` loads torch
+(through verl): so ``recipe_apo/__init__.py`` sets them first when the process was started as
+``python -m recipe_apo.testbed`` (``pin_early``), and the testbed re-executes itself once with them where that could
+not happen (torch loaded before, an interpreter started another way). Its worker processes inherit them.
+``RECIPE_APO_TESTBED_KERNELS=native`` lets the libraries choose, as before. Threads are the testbed's own setting
+(``threads_per_worker``), recorded beside the kernels in ``summary.json``.
 """
 
 from __future__ import annotations
@@ -19,7 +27,7 @@ import platform
 import sys
 from typing import Mapping, Optional
 
-PINNED = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "DNNL_MAX_CPU_ISA": "AVX2"}
+PINNED = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE", "DNNL_MAX_CPU_ISA": "AVX2"}
 SWITCH = "RECIPE_APO_TESTBED_KERNELS"
 
 

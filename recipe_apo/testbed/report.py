@@ -76,6 +76,7 @@ HEADLINE = [
     ("ratio_dev_mean", "ratio at the update's start, mean abs(r - 1) (stale runs)", "{:.3f}", None),
     ("ratio_out_share_avg", "share of tokens with r outside [0.8, 1.2]", "{:.3f}", None),
     ("gate_weight_avg", "soft gate's mean weight (apo loss)", "{:.3f}", None),
+    ("anchor_rate_floor_share", "anchor's rate at eta_min, share of rounds after the first", "{:.2f}", None),
     ("grad_norm_mean", "grad norm before clip, mean", "{:.3f}", None),
     ("grad_norm_max", "grad norm before clip, max", "{:.3f}", None),
     ("wall_s", "wall time per run (s)", "{:.1f}", None),
@@ -140,6 +141,10 @@ def run_summary(run: dict[str, Any], rounds: int, early_fraction: float) -> dict
         out["gate_weight_avg"] = _nanmean(history["actor/apo_gate_weight"])
     if "ratio_dev_mean" in history:
         out["ratio_dev_mean"] = _nanmean(history["ratio_dev_mean"])
+    # The anchor's rate after the first round, which is the warm start (rate 1) or, with anchor_init, at the floor.
+    if "anchor_rate" in history:
+        out["anchor_rate_avg"] = _nanmean(history["anchor_rate"][1:])
+        out["anchor_rate_floor_share"] = _nanmean(history["anchor_rate_at_floor"][1:])
     out["wall_s"] = float(run["wall_s"])
     return out
 

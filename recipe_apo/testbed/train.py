@@ -16,6 +16,7 @@ its config, so results do not depend on scheduling.
 from __future__ import annotations
 
 import hashlib
+import math
 import multiprocessing as mp
 import sys
 import time
@@ -324,7 +325,12 @@ class MethodRun:
         result = driver_state.last_result("apo")
         anchor_metrics = {} if result is None else result.metrics
         self.record("anchor", anchor_metrics.get("apo/anchor", float("nan")))
-        self.record("anchor_rate", anchor_metrics.get("apo/anchor_rate", float("nan")))
+        rate = anchor_metrics.get("apo/anchor_rate", float("nan"))
+        self.record("anchor_rate", rate)
+        # eta_t = clip(eta std(H), eta_min, 1) at its floor: the anchor then moves as a plain exponential average
+        # and eta does nothing (docs/internals.md, "The anchor's rate").
+        at_floor = rate == float(self.cfg.algorithm.apo.eta_min) if math.isfinite(rate) else float("nan")
+        self.record("anchor_rate_at_floor", float(at_floor))
         self.record("weight_pos_mean", anchor_metrics.get("apo/weight_pos_mean", float("nan")))
         self.record("weight_neg_mean", anchor_metrics.get("apo/weight_neg_mean", float("nan")))
 

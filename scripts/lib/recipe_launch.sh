@@ -3,6 +3,7 @@
 #
 #   recipe_parse_method "$@"            # METHOD (method=<m> anywhere on the line, else $METHOD, else apo);
 #                                       # Hydra's flags in `hydra_flags`, the overrides in `passthrough`
+#   recipe_validation <samples|greedy>  # validation's sampling, VAL_N etc. over the script's default: VALIDATION
 #   recipe_launch <prefix> <the script's overrides...>
 #                                       # runs (or prints) recipe_apo.main with METHOD, the script's overrides,
 #                                       # RECORDING and then the user's
@@ -55,6 +56,50 @@ recipe_check_method() {
         echo "error: method must be one of the presets in conf/method/ ($known), got '$METHOD'" >&2
         exit 2
     fi
+}
+
+# How validation samples (verl's actor_rollout_ref.rollout.val_kwargs), from the environment: VAL_N samples per
+# problem (default: the script's, the first argument) or `greedy` (one answer at temperature 0, Dr. GRPO's
+# evaluation), VAL_TEMPERATURE and VAL_TOP_P (default 1.0 each: the policy's own distribution, as in training).
+# verl then logs val-core/<benchmark>/acc/mean@<VAL_N> (mean pass@1) and best@<VAL_N>/mean (pass@k). The
+# overrides go in VALIDATION; a bad value exits 2 naming its variable.
+recipe_validation() {
+    local n="${VAL_N:-$1}" temperature="${VAL_TEMPERATURE:-1.0}" top_p="${VAL_TOP_P:-1.0}"
+    if [[ "$n" == greedy ]]; then
+        if [[ -n "${VAL_TEMPERATURE:-}${VAL_TOP_P:-}" ]]; then
+            echo "error: VAL_TEMPERATURE and VAL_TOP_P are for sampled validation; VAL_N=greedy decodes at" \
+                "temperature 0" >&2
+            exit 2
+        fi
+        VALIDATION=(
+            actor_rollout_ref.rollout.val_kwargs.n=1
+            actor_rollout_ref.rollout.val_kwargs.do_sample=false
+            actor_rollout_ref.rollout.val_kwargs.temperature=0
+            actor_rollout_ref.rollout.val_kwargs.top_p=1.0
+        )
+        return
+    fi
+    if [[ ! "$n" =~ ^[1-9][0-9]*$ ]]; then
+        echo "error: VAL_N must be a number of samples per problem (1 or more) or 'greedy', got '$n'" >&2
+        exit 2
+    fi
+    # Plain decimal numbers ("0.6", "1", "1e-1"; not "hot" or "0.6x"), compared by awk: bash has no decimals.
+    local number='^[0-9]*[.]?[0-9]+([eE][-+]?[0-9]+)?$'
+    if [[ ! "$temperature" =~ $number ]] || ! awk -v t="$temperature" 'BEGIN { exit !(t + 0 > 0) }'; then
+        echo "error: VAL_TEMPERATURE must be a number above 0 (VAL_N=greedy for greedy decoding), got" \
+            "'$temperature'" >&2
+        exit 2
+    fi
+    if [[ ! "$top_p" =~ $number ]] || ! awk -v p="$top_p" 'BEGIN { exit !(p + 0 > 0 && p + 0 <= 1) }'; then
+        echo "error: VAL_TOP_P must be a number in (0, 1], got '$top_p'" >&2
+        exit 2
+    fi
+    VALIDATION=(
+        actor_rollout_ref.rollout.val_kwargs.n="$n"
+        actor_rollout_ref.rollout.val_kwargs.do_sample=true
+        actor_rollout_ref.rollout.val_kwargs.temperature="$temperature"
+        actor_rollout_ref.rollout.val_kwargs.top_p="$top_p"
+    )
 }
 
 # What every paper run records, under its own checkpoint folder (checkpoints/<project>/<experiment>/): every

@@ -1,6 +1,6 @@
 """scripts/evaluate.py end to end on a CPU, and the hf rollout's OpenAI endpoint it generates through.
 
-The end-to-end test is one real run: ``scripts/evaluate.py --model <tiny checkpoint>`` starts verl's own
+The end-to-end test is one real run: ``scripts/evaluate.py --model <tiny checkpoint> --greedy`` starts verl's own
 ``python -m verl.trainer.main_generation_server`` (its Ray cluster, a standalone ``hf`` replica with verl's
 ``CheckpointEngineWorker``, the server's chat-completions endpoint over HTTP), then scores with the tiny task's
 reward. Its per-problem scores must be the checkpoint's own greedy answers, computed here with plain
@@ -122,8 +122,10 @@ def evaluation(tiny, tmp_path_factory):
     for name, rows in BENCHMARKS.items():
         pd.DataFrame(rows).to_parquet(data_dir / f"{name}.parquet", index=False)
     out = workdir / "eval"
+    # --greedy: one answer per problem, which the checkpoint's own greedy decodes below must match exactly (the
+    # default samples several per problem; its commands and statistics: tests/scripts/test_evaluate.py).
     command = [sys.executable, str(ROOT / "scripts" / "evaluate.py"), "--model", str(tiny), "--out-dir", str(out),
-               "--data-dir", str(data_dir), "--benchmarks", ",".join(BENCHMARKS), "--ngpus", "1",
+               "--data-dir", str(data_dir), "--benchmarks", ",".join(BENCHMARKS), "--ngpus", "1", "--greedy",
                "--max-prompt-length", "64", "--max-response-length", str(MAX_RESPONSE),
                "--reward-path", "pkg://recipe_apo.cpu.reward",
                *(arg for override in CPU_GENERATION for arg in ("--generation-override", override))]

@@ -48,6 +48,15 @@ def test_without_a_script_the_name_spells_everything_and_has_no_hash():
     assert experiment_name("grpo", ["actor_rollout_ref.rollout.n=4", "dry_run=true", "hydra.x=1"]) == "grpo-rollout.n=4"
 
 
+def test_validation_sampling_is_not_a_training_setting():
+    validation = ["actor_rollout_ref.rollout.val_kwargs.n=4", "actor_rollout_ref.rollout.val_kwargs.do_sample=true",
+                  "actor_rollout_ref.rollout.val_kwargs.temperature=1.0"]
+    base = experiment_name("apo", SCRIPT, prefix="paper", script_overrides=len(SCRIPT))
+    assert experiment_name("apo", SCRIPT + validation, prefix="paper", script_overrides=len(SCRIPT)) == base
+    assert experiment_name("apo", [*SCRIPT[:1], *validation, *SCRIPT[1:]], prefix="paper",
+                           script_overrides=len(SCRIPT) + 3) == base
+
+
 @pytest.mark.parametrize("count", [-1, 6])
 def test_a_script_count_beyond_the_command_line_is_refused(count):
     with pytest.raises(RecipeConfigError, match="run_name.script_overrides"):

@@ -1,4 +1,5 @@
-"""scripts/train_*.sh compose the configs the paper describes, for each method; scripts/evaluate.py's CPU parts.
+"""scripts/train_*.sh compose the configs the paper describes, for each method (scripts/evaluate.py:
+test_evaluate.py).
 
 Each script prints its command with RECIPE_APO_DRY_RUN=args; the overrides are composed here with Hydra's
 compose API on the recipe's config (what `python -m recipe_apo.main` composes, without a process per case),
@@ -6,13 +7,10 @@ resolved, and checked by the recipe's and verl's own config validation. One scri
 RECIPE_APO_DRY_RUN=1 (`--cfg job`).
 """
 
-import importlib.util
-import json
 import os
 import subprocess
 import sys
 
-import pandas as pd
 import pytest
 import yaml
 from helpers.in_process import run_recipe_main
@@ -100,6 +98,8 @@ def check_recording_and_fairness(config):
     actor, trainer = config.actor_rollout_ref.actor, config.trainer
     assert actor.shuffle is True and config_warnings(config) == []  # mini-batches of mixed lengths
     assert config.data.shuffle is True and config.data.seed == 42  # every method sees the same prompt order
+    # the run's seed reseeds vLLM's sampling and the mini-batch shuffle too
+    assert config.actor_rollout_ref.rollout.seed == config.actor_rollout_ref.actor.data_loader_seed == 42
     manager = config.reward.reward_manager  # truncated responses score 0 (Dr. GRPO)
     assert (manager.source, manager.name, manager.module.path) == (
         "importlib", "TruncationAwareRewardManager", "pkg://recipe_apo.reward.truncation")
@@ -125,7 +125,10 @@ def test_paper_runs_map_section_5_1(compose, size, method):
                                     for b in ("aime24", "amc", "math500", "minerva", "olympiadbench")]
     assert config.actor_rollout_ref.model.path == {"1.5b": "Qwen/Qwen2.5-Math-1.5B", "7b": "Qwen/Qwen2.5-Math-7B"}[size]
     assert rollout.temperature == 1.0 and rollout.top_p == 1.0
-    assert rollout.val_kwargs.temperature == 0 and rollout.val_kwargs.do_sample is False and rollout.val_kwargs.n == 1
+    # Validation samples 4 answers per problem from the policy's own distribution: mean pass@1, not greedy
+    val = rollout.val_kwargs
+    assert (val.n, val.do_sample, val.temperature, val.top_p) == (4, True, 1.0, 1.0)
+    assert config.trainer.max_actor_ckpt_to_keep is None and config.trainer.save_freq == 64  # every one kept
     assert actor.optim.lr == 1e-6 and actor.optim.lr_scheduler_type == "constant"
     assert list(actor.optim.betas) == [0.9, 0.95] and actor.optim.weight_decay == 0.0  # Dr. GRPO's (Oat's)
     assert config.reward.custom_reward_function.path == "pkg://recipe_apo.reward"
@@ -146,6 +149,9 @@ def test_small_gsm8k_run(compose, method):
     assert config.actor_rollout_ref.model.path == "Qwen/Qwen2.5-0.5B-Instruct"
     assert config.data.train_files == "/data/recipe_apo/gsm8k_train.parquet"
     assert config.data.val_files == "/data/recipe_apo/gsm8k_test.parquet"
+    val = config.actor_rollout_ref.rollout.val_kwargs  # greedy: cheap, not the paper's table
+    assert (val.n, val.do_sample, val.temperature) == (1, False, 0)
+    assert config.trainer.max_actor_ckpt_to_keep is None
     check_recording_and_fairness(config)
     check_method(config, method, l0=config.data.max_response_length)
 
@@ -292,132 +298,61 @@ def test_dry_run_prints_the_composed_config_end_to_end():
     assert config.run_name.prefix == "qwen2.5-math-1.5b" and config.actor_rollout_ref.actor.shuffle is True
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# scripts/evaluate.py
-# ----------------------------------------------------------------------------------------------------------------
+def test_a_seed_reseeds_the_run_and_names_it(compose):
+    config = compose(overrides_of(SCRIPTS["1.5b"], "data.seed=7"))
+    assert config.data.seed == 7  # the prompt order
+    assert config.actor_rollout_ref.rollout.seed == 7  # vLLM's sampling
+    assert config.actor_rollout_ref.actor.data_loader_seed == 7  # the mini-batch shuffle
+    names = [name_from_args(overrides_of(SCRIPTS["1.5b"], f"data.seed={seed}")) for seed in (1, 2)]
+    default = name_from_args(overrides_of(SCRIPTS["1.5b"]))
+    assert len(set(names)) == 2 and default not in names
+    assert name_from_args(overrides_of(SCRIPTS["1.5b"], "data.seed=42")) == default  # the script's own seed
 
 
-def load_evaluate():
-    spec = importlib.util.spec_from_file_location("evaluate_script", os.path.join(ROOT, "scripts", "evaluate.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+def test_each_seed_is_a_run_named_by_its_seed_in_the_dry_run(tmp_path):
+    # As recipe_apo.main names it. The sweep of docs/paper.md gives each job this name: a swept key is spelled
+    # out (test_run_names_change_with_data_model_and_method_in_the_dry_run).
+    (named,) = dry_run_names(SCRIPTS["1.5b"], "data.seed=7", cwd=tmp_path)
+    assert named.startswith("qwen2.5-math-1.5b-apo-data.seed=7-")
+    with open(os.path.join(ROOT, "docs", "paper.md"), encoding="utf-8") as handle:
+        assert "scripts/train_qwen2.5_math_1.5b.sh -m method=$m data.seed=1,2,3" in handle.read()
 
 
-evaluate = load_evaluate()
-COUNTS = {"aime24": 30, "amc": 83, "math500": 500, "minerva": 272, "olympiadbench": 675}
+def test_checkpoints_kept_can_be_capped(compose):
+    config = compose(overrides_of(SCRIPTS["7b"], "trainer.max_actor_ckpt_to_keep=3"))
+    assert config.trainer.max_actor_ckpt_to_keep == 3
 
 
-def write_scores(path, correct):
-    """A scores.jsonl with `correct[b]` right answers out of the paper's count for each benchmark."""
-    with open(path, "w") as handle:
-        for benchmark, count in COUNTS.items():
-            for index in range(count):
-                handle.write(json.dumps({"benchmark": benchmark, "index": index,
-                                         "score": 1.0 if index < correct[benchmark] else 0.0}) + "\n")
-    return str(path)
+@pytest.mark.parametrize("env, expected", [
+    ({"VAL_N": "8", "VAL_TEMPERATURE": "0.6", "VAL_TOP_P": "0.95"}, (8, True, 0.6, 0.95)),
+    ({"VAL_N": "1"}, (1, True, 1.0, 1.0)),  # one sampled answer
+    ({"VAL_N": "greedy"}, (1, False, 0, 1.0)),  # Dr. GRPO's greedy evaluation
+])
+def test_validation_sampling_from_the_environment(compose, env, expected):
+    config = compose(overrides_of(SCRIPTS["1.5b"], env=env))
+    validate(config)  # verl's own check: sampled validation needs a rollout temperature above 0
+    val = config.actor_rollout_ref.rollout.val_kwargs
+    assert (val.n, val.do_sample, val.temperature, val.top_p) == expected
 
 
-def test_table_from_scored_results_is_laid_out_like_the_paper(tmp_path):
-    # 7/30, 41/83, 376/500, 70/272, 263/675 -> 23.3, 49.4, 75.2, 25.7, 39.0: the paper's 1.5B GRPO row
-    path = write_scores(tmp_path / "scores.jsonl",
-                        {"aime24": 7, "amc": 41, "math500": 376, "minerva": 70, "olympiadbench": 263})
-    table, warnings = evaluate.tables_from_files([path], ["1.5B - GRPO (ours)"], paper=False)
-    assert warnings == []
-    assert table.splitlines() == [
-        "| Model | AIME24 | AMC | MATH500 | Minerva | Olympiad Bench | Avg. |",
-        "|---|---:|---:|---:|---:|---:|---:|",
-        "| 1.5B - GRPO (ours) | 23.3 | 49.4 | 75.2 | 25.7 | 39.0 | 42.5 |",
-    ]
+def test_validation_settings_from_the_command_line_win(compose):
+    config = compose(overrides_of(SCRIPTS["1.5b"], "actor_rollout_ref.rollout.val_kwargs.n=16"))
+    assert config.actor_rollout_ref.rollout.val_kwargs.n == 16
 
 
-def test_table_cli_several_rows_with_the_paper(tmp_path, capsys):
-    a = write_scores(tmp_path / "a.jsonl", {b: c // 2 for b, c in COUNTS.items()})
-    b = write_scores(tmp_path / "b.jsonl", {b: c for b, c in COUNTS.items()})
-    assert evaluate.main(["--table", a, b, "--name", "half", "--name", "all", "--paper"]) == 0
-    lines = capsys.readouterr().out.strip().splitlines()
-    assert lines[2] == "| 1.5B - GRPO (paper) | 23.3 | 49.4 | 75.2 | 25.7 | 39.0 | 42.5 |"
-    assert lines[7] == "| 7B - APO (paper) | 45.5 | 65.6 | 84.9 | 35.1 | 43.5 | 54.9 |"
-    assert lines[8].startswith("| half | 50.0 | 49.4 | 50.0 | 50.0 | 49.9 |")
-    assert lines[9] == "| all | 100.0 | 100.0 | 100.0 | 100.0 | 100.0 | 100.0 |"
-
-
-def test_paper_rows_average_as_printed():
-    # The paper averages unrounded scores: its 7B GRPO row's cells average 51.24, printed 51.3.
-    for name, cells, average in evaluate.PAPER_ROWS:
-        assert abs(sum(cells) / len(cells) - average) < 0.1, name
-
-
-def test_incomplete_results_are_flagged(tmp_path):
-    path = tmp_path / "scores.jsonl"
-    path.write_text("\n".join(json.dumps({"benchmark": "aime24", "score": s}) for s in (1, 0, 0, 1)) + "\n")
-    table, warnings = evaluate.tables_from_files([str(path)], ["partial"], paper=False)
-    assert table.splitlines()[2] == "| partial | 50.0 | - | - | - | - | - |"
-    assert "partial: AIME24 has 4 scored problems, the paper uses 30" in warnings
-    assert len(warnings) == 5
-
-
-def test_score_stage_on_generations(tmp_path, capsys):
-    # main_generation_server's output: the prepared rows plus a `responses` list per row.
-    rows = []
-    for benchmark, count in COUNTS.items():
-        for index in range(count):
-            right = index % 2 == 0
-            rows.append({
-                "data_source": benchmark,
-                "prompt": [{"role": "user", "content": f"q{index}"}],
-                "ability": "math",
-                "reward_model": {"style": "rule", "ground_truth": "\\frac{1}{2}"},
-                "extra_info": {"index": index, "answers": ["\\frac{1}{2}"]},
-                "responses": ["... \\boxed{0.5}" if right else "... \\boxed{2}"],
-            })
-    generations = tmp_path / "run" / "generations.parquet"
-    generations.parent.mkdir()
-    pd.DataFrame(rows).to_parquet(generations)
-    assert evaluate.main(["--score", str(generations), "--name", "test"]) == 0
-    out = capsys.readouterr().out
-    assert "| test | 50.0 | 50.6 | 50.0 | 50.0 | 50.1 | 50.1 |" in out
-    scored = [json.loads(line) for line in open(tmp_path / "run" / "scores.jsonl")]
-    assert len(scored) == 1560 and scored[1]["answers"] == ["2"] and scored[0]["score"] == 1.0
-    assert (tmp_path / "run" / "results.md").read_text().startswith("| Model |")
-
-
-def test_generation_commands_for_a_verl_checkpoint(tmp_path, capsys):
-    actor = tmp_path / "global_step_640" / "actor"
-    actor.mkdir(parents=True)
-    (actor / "fsdp_config.json").write_text("{}")
-    out = tmp_path / "eval"
-    assert evaluate.main(["--model", str(tmp_path / "global_step_640"), "--out-dir", str(out), "--dry-run",
-                          "--data-dir", "/data/recipe_apo", "--ngpus", "4", "--python", "py"]) == 0
-    commands = [line for line in capsys.readouterr().err.splitlines() if line.startswith("+ ")]
-    assert commands[0] == (f"+ py -m verl.model_merger merge --backend fsdp --local_dir {actor} "
-                           f"--target_dir {out}/hf_model")
-    generate = commands[1]
-    assert generate.startswith("+ py -m verl.trainer.main_generation_server ")
-    files = ",".join(f"/data/recipe_apo/{name}.parquet" for name in ("aime24", "amc", "math500", "minerva",
-                                                                      "olympiadbench"))
-    for part in (f"data.train_files=[{files}]",
-                 f"+data.output_path={out}/generations.parquet", f"actor_rollout_ref.model.path={out}/hf_model",
-                 "actor_rollout_ref.rollout.temperature=0.0", "actor_rollout_ref.rollout.n=1",
-                 "data.max_response_length=3000", "trainer.n_gpus_per_node=4"):
-        assert part in generate
-
-
-def test_default_run_labels():
-    label = "qwen2.5-math-1.5b-apo-global_step_640"
-    assert evaluate.model_label("ckpt/recipe_apo/qwen2.5-math-1.5b-apo/global_step_640") == label
-    assert evaluate.model_label("ckpt/qwen2.5-math-1.5b-apo/global_step_640/actor/") == label
-    assert evaluate.model_label("Qwen/Qwen2.5-Math-1.5B") == "Qwen2.5-Math-1.5B"
-
-
-def test_hub_models_are_not_merged(tmp_path, capsys):
-    assert evaluate.main(["--model", "Qwen/Qwen2.5-Math-1.5B", "--out-dir", str(tmp_path), "--dry-run"]) == 0
-    err = capsys.readouterr().err
-    assert "nothing to merge" in err and "model_merger" not in err
-    assert "actor_rollout_ref.model.path=Qwen/Qwen2.5-Math-1.5B" in err
-
-
-def test_sampling_more_than_once_needs_a_temperature():
-    with pytest.raises(SystemExit):
-        evaluate.main(["--model", "m", "--n", "4", "--dry-run"])
+@pytest.mark.parametrize("env, message", [
+    ({"VAL_N": "0"}, "VAL_N must be a number of samples per problem (1 or more) or 'greedy', got '0'"),
+    ({"VAL_N": "4x"}, "VAL_N must be a number of samples per problem (1 or more) or 'greedy', got '4x'"),
+    ({"VAL_TEMPERATURE": "0"}, "VAL_TEMPERATURE must be a number above 0 (VAL_N=greedy for greedy decoding), "
+                               "got '0'"),
+    ({"VAL_TEMPERATURE": "hot"}, "VAL_TEMPERATURE must be a number above 0 (VAL_N=greedy for greedy decoding), "
+                                 "got 'hot'"),
+    ({"VAL_TOP_P": "1.5"}, "VAL_TOP_P must be a number in (0, 1], got '1.5'"),
+    ({"VAL_TOP_P": "0"}, "VAL_TOP_P must be a number in (0, 1], got '0'"),
+    ({"VAL_N": "greedy", "VAL_TEMPERATURE": "0.6"}, "VAL_TEMPERATURE and VAL_TOP_P are for sampled validation; "
+                                                    "VAL_N=greedy decodes at temperature 0"),
+])
+def test_bad_validation_settings_are_refused_in_one_line(env, message):
+    result = script_command(SCRIPTS["1.5b"], env=env)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr == f"error: {message}\n"

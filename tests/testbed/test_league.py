@@ -35,17 +35,19 @@ def test_the_league_config_names_seven_methods_and_six_scenarios(hydra_ctx):
 
     cfg = compose(config_name="testbed", overrides=["mode=league"])
     entries = league_entries(cfg)
-    assert list(entries) == ["grpo", "grpo_zv", "drgrpo", "apo", "apo_zv", "codapo", "apo_prior"]
+    assert list(entries) == ["grpo", "grpo_zv", "drgrpo", "apo", "apo_zv", "codapo", "apo_prior", "apo_one_sided"]
     assert entries["apo_zv"] == ["method=apo", "algorithm.zero_variance=exclude"]
     assert entries["apo_prior"] == ["method=apo", "algorithm.apo.anchor_order=prior"]
+    assert entries["apo_one_sided"] == ["method=apo", "actor_rollout_ref.actor.policy_loss.loss_mode=apo_one_sided"]
     assert league_scenarios(cfg.league.scenarios) == {
-        "default": [], "task.max_len=6": ["task.max_len=6"], "length_bias": ["scenario=length_bias"],
-        "stale": ["scenario=stale"], "stale,staleness=4": ["scenario=stale", "staleness=4"],
+        "default": [], "task.max_len=6": ["task.max_len=6"], "many_updates": ["scenario=many_updates"],
+        "long_response": ["scenario=long_response"], "stale": ["scenario=stale"],
+        "stale,staleness=4": ["scenario=stale", "staleness=4"],
         "task=modsum": ["task=modsum"]}
     assert cfg.league.metric == METRIC
     # Without variant_of every method gets every variant; the league's own methods come after league.methods.
     wide = league_entries(compose(config_name="testbed", overrides=["~league.variant_of", "league.methods=[grpo]"]))
-    assert list(wide) == ["grpo", "grpo_zv", "apo_prior", "apo_prior_zv"]
+    assert list(wide) == ["grpo", "grpo_zv", "apo_prior", "apo_prior_zv", "apo_one_sided", "apo_one_sided_zv"]
 
 
 @pytest.mark.parametrize("override, match", [

@@ -110,6 +110,23 @@ def test_apo_run_records_its_anchor(tiny_run):
     assert not any("anchor" in r["history"] for r in history if r["label"] != "apo")
 
 
+def test_the_share_of_rounds_with_the_anchors_rate_at_its_floor(tiny_run):
+    """eta_t = clip(eta std(H), eta_min, 1): a round is at the floor when its rate is eta_min exactly. The first
+    round is the warm start (rate 1, no anchor_init) and the second at the floor (H holds C_1 alone); the
+    summary's share counts the rounds after the first."""
+    out, _ = tiny_run
+    history = json.loads((out / "history.json").read_text())
+    summary = json.loads((out / "summary.json").read_text())
+    eta_min = summary["methods"]["apo"]["apo"]["eta_min"]
+    for record in (r for r in history if r["label"] == "apo"):
+        rates, at_floor = record["history"]["anchor_rate"], record["history"]["anchor_rate_at_floor"]
+        assert at_floor == [float(rate == eta_min) for rate in rates]
+        assert (rates[0], at_floor[1]) == (1.0, 1.0)
+        run = summary["runs"]["apo"][str(record["seed"])]
+        assert run["anchor_rate_floor_share"] == pytest.approx(sum(at_floor[1:]) / (len(at_floor) - 1))
+        assert run["anchor_rate_avg"] == pytest.approx(sum(rates[1:]) / (len(rates) - 1))
+
+
 def test_same_seed_gives_identical_numbers(hydra_ctx, tmp_path, tiny_run):
     _, first = tiny_run
     again = _run(TINY, tmp_path)
