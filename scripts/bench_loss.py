@@ -1,4 +1,5 @@
-"""Benchmark: forward + backward of the ``apo`` policy loss against verl's ``vanilla`` and ``sapo``.
+"""Benchmark: forward + backward of the ``apo`` policy loss (and its one-sided form, ``apo_one_sided``) against
+verl's ``vanilla`` and ``sapo``.
 
 What is measured, per loss, on a (``--batch`` x ``--length``) micro-batch:
 
@@ -11,9 +12,9 @@ Each loss is fetched with ``get_policy_loss_fn(name)`` and called as verl's ``pp
 ``fn(old_log_prob=, log_prob=<requires_grad leaf>, advantages=, response_mask=<bool>, loss_agg_mode=,
 config=<actor config>, rollout_is_weights=None)``. The config is a real ``verl.workers.config.FSDPActorConfig``
 (strategy fsdp2, rollout_n 8, loss_scale_factor 4096, tau_pos 1.0, tau_neg 1.05) whose ``global_batch_info``
-is filled as ``ppo_loss`` fills it for one rank holding the whole batch. ``apo`` and ``vanilla`` aggregate
-with ``seq-mean-token-sum-norm``; ``sapo`` always aggregates with ``seq-mean-token-mean`` whatever it is given,
-so its config says that.
+is filled as ``ppo_loss`` fills it for one rank holding the whole batch. ``apo``, ``apo_one_sided`` and
+``vanilla`` aggregate with ``seq-mean-token-sum-norm``; ``sapo`` always aggregates with ``seq-mean-token-mean``
+whatever it is given, so its config says that.
 
 How peak memory is measured:
 
@@ -54,11 +55,12 @@ os.environ.setdefault("KINETO_LOG_LEVEL", "99")
 
 import torch  # noqa: E402
 
-METHODS = ("apo", "vanilla", "sapo")
+METHODS = ("apo", "apo_one_sided", "vanilla", "sapo")
 TIME_TARGET = 1.05  # apo / sapo
 MEMORY_TARGET = 1.0  # apo / vanilla
 LOSS_SCALE_FACTOR = 4096
-AGG_MODES = {"apo": "seq-mean-token-sum-norm", "vanilla": "seq-mean-token-sum-norm", "sapo": "seq-mean-token-mean"}
+AGG_MODES = {"apo": "seq-mean-token-sum-norm", "apo_one_sided": "seq-mean-token-sum-norm",
+             "vanilla": "seq-mean-token-sum-norm", "sapo": "seq-mean-token-mean"}
 
 
 def make_inputs(batch: int, length: int, device: torch.device, seed: int) -> dict:
@@ -236,6 +238,8 @@ def bench_device(device: torch.device, args: argparse.Namespace) -> dict:
             "apo/vanilla time": medians["apo"] / medians["vanilla"],
             "apo/vanilla peak memory": peaks["apo"] / peaks["vanilla"],
             "apo/sapo peak memory": peaks["apo"] / peaks["sapo"],
+            "apo_one_sided/vanilla time": medians["apo_one_sided"] / medians["vanilla"],
+            "apo_one_sided/vanilla peak memory": peaks["apo_one_sided"] / peaks["vanilla"],
         },
     }
 
@@ -266,7 +270,9 @@ def render(result: dict, args: argparse.Namespace) -> str:
         f"apo/vanilla peak memory = {mem_ratio:.3f}x (target <= {MEMORY_TARGET}x): "
         f"{'met' if mem_ratio <= MEMORY_TARGET else 'MISSED'}",
         f"(apo/vanilla time = {result['ratios']['apo/vanilla time']:.3f}x, "
-        f"apo/sapo peak memory = {result['ratios']['apo/sapo peak memory']:.3f}x)",
+        f"apo/sapo peak memory = {result['ratios']['apo/sapo peak memory']:.3f}x; apo_one_sided/vanilla time = "
+        f"{result['ratios']['apo_one_sided/vanilla time']:.3f}x, peak memory = "
+        f"{result['ratios']['apo_one_sided/vanilla peak memory']:.3f}x)",
     ]
     return "\n".join(lines)
 
