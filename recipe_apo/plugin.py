@@ -1,5 +1,5 @@
-"""Registers the recipe's methods with verl: the ``apo`` and ``codapo`` advantage estimators and the ``apo`` and
-``apo_one_sided`` policy losses.
+"""Registers the recipe's methods with verl: the ``apo`` and ``codapo`` advantage estimators and the ``apo``,
+``apo_one_sided`` and ``agpo_clip`` policy losses.
 
 This module is the target of the ``verl.plugins`` entry point, so ``import verl`` imports it in the driver and
 in every Ray worker. verl swallows a failing plugin import with a DEBUG log; this module therefore reports
@@ -18,9 +18,10 @@ PINNED_VERL_VERSION = "0.9.1"
 NAME = "apo"
 CODAPO = "codapo"
 ONE_SIDED = "apo_one_sided"
+AGPO_CLIP = "agpo_clip"
 # Everything this plugin registers: the start-up node check looks for each name on every Ray node.
 ESTIMATORS = (NAME, CODAPO)
-LOSSES = (NAME, ONE_SIDED)
+LOSSES = (NAME, ONE_SIDED, AGPO_CLIP)
 
 
 def verl_version_warning(installed: Optional[str]) -> Optional[str]:
@@ -48,6 +49,7 @@ def register() -> None:
     import verl
     from verl.trainer.ppo import core_algos
 
+    from recipe_apo.methods.agpo_loss import compute_policy_loss_agpo_clip
     from recipe_apo.methods.apo import apo_outcome_advantage
     from recipe_apo.methods.apo_loss import compute_policy_loss_apo, compute_policy_loss_apo_one_sided
     from recipe_apo.methods.codapo import codapo_outcome_advantage
@@ -60,6 +62,8 @@ def register() -> None:
               "policy loss")
     _register(core_algos.POLICY_LOSS_REGISTRY, core_algos.register_policy_loss, ONE_SIDED,
               compute_policy_loss_apo_one_sided, "policy loss")
+    _register(core_algos.POLICY_LOSS_REGISTRY, core_algos.register_policy_loss, AGPO_CLIP,
+              compute_policy_loss_agpo_clip, "policy loss")
     warning = verl_version_warning(getattr(verl, "__version__", None))
     if warning:
         logger.warning(warning)
@@ -69,9 +73,9 @@ try:
     register()
 except Exception as exc:
     logger.error(
-        "recipe-apo: registering the 'apo' and 'codapo' advantage estimators and the 'apo' and 'apo_one_sided' "
-        "policy losses with verl failed (%s: %s); algorithm.adv_estimator=apo|codapo and "
-        "policy_loss.loss_mode=apo|apo_one_sided will not be available "
+        "recipe-apo: registering the 'apo' and 'codapo' advantage estimators and the 'apo', 'apo_one_sided' and "
+        "'agpo_clip' policy losses with verl failed (%s: %s); algorithm.adv_estimator=apo|codapo and "
+        "policy_loss.loss_mode=apo|apo_one_sided|agpo_clip will not be available "
         "in this process",
         type(exc).__name__,
         exc,

@@ -33,15 +33,20 @@ STATE_FILE = "apo_state.json"
 
 
 def save_anchor_state(checkpoint_dir: str, global_step: int) -> str:
-    """Write the driver's anchors to ``checkpoint_dir/apo_state.json`` atomically; return the path.
+    """Write the driver's anchors to ``checkpoint_dir/apo_state.json`` atomically; return the path."""
+    return write_json_atomically(checkpoint_dir, STATE_FILE,
+                                 {"global_step": int(global_step), **driver_anchors().state_dict()})
+
+
+def write_json_atomically(checkpoint_dir: str, name: str, payload: dict) -> str:
+    """Write ``payload`` to ``checkpoint_dir/name`` as JSON; return the path.
 
     Written to a temporary file in the same folder, flushed and fsynced, then renamed: a crash mid-write
     leaves the previous file (or none), never a truncated one.
     """
     os.makedirs(checkpoint_dir, exist_ok=True)
-    payload = {"global_step": int(global_step), **driver_anchors().state_dict()}
-    path = os.path.join(checkpoint_dir, STATE_FILE)
-    fd, tmp = tempfile.mkstemp(prefix=f".{STATE_FILE}.", dir=checkpoint_dir)
+    path = os.path.join(checkpoint_dir, name)
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=checkpoint_dir)
     try:
         with os.fdopen(fd, "w") as handle:
             os.fchmod(handle.fileno(), 0o644)  # mkstemp's 0600 would differ from verl's other checkpoint files

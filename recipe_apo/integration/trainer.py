@@ -19,6 +19,8 @@ The hand-off points, each calling every active hook (``recipe_apo.integration.ho
   advantage step inside the final-output rule for ``apo``/``codapo`` (``multi_output.final_output_rule``: with
   a multi-output agent loop each trajectory's final output stands for it, as verl does for ``grpo``) and every
   ``hook.around_advantage(batch, sessions)``, then ``hook.after_advantage(batch, metrics, sessions)``;
+- ``_update_actor``: after verl's actor update of a batch, ``hook.after_update(batch, metrics)`` (AGPO's step
+  KL reads the updated policy there);
 - ``_log_rollout_data``: verl's rollout dump with every ``hook.dump_fields(batch)`` as extra columns (a hook
   whose columns fail is named in a warning; the others' columns still go out).
 
@@ -113,6 +115,12 @@ class RecipeHooks:
         for hook in self.hooks:
             hook.after_advantage(batch, metrics, sessions)
         metrics.update(sessions.metrics(tags))
+        return batch
+
+    def _update_actor(self, batch, metrics: dict):
+        batch = super()._update_actor(batch, metrics)
+        for hook in self.hooks:
+            hook.after_update(batch, metrics)
         return batch
 
     def _dump_fields(self, batch) -> dict[str, list]:

@@ -19,7 +19,8 @@ from recipe_apo.methods.apo_settings import ApoConfigError, ApoSettings
 from recipe_apo.methods.checks import AGG_MODES, NORM_MODE, check_choice, check_integer, check_number
 from recipe_apo.methods.codapo import CodapoConfigError, CodapoSettings
 from recipe_apo.methods.zero_variance import check_mode as check_zero_variance
-from recipe_apo.plugin import LOSSES
+from recipe_apo.plugin import NAME as APO_LOSS
+from recipe_apo.plugin import ONE_SIDED
 
 __all__ = [
     "CHECKERS", "GROUP_ESTIMATORS", "HARD_WIRED_ESTIMATORS", "OWN_AGGREGATION", "PER_MICRO_BATCH_MEAN",
@@ -294,7 +295,7 @@ def _check_apo_clips(config: Any, rehearsal: bool) -> None:
     """Refuses APO's losses (the gate and its one-sided form) without temperatures > 0 (tau_pos, tau_neg): the gate
     divides by them."""
     actor = config.actor_rollout_ref.actor
-    if str(actor.policy_loss.loss_mode) not in LOSSES:
+    if str(actor.policy_loss.loss_mode) not in (APO_LOSS, ONE_SIDED):
         return
     for key in ("tau_pos", "tau_neg"):
         check_number(f"actor_rollout_ref.actor.{key}", actor.get(key), RecipeConfigError, low=0, low_open=True)

@@ -60,6 +60,9 @@ class TrainerHook:
     def after_advantage(self, batch: Any, metrics: dict, sessions: Sessions) -> None:
         """After verl wrote the advantages: change them, or add to this step's ``metrics``."""
 
+    def after_update(self, batch: Any, metrics: dict) -> None:
+        """After verl's actor update of this batch (all its epochs and mini-batches), before the step ends."""
+
     def dump_fields(self, batch: Any) -> dict[str, list]:
         """Extra per-response columns for verl's rollout dump, in ``batch.keys`` order; a column the hook cannot
         give every row raises (``DumpFieldsError``), it is never left out silently."""
