@@ -19,6 +19,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from recipe_apo.errors import RecipeError, recipe_error
+from recipe_apo.integration.agpo_launch import route_agent_loops
 from recipe_apo.integration.engine_watch import EngineWatch
 from recipe_apo.integration.modes import is_recipe_trainer, recipe_mode, verl_mode
 from recipe_apo.integration.naming import (  # experiment_name: the naming rule, from the entry point too
@@ -74,6 +75,7 @@ def prepare(config: DictConfig, rehearsal: str | None = None) -> DictConfig:
 
         check_rehearsal_config(config)
         for_existing_cluster(config)  # trainer.nnodes>1: the run joins the local cluster at ray_init.address
+    route_agent_loops(config)  # method=agpo_dual: its agent loop, unless the run names a file of its own
     validate_recipe_config(config, rehearsal=on_cpu)
     check_with_verl(config)
     for warning in config_warnings(config):

@@ -9,22 +9,19 @@ returns that loop's output unchanged. So the temperature reaches every generate 
 as a per-request sampling parameter. top_p and top_k are the training rollout's (``rollout.top_p/top_k``) also
 when verl runs the prompt on its validation path, where AGPO's probe runs (``hooks/agpo.py``).
 
-verl registers agent loops from ``rollout.agent.agent_loop_config_path``: ``AGENT_LOOPS`` (this folder's
+verl registers agent loops from ``rollout.agent.agent_loop_config_path``: ``agpo_launch.AGENT_LOOPS`` (this folder's
 ``agent_loops.yaml``) names this loop, and the launch points the setting at it for ``method=agpo_dual``
-(``recipe_apo.integration.agpo_launch``).
+(``recipe_apo.integration.agpo_launch``, which also holds this loop's names).
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput
 
-NAME = "agpo_tempered"
-TEMPERATURE_KEY = "agpo_temperature"
-INNER_KEY = "agpo_agent_name"
-AGENT_LOOPS = str(Path(__file__).with_name("agent_loops.yaml"))
+from recipe_apo.integration.agpo_launch import INNER_KEY, TEMPERATURE_KEY
+from recipe_apo.integration.agpo_launch import TEMPERED_LOOP as NAME
 
 
 class TemperedAgentLoop(AgentLoopBase):

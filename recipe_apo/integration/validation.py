@@ -10,6 +10,7 @@ from typing import Any, Callable, Optional
 
 from omegaconf import OmegaConf
 
+from recipe_apo.integration.agpo_launch import agpo_settings, check_agpo_launch
 from recipe_apo.integration.engine_watch import EngineWatch
 from recipe_apo.integration.errors import RecipeConfigError
 from recipe_apo.integration.flags import check_flags
@@ -94,9 +95,15 @@ def _check_trainer_mode(config: Any, rehearsal: bool) -> None:
 
 
 def _check_method_settings(config: Any, rehearsal: bool) -> None:
-    """Refuses unknown or out-of-range keys under algorithm.apo and algorithm.codapo, before anything reads them."""
+    """Refuses unknown or out-of-range keys under algorithm.apo, .codapo and .agpo, before anything reads them."""
     _apo_settings(config)
     _codapo_settings(config)
+    agpo_settings(config)
+
+
+def _check_agpo(config: Any, rehearsal: bool) -> None:
+    """Refuses an AGPO run verl's loop cannot host (``recipe_apo.integration.agpo_launch``)."""
+    check_agpo_launch(config)
 
 
 def _check_zero_variance(config: Any, rehearsal: bool) -> None:
@@ -350,6 +357,7 @@ CHECKERS: tuple[Callable[[Any, bool], None], ...] = (
     _check_own_aggregation,
     _check_aggregation,
     _check_apo_clips,
+    _check_agpo,
     _check_rollout_name,
     _check_rollout_watch,
     _check_group_size,

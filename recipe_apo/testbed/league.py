@@ -34,6 +34,19 @@ COLUMNS = [
     ("hard_success_avg", "hardest third, mean over training", "{:.3f}"),
     ("live_share_avg", "live share", "{:.2f}"),
 ]
+# The table of the generation and the trust region per scenario: (summary key, header, format).
+TRUST_COLUMNS = [
+    ("tokens_generated_avg", "tokens generated / round (with AGPO's probe)", "{:.0f}"),
+    ("probe_tokens_avg", "of which probe", "{:.0f}"),
+    ("ratio_out_share_avg", "r outside [0.8, 1.2]", "{:.3f}"),
+    ("clipfrac_avg", "clipped (pg_clipfrac)", "{:.3f}"),
+    ("gate_weight_avg", "APO gate weight", "{:.3f}"),
+    ("agpo_eps_mean_avg", "AGPO eps_p mean", "{:.3f}"),
+    ("agpo_eps_std_avg", "AGPO eps_p std over prompts", "{:.3f}"),
+    ("agpo_tau_mean_avg", "AGPO tau_t mean", "{:.3f}"),
+    ("agpo_tau_std_avg", "AGPO tau_t std over prompts", "{:.3f}"),
+    ("agpo_kl_bar_final", "AGPO KL_bar, last round", "{:.4f}"),
+]
 HEADERS = {
     "success_final": "final success",
     "success_avg": "success, mean over training",
@@ -218,7 +231,8 @@ def scenario_table(summary: dict[str, Any], metric: str) -> dict[str, Any]:
             "wins": [b for b in labels if b != label and cells[b]["beyond_seed_noise"] and cells[b]["mean"] > 0],
             "losses": [b for b in labels if b != label and cells[b]["beyond_seed_noise"] and cells[b]["mean"] < 0],
         }
-        for key in [c[0] for c in COLUMNS] + ["zv_ratio_dev_mean", "kept_prompts_avg", "resampled_share"]:
+        for key in [c[0] for c in COLUMNS] + ["zv_ratio_dev_mean", "kept_prompts_avg", "resampled_share"] + [
+                c[0] for c in TRUST_COLUMNS]:
             if key != metric and stat(label, key) is not None:
                 row[key] = stat(label, key)
         if "zv_ratio_dev_max" in agg[label]:  # the worst mini-batch of all the seeds' runs
@@ -341,7 +355,28 @@ def _scenario_section(name: str, s: dict[str, Any], metric: str) -> list[str]:
             f"| {row['rank']} | {row['method']} | {_cell(row[metric], '{:.3f}')} | " + " | ".join(cells)
             + f" | {', '.join(row['wins']) or '-'} | {', '.join(row['losses']) or '-'} |"
         )
-    return lines + _zero_variance_table(s["rows"]) + _codapo_lines(s["rows"]) + _matrix(s, header)
+    return (lines + _trust_table(s["rows"]) + _zero_variance_table(s["rows"]) + _codapo_lines(s["rows"])
+            + _matrix(s, header))
+
+
+def _trust_table(rows: list[dict[str, Any]]) -> list[str]:
+    """Per method, what a round generates and how its trust region acted (means over the rounds, +- SE over
+    seeds): the columns some method of the scenario has (a league without AGPO or APO shows none of theirs;
+    a summary without the generation keys, none of this table)."""
+    columns = [c for c in TRUST_COLUMNS if any(c[0] in row for row in rows)]
+    if not any(key == "tokens_generated_avg" for key, _, _ in columns):
+        return []
+    lines = [
+        "",
+        "Generation and trust region (means over the rounds; +- SE over seeds; `-`: not the method's). Tokens count "
+        "each response up to its end token, AGPO's probe included; r = pi / pi_old when a token's loss was taken.",
+        "",
+        "| method | " + " | ".join(h for _, h, _ in columns) + " |",
+        "|---|" + "---|" * len(columns),
+    ]
+    for row in rows:
+        lines.append(f"| {row['method']} | " + " | ".join(_cell(row.get(key), fmt) for key, _, fmt in columns) + " |")
+    return lines
 
 
 def _zero_variance_table(rows: list[dict[str, Any]]) -> list[str]:

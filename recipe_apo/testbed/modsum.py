@@ -16,10 +16,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from recipe_apo.testbed.errors import TestbedSettingError
-from recipe_apo.testbed.task import FILL, FIRST_SYMBOL, SEP, answer_span, with_fillers
+from recipe_apo.testbed.task import EOS, FILL, FIRST_SYMBOL, PAD, SEP, answer_span, decode, with_fillers
 
 DIGITS = 10
 FIRST_DIGIT = FIRST_SYMBOL
@@ -99,6 +100,26 @@ class ModSumTask:
         correct = ended & ~malformed & digit.any(dim=1) & (total % k == self.targets(prompts))
         fillers = (before_end & ~digit).sum(dim=1)
         return {"reward": correct.to(torch.float32), "length": length, "cut": ~ended, "fillers": fillers}
+
+    def vote_key(self, prompts: torch.Tensor, k: torch.Tensor, responses: torch.Tensor) -> np.ndarray:
+        """The answer each response [n, L0] votes for in AGPO's vote entropy H_v (``method=agpo_dual``), a string
+        per response: its digit sum mod K in decimal (what the verifier compares with t: ``35`` and ``8`` give
+        the same answer to K = 4), and for a response without an answer (cut at L0, malformed, or no digit) its
+        own text, ``~`` then every token (digits as themselves, ``.`` a filler, ``$`` the end token, ``?`` any
+        other), as AGPO's math rule lets an answerless response vote for its text."""
+        ended, before_end, _ = answer_span(responses)
+        digit = before_end & (responses >= FIRST_DIGIT) & (responses < FIRST_DIGIT + DIGITS)
+        malformed = (before_end & ~digit & (responses != FILL)).any(dim=1)
+        total = torch.where(digit, responses - FIRST_DIGIT, torch.zeros_like(responses)).sum(dim=1)
+        answered = (ended & ~malformed & digit.any(dim=1)).numpy()
+        is_digit = (responses >= FIRST_DIGIT) & (responses < FIRST_DIGIT + DIGITS)
+        text = torch.where(is_digit, responses - FIRST_DIGIT + ord("0"), torch.full_like(responses, ord("?")))
+        text = torch.where(responses == FILL, torch.full_like(text, ord(".")), text)
+        text = torch.where(responses == EOS, torch.full_like(text, ord("$")), text)
+        text = torch.where(responses == PAD, torch.zeros_like(text), text)
+        text = torch.cat([torch.full_like(text[:, :1], ord("~")), text], dim=1)
+        residue = np.char.mod("%d", (total % k).numpy())
+        return np.where(answered, residue, decode(text))
 
     def demonstrations(
         self, prompts: torch.Tensor, k: torch.Tensor, generator: torch.Generator

@@ -1,12 +1,15 @@
 """The testbed's policy: a small autoregressive GRU language model over the task's tokens, built from scratch.
 
-``log_probs`` is the training forward (one pass over prompt + response, like the actor's forward in verl);
-``sample`` generates token by token from the same weights. The trainer recomputes the behaviour policy's log
-probabilities with ``log_probs`` after sampling, as verl recomputes ``old_log_prob`` with the actor, so the
-first update of a round is exactly on-policy (ratio 1).
+``log_probs`` is the training forward (one pass over prompt + response, like the actor's forward in verl), unscaled
+by any temperature (``log_probs_and_entropy`` adds each position's token entropy); ``sample`` generates token by
+token from the same weights, at temperature 1 or at a temperature per row (AGPO's per-prompt tau_t). The trainer
+recomputes the behaviour policy's log probabilities with ``log_probs`` after sampling, as verl recomputes
+``old_log_prob`` with the actor, so the first update of a round is exactly on-policy (ratio 1).
 """
 
 from __future__ import annotations
+
+from typing import Optional
 
 import torch
 from torch import nn
@@ -35,23 +38,45 @@ class TokenPolicy(nn.Module):
 
         The zeros matter: PAD has probability 0 (log -inf), and -inf times a 0 mask is NaN in any loss.
         """
+        return self._log_probs(prompts, responses, entropy=False)[0]
+
+    def log_probs_and_entropy(self, prompts: torch.Tensor, responses: torch.Tensor):
+        """(``log_probs``, the token entropy -sum_v pi(v) ln pi(v) at every response position [n, L0]), both of the
+        unscaled distribution; the entropy after the end token is of no token (mask it)."""
+        return self._log_probs(prompts, responses, entropy=True)
+
+    def _log_probs(self, prompts: torch.Tensor, responses: torch.Tensor, entropy: bool):
         tokens = torch.cat([prompts, responses[:, :-1]], dim=1)
         logits, _ = self.step_logits(tokens)
         logits = logits[:, prompts.shape[1] - 1 :]
         padding = responses == PAD
         picked = torch.where(padding, torch.full_like(responses, EOS), responses)
-        log_probs = torch.log_softmax(logits, dim=-1).gather(2, picked.unsqueeze(2)).squeeze(2)
-        return log_probs.masked_fill(padding, 0.0)
+        all_log_probs = torch.log_softmax(logits, dim=-1)
+        log_probs = all_log_probs.gather(2, picked.unsqueeze(2)).squeeze(2).masked_fill(padding, 0.0)
+        if not entropy:
+            return log_probs, None
+        # Banned tokens have log-probability -inf and probability 0: they add 0, not 0 * -inf (NaN).
+        finite = all_log_probs.masked_fill(~torch.isfinite(all_log_probs), 0.0)
+        return log_probs, -(all_log_probs.exp() * finite).sum(dim=-1)
 
     @torch.no_grad()
-    def sample(self, prompts: torch.Tensor, max_len: int, generator: torch.Generator) -> torch.Tensor:
-        """Responses [n, max_len]: sampled at temperature 1, PAD after the end token."""
+    def sample(self, prompts: torch.Tensor, max_len: int, generator: torch.Generator,
+               temperature: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Responses [n, max_len]: sampled at temperature 1, or row i from softmax(logits / temperature[i])
+        (``temperature``: [n], > 0); PAD after the end token."""
         logits, state = self.step_logits(prompts)
         n = prompts.shape[0]
+        scale = None
+        if temperature is not None:
+            scale = torch.as_tensor(temperature, dtype=logits.dtype).reshape(-1, 1)
+            if scale.shape[0] != n or not bool((scale > 0).all()) or not bool(torch.isfinite(scale).all()):
+                raise ValueError(f"sample: temperature needs one finite value > 0 per row ({n}), got "
+                                 f"{tuple(scale.shape)}")
         out = torch.full((n, max_len), PAD, dtype=torch.int64)
         done = torch.zeros(n, dtype=torch.bool)
         for t in range(max_len):
-            token = torch.multinomial(torch.softmax(logits[:, -1], dim=-1), 1, generator=generator).squeeze(1)
+            step = logits[:, -1] if scale is None else logits[:, -1] / scale
+            token = torch.multinomial(torch.softmax(step, dim=-1), 1, generator=generator).squeeze(1)
             token = torch.where(done, torch.full_like(token, PAD), token)
             out[:, t] = token
             done = done | (token == EOS)

@@ -75,10 +75,23 @@ HEADLINE = [
     ("live_share_avg", "share of responses in groups with a signal", "{:.2f}", None),
     ("ratio_dev_mean", "ratio at the update's start, mean abs(r - 1) (stale runs)", "{:.3f}", None),
     ("ratio_out_share_avg", "share of tokens with r outside [0.8, 1.2]", "{:.3f}", None),
+    ("clipfrac_avg", "share of tokens clipped (pg_clipfrac; PPO-clip losses, at their own clip)", "{:.3f}", None),
     ("gate_weight_avg", "soft gate's mean weight (apo loss)", "{:.3f}", None),
+    ("agpo_tau_mean_avg", "AGPO tau_t, mean over prompts", "{:.3f}", None),
+    ("agpo_tau_std_avg", "AGPO tau_t, std over a round's prompts", "{:.3f}", None),
+    ("agpo_eps_mean_avg", "AGPO clip eps_p, mean over prompts", "{:.3f}", None),
+    ("agpo_eps_std_avg", "AGPO clip eps_p, std over a round's prompts", "{:.3f}", None),
+    ("agpo_u_mean_avg", "AGPO U, mean over prompts", "{:.3f}", None),
+    ("agpo_vote_entropy_avg", "AGPO vote entropy H_v, mean over prompts", "{:.3f}", None),
+    ("agpo_sigma_avg", "AGPO probe reward std sigma_p, mean over prompts", "{:.3f}", None),
+    ("agpo_entropy_ratio_avg", "AGPO H_pi / H_ref, mean over prompts", "{:.3f}", None),
+    ("agpo_kl_bar_final", "AGPO KL_bar after the last round", "{:.4f}", None),
+    ("kl_loss_avg", "KL loss to the initial policy (use_kl_loss)", "{:.4f}", None),
     ("anchor_rate_floor_share", "anchor's rate at eta_min, share of rounds after the first", "{:.2f}", None),
     ("grad_norm_mean", "grad norm before clip, mean", "{:.3f}", None),
     ("grad_norm_max", "grad norm before clip, max", "{:.3f}", None),
+    ("tokens_generated_avg", "tokens generated per round (training responses + AGPO's probe)", "{:.0f}", None),
+    ("probe_tokens_avg", "of which AGPO's probe (scored, then dropped)", "{:.0f}", None),
     ("wall_s", "wall time per run (s)", "{:.1f}", None),
 ]
 # The metrics compared pair by pair.
@@ -141,6 +154,24 @@ def run_summary(run: dict[str, Any], rounds: int, early_fraction: float) -> dict
         out["gate_weight_avg"] = _nanmean(history["actor/apo_gate_weight"])
     if "ratio_dev_mean" in history:
         out["ratio_dev_mean"] = _nanmean(history["ratio_dev_mean"])
+    if "actor/pg_clipfrac" in history:
+        out["clipfrac_avg"] = _nanmean(history["actor/pg_clipfrac"])
+    # Generation per round: the training responses' tokens and AGPO's probe's (0 for the other methods).
+    if "tokens_generated" in history:
+        out["tokens_generated_avg"] = _nanmean(history["tokens_generated"])
+        out["probe_tokens_avg"] = _nanmean(history["probe_tokens"])
+    # AGPO's controllers (method=agpo_dual): means over the rounds of the per-round values, KL_bar at the end.
+    for key in ("tau_mean", "tau_std", "eps_mean", "eps_std", "u_mean", "vote_entropy", "sigma", "entropy_ratio",
+                "step_kl"):
+        series = history.get(f"agpo_{key}_mean" if key in ("vote_entropy", "sigma", "entropy_ratio")
+                             else f"agpo_{key}")
+        if series is not None:
+            out[f"agpo_{key}_avg"] = _nanmean(series)
+    if "agpo_kl_bar" in history:
+        out["agpo_kl_bar_final"] = float(history["agpo_kl_bar"][-1])
+        out["agpo_u_bar_final"] = float(history["agpo_u_bar"][-1])
+    if "actor/kl_loss" in history:
+        out["kl_loss_avg"] = _nanmean(history["actor/kl_loss"])
     # The anchor's rate after the first round, which is the warm start (rate 1) or, with anchor_init, at the floor.
     if "anchor_rate" in history:
         out["anchor_rate_avg"] = _nanmean(history["anchor_rate"][1:])
@@ -258,6 +289,9 @@ def build_summary(
             "apo": cfg["algorithm"].get("apo") if cfg["algorithm"]["adv_estimator"] == "apo" else None,
             "codapo": cfg["algorithm"].get("codapo") if cfg["algorithm"]["adv_estimator"] == "codapo" else None,
             "zero_variance": cfg["algorithm"].get("zero_variance", "keep"),
+            "rollout_n": cfg["actor_rollout_ref"]["rollout"]["n"] * cfg.get("rollout_n_multiplier", 1),
+            "agpo": cfg["algorithm"].get("agpo")
+            if cfg["actor_rollout_ref"]["actor"]["policy_loss"]["loss_mode"] == "agpo_clip" else None,
         }
         for label, cfg in cfg_by_label.items()
     }
@@ -336,8 +370,8 @@ def _setting(summary: dict[str, Any]) -> list[str]:
         f"the initial policy's own success rate. Wall time of the whole run: {summary['wall_s']:.0f} s.",
         *_kernels_line(summary),
         "",
-        "| method | estimator | std norm | loss | aggregation | zero-variance groups in the denominator |",
-        "|---|---|---|---|---|---|",
+        "| method | estimator | std norm | loss | aggregation | zero-variance groups in the denominator | G |",
+        "|---|---|---|---|---|---|---|",
     ]
     return lines + [_method_row(label, m) for label, m in summary["methods"].items()]
 
@@ -353,7 +387,10 @@ def _method_row(label: str, m: dict[str, Any]) -> str:
     if m["loss_mode"] in OWN_AGGREGATION:  # the loss ignores loss_agg_mode: show what it does
         agg = f"{OWN_AGGREGATION[m['loss_mode']]} (the loss's own; {m['loss_agg_mode']} ignored)"
     zv = ZERO_VARIANCE_WORDS.get(m.get("zero_variance", "keep"), m.get("zero_variance"))
-    return f"| {label} | `{m['adv_estimator']}` | {std} | `{m['loss_mode']}` | `{agg}` | {zv} |"
+    group = m.get("rollout_n", "-")
+    if m.get("agpo"):
+        group = f"{group} (+ a probe of {m['agpo']['probe_samples']})"
+    return f"| {label} | `{m['adv_estimator']}` | {std} | `{m['loss_mode']}` | `{agg}` | {zv} | {group} |"
 
 
 def _initial_policy(summary: dict[str, Any]) -> list[str]:

@@ -3,7 +3,7 @@ verl's own ``compute_advantage`` on a real ``DataProto`` with the registered est
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 import torch
@@ -19,11 +19,15 @@ def rollout(
     k: torch.Tensor,
     group_size: int,
     generator: torch.Generator,
+    temperature: Optional[torch.Tensor] = None,
 ) -> dict[str, Any]:
-    """Sample ``group_size`` responses per prompt (rows of a group are adjacent) and score them."""
+    """Sample ``group_size`` responses per prompt (rows of a group are adjacent) and score them; ``temperature``
+    (one per prompt, AGPO's tau_t) samples each prompt's responses at its own, else at temperature 1."""
     prompts = prompts.repeat_interleave(group_size, dim=0)
     k = k.repeat_interleave(group_size, dim=0)
-    responses = policy.sample(prompts, task.max_response_length, generator)
+    if temperature is not None:
+        temperature = torch.as_tensor(temperature).reshape(-1).repeat_interleave(group_size)
+    responses = policy.sample(prompts, task.max_response_length, generator, temperature)
     scored = task.score(prompts, k, responses)
     mask = response_mask(responses)
     # verl puts the sequence reward on the last valid token; estimators sum token rewards back to R_i.

@@ -5,9 +5,9 @@ before any work starts.
 A whole number is an int (``1.5`` is refused, not truncated; so is ``true``, and ``'3'`` is a string), a number is
 finite, the seeds are a non-empty list of distinct whole numbers in [0, 2^32 - 1] (what torch's and numpy's
 seeding take), a key the testbed does not read is refused (Hydra's ``+task.K=7`` adds one; the message names it
-and lists the known ones). ``algorithm.apo`` and ``algorithm.codapo`` are the recipe's own method settings, checked
-by their own classes; ``actor_rollout_ref.actor`` also takes the scalar fields of verl's actor config that the
-testbed passes on to verl (``+actor_rollout_ref.actor.kl_loss_coef=...``), typed as verl declares them.
+and lists the known ones). ``algorithm.apo``, ``algorithm.codapo`` and ``algorithm.agpo`` are the recipe's own method
+settings, checked by their own classes; ``actor_rollout_ref.actor`` also takes the scalar fields of verl's actor config
+that the testbed passes on to verl (``+actor_rollout_ref.actor.kl_loss_coef=...``), typed as verl declares them.
 
 Each refusal is a ``TestbedSettingError`` whose message is one line: ``<key>=<value>: <what is allowed>``.
 """
@@ -241,8 +241,8 @@ class LabelMap(Kind):
 
 
 class MethodSettings(Kind):
-    """``algorithm.apo`` / ``algorithm.codapo``: the recipe's own settings class checks it (its errors name the
-    key; an unknown key is refused there too)."""
+    """``algorithm.apo`` / ``algorithm.codapo`` / ``algorithm.agpo``: the recipe's own settings class checks it (its
+    errors name the key; an unknown key is refused there too)."""
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -257,6 +257,10 @@ class MethodSettings(Kind):
             from recipe_apo.methods.apo_settings import ApoSettings
 
             ApoSettings.from_algorithm_config({"apo": value})
+        elif self.name == "agpo":
+            from recipe_apo.methods.agpo_dual import AgpoSettings
+
+            AgpoSettings.from_algorithm_config({"agpo": value})
         else:
             from recipe_apo.methods.codapo import CodapoSettings
 
@@ -284,6 +288,7 @@ SETTINGS: dict[str, Kind] = {
     "eval_every": Whole(1, 100_000),
     "early_fraction": Real(0, 1, low_open=True),
     "staleness": Whole(0, 1000),
+    "rollout_n_multiplier": Whole(1, 64),
     "policy.embed_dim": Whole(1, 4096),
     "policy.hidden_dim": Whole(1, 4096),
     "policy.layers": Whole(1, 16),
@@ -297,13 +302,16 @@ SETTINGS: dict[str, Kind] = {
     "data.max_response_length": Whole(2, 10_000),
     "algorithm.apo": MethodSettings("apo"),
     "algorithm.codapo": MethodSettings("codapo"),
+    "algorithm.agpo": MethodSettings("agpo"),
     "algorithm.adv_estimator": Text(),
     "algorithm.norm_adv_by_std_in_grpo": Flag(),
     "algorithm.gamma": Real(0, 1),
     "algorithm.lam": Real(0, 1),
-    "algorithm.use_kl_in_reward": Fixed(Flag(), False, "the testbed keeps no reference policy"),
+    "algorithm.use_kl_in_reward": Fixed(Flag(), False, "the testbed has no KL penalty in the reward (its KL is "
+                                                       "the actor's KL loss, actor_rollout_ref.actor.use_kl_loss)"),
     "algorithm.zero_variance": OneOf(ZERO_VARIANCE_MODES),
     "actor_rollout_ref.rollout.n": Whole(2, 1024),
+    "actor_rollout_ref.rollout.temperature": Real(0, 100, low_open=True),
     f"{ACTOR}.ppo_mini_batch_size": Whole(1, 65_536),
     f"{ACTOR}.ppo_micro_batch_size_per_gpu": Maybe(Whole(1, 10_000_000)),
     f"{ACTOR}.ppo_epochs": Whole(1, 1000),
@@ -320,11 +328,12 @@ SETTINGS: dict[str, Kind] = {
     f"{ACTOR}.clip_ratio": Real(0, 100, low_open=True),
     f"{ACTOR}.clip_ratio_low": Real(0, 100, low_open=True),
     f"{ACTOR}.clip_ratio_high": Real(0, 100, low_open=True),
-    f"{ACTOR}.clip_ratio_c": Real(1, 1e6, low_open=True),
+    # AGPO (method=agpo_dual) turns the dual clip off with 1e9, a bound no ratio reaches.
+    f"{ACTOR}.clip_ratio_c": Real(1, 1e12, low_open=True),
     f"{ACTOR}.tau_pos": Real(0, 1000, low_open=True),
     f"{ACTOR}.tau_neg": Real(0, 1000, low_open=True),
     f"{ACTOR}.entropy_coeff": Fixed(Real(), 0, "the testbed has no entropy bonus"),
-    f"{ACTOR}.use_kl_loss": Fixed(Flag(), False, "the testbed has no reference policy"),
+    f"{ACTOR}.use_kl_loss": Flag(),
     "signal.group_sizes": Wholes(2, 1024, "[4,8,16]"),
     "signal.p_points": Whole(2, 1001),
     "signal.groups": Whole(1, 100_000),

@@ -20,6 +20,7 @@ import math
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
 import torch
 
 from recipe_apo.testbed.errors import TestbedSettingError
@@ -94,22 +95,28 @@ class ReverseTask:
         ``fillers`` (filler tokens before the end: the part of a correct answer's length the policy chooses, as
         opposed to the string's length, which the prompt fixes).
         """
-        width = responses.shape[1]
         ended, before_end, length = answer_span(responses)
-        content = before_end & (responses >= FIRST_SYMBOL)
-        # A stable sort moves the content tokens to the front in their order: the filler-free answer.
-        order = torch.sort((~content).to(torch.int8), dim=1, stable=True).indices
-        packed = torch.where(
-            torch.arange(width).unsqueeze(0) < content.sum(dim=1, keepdim=True),
-            responses.gather(1, order),
-            torch.full_like(responses, PAD),
-        )
+        content, packed = _content(responses, before_end)
         target = self.answers(prompts, k)
         # L0 > max_len (checked above), so the first max_len packed tokens hold the whole answer when it has
         # exactly k symbols.
         correct = ended & (content.sum(dim=1) == k) & (packed[:, : self.max_len] == target).all(dim=1)
         fillers = (before_end & ~content).sum(dim=1)
         return {"reward": correct.to(torch.float32), "length": length, "cut": ~ended, "fillers": fillers}
+
+    def vote_key(self, prompts: torch.Tensor, k: torch.Tensor, responses: torch.Tensor) -> np.ndarray:
+        """The answer each response [n, L0] votes for in AGPO's vote entropy H_v (``method=agpo_dual``), a string
+        per response: the symbols before the end token with the fillers left out, as the verifier reads them
+        (``a`` for the first symbol, ``b`` the next ...: the reversal of ``a b`` answered as ``FILL b a EOS`` is
+        ``ba``); a cut response has no answer and votes for its own text, ``~`` then every token (``.`` a
+        filler), as AGPO's math rule lets an answerless response vote for its text."""
+        ended, before_end, _ = answer_span(responses)
+        _, packed = _content(responses, before_end)
+        answer = torch.where(packed >= FIRST_SYMBOL, packed - FIRST_SYMBOL + ord("a"), torch.zeros_like(packed))
+        text = torch.where(responses >= FIRST_SYMBOL, responses - FIRST_SYMBOL + ord("a"),
+                           torch.full_like(responses, ord(".")))
+        text = torch.cat([torch.full_like(text[:, :1], ord("~")), text], dim=1)
+        return np.where(ended.numpy(), decode(answer), decode(text))
 
     def demonstrations(
         self, prompts: torch.Tensor, k: torch.Tensor, generator: torch.Generator
@@ -146,6 +153,33 @@ class Task(Protocol):
     ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
     def describe(self) -> str: ...
+
+    def vote_key(self, prompts: torch.Tensor, k: torch.Tensor, responses: torch.Tensor) -> np.ndarray: ...
+
+
+def decode(codes: torch.Tensor) -> np.ndarray:
+    """One string per row of ``codes`` [n, m] (Unicode code points; 0 = no character, only after the last one),
+    without a loop over the rows: numpy reads the rows' code points as fixed-width strings."""
+    n, m = codes.shape
+    if m == 0:
+        return np.full(n, "", dtype="<U1")
+    points = np.ascontiguousarray(codes.numpy().astype(np.uint32))
+    return points.view(f"<U{m}").reshape(n)
+
+
+def _content(responses: torch.Tensor, before_end: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(content [n, L0]: the symbol tokens before the end, packed [n, L0]: those tokens moved to the front in
+    their order, PAD after them: the filler-free answer)."""
+    width = responses.shape[1]
+    content = before_end & (responses >= FIRST_SYMBOL)
+    # A stable sort moves the content tokens to the front in their order.
+    order = torch.sort((~content).to(torch.int8), dim=1, stable=True).indices
+    packed = torch.where(
+        torch.arange(width).unsqueeze(0) < content.sum(dim=1, keepdim=True),
+        responses.gather(1, order),
+        torch.full_like(responses, PAD),
+    )
+    return content, packed
 
 
 def answer_span(responses: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -33,6 +33,7 @@ from recipe_apo.methods import driver_state
 from recipe_apo.methods.codapo import CodapoSettings
 from recipe_apo.methods.group_stats import length_by_outcome
 from recipe_apo.methods.zero_variance import exclude_zero_variance, live_rows
+from recipe_apo.testbed.agpo import AgpoRun, is_agpo
 from recipe_apo.testbed.errors import TestbedSettingError
 from recipe_apo.testbed.modsum import ModSumTask
 from recipe_apo.testbed.policy import TokenPolicy, build_policy, pretrain
@@ -43,14 +44,20 @@ from recipe_apo.testbed.update import actor_config, effective_agg_mode, ppo_upda
 
 BUCKETS = ("hard", "medium", "easy")
 
-# Independent random streams of a seed; methods share all of them except what their own updates change.
-_PRETRAIN, _PROMPTS, _EVAL_SET, _SAMPLING, _EVAL_SAMPLING, _SHUFFLE = range(6)
+# Independent random streams of a seed; methods share all of them except what their own updates change. _PROBE:
+# AGPO's probe (method=agpo_dual), apart so that its training samples read the stream the others read.
+_PRETRAIN, _PROMPTS, _EVAL_SET, _SAMPLING, _EVAL_SAMPLING, _SHUFFLE, _PROBE = range(7)
 
 
 def generator(seed: int, stream: int, step: int = 0) -> torch.Generator:
     return torch.Generator().manual_seed(1_000_003 * seed + 7919 * stream + step)
 
 
+
+
+def group_size(cfg: DictConfig) -> int:
+    """A method's responses per prompt: ``actor_rollout_ref.rollout.n`` x its ``rollout_n_multiplier``."""
+    return int(cfg.actor_rollout_ref.rollout.n) * int(cfg.get("rollout_n_multiplier", 1))
 
 
 def make_task(cfg: DictConfig) -> Task:
@@ -184,7 +191,8 @@ class MethodRun:
         self.task = make_task(cfg)
         self.policy = self._build_policy()
         self.policy.load_state_dict(setup.init_state)
-        self.actor = actor_config(cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout.n)
+        self.group = group_size(cfg)
+        self.actor = actor_config(cfg.actor_rollout_ref.actor, self.group)
         optim = cfg.actor_rollout_ref.actor.optim
         self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=optim.lr, betas=tuple(optim.betas),
                                            weight_decay=optim.weight_decay)
@@ -196,7 +204,15 @@ class MethodRun:
         self.zero_variance = cfg.algorithm.get("zero_variance", "keep")
         driver_state.reset_driver_anchors()
         self.sampling, self.shuffling = generator(setup.seed, _SAMPLING), generator(setup.seed, _SHUFFLE)
-        self.group = cfg.actor_rollout_ref.rollout.n
+        # AGPO's controllers, fresh for the run (method=agpo_dual), and the old policy's token entropies of the
+        # round's responses that its clips read.
+        self.agpo = AgpoRun(cfg, generator(setup.seed, _PROBE)) if is_agpo(cfg) else None
+        self.old_entropy: Optional[torch.Tensor] = None
+        # The reference policy of verl's KL loss (use_kl_loss): the run's initial policy.
+        self.reference: Optional[TokenPolicy] = None
+        if self.actor.use_kl_loss:
+            self.reference = self._build_policy()
+            self.reference.load_state_dict(setup.init_state)
         self.staleness = int(cfg.get("staleness", 0))  # checked by runner.check_method
         # The sampling policy of a stale run: the trained policy's weights of `staleness` rounds ago.
         self.behaviour = self._build_policy() if self.staleness else None
@@ -226,12 +242,30 @@ class MethodRun:
         prompts, k, second = self.round_prompts(r + 1)
         batch, old_log_prob = self.sample_round(prompts, k)
         advantages, live = self.advantages(batch, old_log_prob)
+        clip_eps = self.agpo.clips(batch, self.old_entropy, self.group) if self.agpo is not None else None
+        ref_log_prob = None
+        if self.reference is not None:
+            with torch.no_grad():
+                ref_log_prob = self.reference.log_probs(batch["prompts"], batch["responses"])
         if on_round is not None:
             on_round(r, batch, old_log_prob, advantages)
         metrics = ppo_update(self.policy, self.optimizer, self.actor, batch, advantages, old_log_prob,
-                             self.shuffling, zero_variance=self.zero_variance, live=live)
+                             self.shuffling, zero_variance=self.zero_variance, live=live, clip_eps=clip_eps,
+                             ref_log_prob=ref_log_prob)
         # Share of the round's responses in groups with a signal (two distinct rewards or more).
         self.record("live_share", live.mean())
+        # Tokens generated in the round: its training responses' and, for AGPO, its probe's (scored, then
+        # dropped); each response counts its tokens up to and including the end token.
+        train_tokens = float(batch["response_mask"].sum())
+        probe_tokens = self.agpo.metrics["probe_tokens"] if self.agpo is not None else 0.0
+        self.record("train_tokens", train_tokens)
+        self.record("probe_tokens", probe_tokens)
+        self.record("tokens_generated", train_tokens + probe_tokens)
+        if self.agpo is not None:
+            self.agpo.after_update(self.policy, batch, old_log_prob)
+            for key, value in self.agpo.metrics.items():
+                if key != "probe_tokens":
+                    self.record(key, value)
         if self.estimator == "codapo":
             self.record_codapo(r + 1, batch, prompts, k, second)
         self.record_batch(batch, metrics)
@@ -259,11 +293,18 @@ class MethodRun:
 
     def sample_round(self, prompts: torch.Tensor, k: torch.Tensor) -> tuple[dict[str, Any], torch.Tensor]:
         """The round's responses and their old log-probs, before the advantages, as verl's trainer takes them:
-        CoDaPO's weight reads them. No gradient, same weights: the order changes no number of the others."""
+        CoDaPO's weight reads them. No gradient, same weights: the order changes no number of the others.
+        AGPO (``recipe_apo.testbed.agpo``): its probe first, the responses of each prompt at its tau_t, and the
+        old policy's token entropies kept for its clips."""
         sampler = self.sampler()
-        batch = rollout(sampler, self.task, prompts, k, self.group, self.sampling)
+        # AGPO: the probe first, then each prompt's training responses at its tau_t.
+        temperature = self.agpo.probe(sampler, self.task, prompts, k) if self.agpo is not None else None
+        batch = rollout(sampler, self.task, prompts, k, self.group, self.sampling, temperature)
         with torch.no_grad():
-            old_log_prob = sampler.log_probs(batch["prompts"], batch["responses"])
+            if self.agpo is not None:
+                old_log_prob, self.old_entropy = sampler.log_probs_and_entropy(batch["prompts"], batch["responses"])
+            else:
+                old_log_prob = sampler.log_probs(batch["prompts"], batch["responses"])
             if self.staleness:
                 # Where the ratio pi / pi_old starts: mean |r - 1| over the round's valid tokens.
                 mask = batch["response_mask"].to(torch.bool)

@@ -10,6 +10,7 @@ mini-batch's own denominators count only its live responses and tokens.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from typing import Any, Iterator, Optional
@@ -31,25 +32,37 @@ def actor_config(actor: DictConfig, rollout_n: int):
 
     Every scalar key of the node that is a field of verl's config is passed on, so any verl actor setting a
     registered loss reads (``clip_ratio_c``, ``tau_pos``, ``policy_loss.clip_cov_ratio`` ...) can be set from
-    the command line. ``ppo_mini_batch_size`` is in prompts, as in verl.
+    the command line. ``ppo_mini_batch_size`` is in prompts, as in verl. ``use_kl_loss`` adds verl's KL loss
+    against the run's initial policy (``ppo_update``'s ``ref_log_prob``); its ``kl_loss_type`` must be one verl's
+    ``kl_penalty`` computes.
     """
     from verl.workers.config import FSDPActorConfig, PolicyLossConfig
 
     plain = OmegaConf.to_container(actor, resolve=True)
-    if plain.get("use_kl_loss"):
-        raise TestbedSettingError(f"actor_rollout_ref.actor.use_kl_loss={str(plain['use_kl_loss']).lower()}: must be "
-                                  "false: the testbed has no reference policy")
     if plain.get("entropy_coeff"):
         # Accepted and ignored, it would let a sweep over it measure noise.
         raise TestbedSettingError(
             f"actor_rollout_ref.actor.entropy_coeff={plain['entropy_coeff']}: the testbed has no entropy bonus; "
             "set it to 0"
         )
+    if plain.get("use_kl_loss"):
+        check_kl_type(plain.get("kl_loss_type"))
     known = {f.name for f in dataclasses.fields(FSDPActorConfig)}
     kwargs = {key: value for key, value in plain.items() if key in known and key not in VERL_NOT_FROM_YAML}
     loss_fields = {f.name for f in dataclasses.fields(PolicyLossConfig)} - {"rollout_correction"}
     policy_loss = PolicyLossConfig(**{k: v for k, v in plain.get("policy_loss", {}).items() if k in loss_fields})
     return FSDPActorConfig(strategy="fsdp2", rollout_n=rollout_n, policy_loss=policy_loss, **kwargs)
+
+
+def check_kl_type(kind: Any) -> None:
+    """Refuse a ``kl_loss_type`` verl's ``kl_penalty`` does not compute (it raises only when called)."""
+    from verl.trainer.ppo.core_algos import kl_penalty
+
+    try:
+        kl_penalty(torch.zeros(1, 1), torch.zeros(1, 1), str(kind))
+    except (NotImplementedError, ValueError, KeyError) as exc:
+        raise TestbedSettingError(f"actor_rollout_ref.actor.kl_loss_type={kind}: not a KL estimator verl computes "
+                                  "(k1, k2, k3, low_var_kl, abs, mse, kl, with an optional + suffix)") from exc
 
 
 def effective_agg_mode(config: Any) -> str:
@@ -68,6 +81,8 @@ def ppo_update(
     zero_variance: str = "keep",
     live: Optional[np.ndarray] = None,
     trace: Optional[list] = None,
+    clip_eps: Optional[torch.Tensor] = None,
+    ref_log_prob: Optional[torch.Tensor] = None,
 ) -> dict[str, float]:
     """``ppo_epochs`` passes over the round's responses in mini-batches of ``ppo_mini_batch_size`` prompts.
 
@@ -79,11 +94,23 @@ def ppo_update(
     ``zero_variance`` exclude (then ``zv_ratio_dev_mean`` / ``zv_ratio_dev_max``: mean and max over the
     round's mini-batches of |denominator_ratio - 1|) and exact. ``trace``, when a list, gets one entry per
     mini-batch: its rows, its loss and (exclude) its denominator ratio.
+
+    ``clip_eps`` (one per response, AGPO's eps of its prompt): each micro-batch's loss is called inside
+    ``agpo_loss.clip_handed`` with its rows' eps, as the recipe's ``BatchClipLoss`` hands them to ``agpo_clip``.
+    ``ref_log_prob`` (the reference policy's log-probs of the responses): needed with ``use_kl_loss``, whose
+    ``kl_loss_coef`` x ``kl_penalty(log_prob, ref_log_prob, kl_loss_type)``, aggregated by ``agg_loss`` with the
+    ``loss_agg_mode`` and the mini-batch's denominators, is added to each micro-batch's loss as verl's
+    ``ppo_loss`` adds it (metric ``actor/kl_loss``).
     """
     from verl.trainer.ppo.core_algos import get_policy_loss_fn
 
     _check_zero_variance(zero_variance, live)
+    if config.use_kl_loss and ref_log_prob is None:
+        raise ValueError("actor_rollout_ref.actor.use_kl_loss=true needs the reference policy's log-probs")
+    if clip_eps is not None and clip_eps.shape[0] != batch["responses"].shape[0]:
+        raise ValueError(f"clip_eps: {clip_eps.shape[0]} values for {batch['responses'].shape[0]} responses")
     loss_fn = get_policy_loss_fn(config.policy_loss.loss_mode)
+    extra = _Extras(clip_eps, ref_log_prob if config.use_kl_loss else None)
     mask = batch["response_mask"].to(torch.bool)
     denominators = _Denominators(zero_variance, mask, live, effective_agg_mode(config))
     stats = _UpdateStats()
@@ -102,7 +129,7 @@ def ppo_update(
         for micro_start in range(0, len(rows), micro):
             part = rows[micro_start : micro_start + micro]
             mini_loss += _micro_batch_loss(policy, loss_fn, config, batch, advantages, old_log_prob, mask, part,
-                                           stats)
+                                           stats, extra)
         stats.losses.append(mini_loss)
         if trace is not None:
             trace.append({"rows": rows.tolist(), "loss": mini_loss, "denominator_ratio": ratio})
@@ -186,26 +213,50 @@ class _UpdateStats:
         return out
 
 
+@dataclasses.dataclass
+class _Extras:
+    """What some methods add to a micro-batch's loss: per-row clip eps (AGPO), the reference log-probs (KL)."""
+
+    clip_eps: Optional[torch.Tensor] = None
+    ref_log_prob: Optional[torch.Tensor] = None
+
+
 def _micro_batch_loss(policy: TokenPolicy, loss_fn: Any, config: Any, batch: dict[str, Any],
                       advantages: torch.Tensor, old_log_prob: torch.Tensor, mask: torch.Tensor,
-                      part: torch.Tensor, stats: _UpdateStats) -> float:
-    """The registered loss of the micro-batch ``part`` as verl calls it, its gradient accumulated; returns the
-    loss and adds its metrics and ratio band counts to ``stats``."""
+                      part: torch.Tensor, stats: _UpdateStats, extra: Optional[_Extras] = None) -> float:
+    """The registered loss of the micro-batch ``part`` as verl calls it (under ``clip_handed`` with the rows' eps
+    when given), plus verl's KL loss when ``use_kl_loss``, its gradient accumulated; returns the loss and adds
+    its metrics and ratio band counts to ``stats``."""
+    from verl.trainer.ppo.core_algos import agg_loss, kl_penalty
+
+    from recipe_apo.methods.agpo_loss import clip_handed
+
+    extra = extra or _Extras()
     log_prob = policy.log_probs(batch["prompts"][part], batch["responses"][part])
     with torch.no_grad():
         valid = mask[part]
         deviation = (log_prob - old_log_prob[part]).exp().sub_(1.0).abs_()
         stats.outside += int((deviation > RATIO_BAND).logical_and_(valid).sum())
         stats.seen += int(valid.sum())
-    loss, metrics = loss_fn(
-        old_log_prob=old_log_prob[part],
-        log_prob=log_prob,
-        advantages=advantages[part],
-        response_mask=mask[part],
-        loss_agg_mode=config.loss_agg_mode,
-        config=config,
-        rollout_is_weights=None,
-    )
+    handed = clip_handed(extra.clip_eps[part]) if extra.clip_eps is not None else contextlib.nullcontext()
+    with handed:
+        loss, metrics = loss_fn(
+            old_log_prob=old_log_prob[part],
+            log_prob=log_prob,
+            advantages=advantages[part],
+            response_mask=mask[part],
+            loss_agg_mode=config.loss_agg_mode,
+            config=config,
+            rollout_is_weights=None,
+        )
+    if extra.ref_log_prob is not None:
+        # verl's ppo_loss: + kl_loss_coef * agg_loss(kl_penalty(log pi, log pi_ref)), its denominators the
+        # mini-batch's (global_batch_info).
+        kld = kl_penalty(logprob=log_prob, ref_logprob=extra.ref_log_prob[part], kl_penalty=config.kl_loss_type)
+        kl_loss = agg_loss(loss_mat=kld, loss_mask=mask[part], loss_agg_mode=config.loss_agg_mode,
+                           **config.global_batch_info)
+        loss = loss + kl_loss * config.kl_loss_coef
+        metrics = {**metrics, "actor/kl_loss": float(kl_loss.detach())}
     loss.backward()
     stats.add_metrics(metrics)
     return float(loss.detach())

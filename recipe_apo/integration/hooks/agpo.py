@@ -33,15 +33,13 @@ import numpy as np
 import torch
 
 from recipe_apo.integration import batch_fields
+from recipe_apo.integration.agpo_launch import INNER_KEY, TEMPERATURE_KEY, TEMPERED_LOOP, uses_agpo
 from recipe_apo.integration.batch_clip_loss import COLUMN, BatchClipLoss, actor_loss_config
 from recipe_apo.integration.checkpoint import write_json_atomically
 from recipe_apo.integration.errors import cause_of
 from recipe_apo.integration.hooks.base import RowColumns, TrainerHook
 from recipe_apo.integration.multi_output import Sessions
-from recipe_apo.integration.tempered_loop import INNER_KEY, TEMPERATURE_KEY
-from recipe_apo.integration.tempered_loop import NAME as TEMPERED_LOOP
 from recipe_apo.methods.agpo_dual import AgpoSettings, AgpoState, ProbeStats, pooled_entropy, step_kl
-from recipe_apo.methods.agpo_loss import NAME as AGPO_LOSS
 from recipe_apo.methods.errors import MethodStateError
 from recipe_apo.reward.vote_keys import load_vote_key
 
@@ -53,10 +51,6 @@ STAT_FIELDS = ("dispersion", "vote_entropy", "skewness")
 
 class AgpoStateError(MethodStateError):
     """A resume cannot restore AGPO's controller state; the message names the file and the cause."""
-
-
-def uses_agpo(config: Any) -> bool:
-    return str(config.actor_rollout_ref.actor.policy_loss.loss_mode) == AGPO_LOSS
 
 
 def save_state(folder: str, step: int, state: AgpoState) -> str:
@@ -238,7 +232,10 @@ class AgpoHook(TrainerHook):
         per_prompt[present] = eps
         rows = np.array([self.prompts[u] for u in uids.tolist()], dtype=np.int64)
         column = torch.as_tensor(per_prompt[rows], dtype=torch.float32)
-        tq_put(batch, TensorDict({COLUMN: column}, batch_size=len(batch)))
+        written = tq_put(batch, TensorDict({COLUMN: column}, batch_size=len(batch)))
+        if batch.fields is not None:
+            # verl's update fetches the fields its batch handle lists: the handle must list the new column.
+            batch.fields = list(written.fields)
         eps_mean, eps_std = _spread(eps)
         self.step_metrics.update({"agpo/clip_eps_mean": eps_mean, "agpo/clip_eps_std": eps_std,
                                   "agpo/entropy_ratio_mean": float(np.mean(ratio))})
@@ -264,7 +261,7 @@ class AgpoHook(TrainerHook):
         return self.columns.for_rows(batch.keys)
 
 
-def tq_put(batch: Any, fields: Any) -> None:
+def tq_put(batch: Any, fields: Any) -> Any:
     import transfer_queue as tq
 
-    tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=fields)
+    return tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=fields)

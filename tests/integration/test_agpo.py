@@ -1,0 +1,158 @@
+"""method=agpo_dual in verl's loop, what runs without Ray: its launch checks, the agent loop it samples through,
+its checkpointed state, the probe's grouping, the batch-clip loss wrapper."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from helpers.composing import compose_recipe
+from omegaconf import OmegaConf, open_dict
+
+from recipe_apo.integration.agpo_launch import AGENT_LOOPS, TEMPERED_LOOP, TEMPERED_TARGET, route_agent_loops
+from recipe_apo.integration.hooks.agpo import STATE_FILE, AgpoHook, AgpoStateError, load_state, save_state
+from recipe_apo.integration.modes import recipe_mode
+from recipe_apo.integration.validation import RecipeConfigError, validate_recipe_config
+from recipe_apo.methods.agpo_dual import AgpoState
+from recipe_apo.methods.errors import MethodStateError
+from recipe_apo.reward.vote_keys import VoteKeyError, load_vote_key, math_vote_key
+
+BASE = ("method=agpo_dual", "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.n=8")
+# separate_async's own rollout pool, which its checks (before AGPO's) ask for.
+POOL = ("actor_rollout_ref.rollout.nnodes=1", "actor_rollout_ref.rollout.n_gpus_per_node=8",
+        "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl")
+
+
+def launch(*overrides: str, route: bool = True):
+    config = compose_recipe(*BASE, *overrides, resolve=False)
+    with open_dict(config):
+        config.trainer.v1.trainer_mode = recipe_mode(config.trainer.v1.get("trainer_mode", "sync"))
+    if route:
+        route_agent_loops(config)
+    return config
+
+
+def refusal(*overrides: str, route: bool = True) -> str:
+    with pytest.raises(RecipeConfigError) as info:
+        validate_recipe_config(launch(*overrides, route=route))
+    assert "\n" not in str(info.value)
+    return str(info.value)
+
+
+def test_the_preset_passes_in_sync_mode_with_the_recipes_agent_loops():
+    config = launch()
+    assert config.actor_rollout_ref.rollout.agent.agent_loop_config_path == AGENT_LOOPS
+    validate_recipe_config(config)
+    entries = OmegaConf.load(AGENT_LOOPS)
+    assert [(e.name, e._target_) for e in entries] == [(TEMPERED_LOOP, TEMPERED_TARGET)]
+    rehearsal_loops = OmegaConf.load(AGENT_LOOPS.replace("integration", "cpu"))
+    assert (TEMPERED_LOOP, TEMPERED_TARGET) in [(e.name, e._target_) for e in rehearsal_loops]
+
+
+@pytest.mark.parametrize("mode", ["colocate_async", "separate_async"])
+def test_the_async_modes_are_refused_with_the_reason(mode):
+    assert refusal(f"trainer.v1.trainer_mode={mode}", *POOL) == (
+        f"method=agpo_dual with trainer.v1.trainer_mode={mode}: AGPO probes a step's prompts and sets their "
+        "temperatures before their training generation, but verl's asynchronous trainers generate prompts ahead of "
+        "their step, across weight updates; use trainer.v1.trainer_mode=sync")
+
+
+def test_what_the_loop_cannot_host_is_refused_in_one_line(tmp_path):
+    assert refusal("actor_rollout_ref.rollout.temperature=0.7").startswith(
+        "actor_rollout_ref.rollout.temperature=0.7 with algorithm.agpo.base_temperature=1.0: method=agpo_dual needs "
+        "them equal")
+    assert refusal("algorithm.filter_groups.enable=true").startswith("algorithm.filter_groups.enable=true with "
+                                                                     "method=agpo_dual")
+    own = tmp_path / "loops.yaml"
+    own.write_text("- name: mine\n  _target_: some.Loop\n")
+    assert refusal(f"actor_rollout_ref.rollout.agent.agent_loop_config_path={own}") == (
+        f"actor_rollout_ref.rollout.agent.agent_loop_config_path={own} does not register the agent loop "
+        f"agpo_tempered that method=agpo_dual samples through: add the entry of {AGENT_LOOPS} to it")
+    assert refusal("algorithm.agpo.probe_samples=0") == "algorithm.agpo.probe_samples must be an integer in [1, 4096], got 0"
+    assert refusal("+algorithm.agpo.probe_sample=4").startswith("unknown setting algorithm.agpo.probe_sample;")
+
+
+def test_a_users_own_loop_file_listing_the_tempered_loop_passes(tmp_path):
+    own = tmp_path / "loops.yaml"
+    own.write_text(f"- name: mine\n  _target_: some.Loop\n- name: {TEMPERED_LOOP}\n  _target_: {TEMPERED_TARGET}\n")
+    config = launch(f"actor_rollout_ref.rollout.agent.agent_loop_config_path={own}")
+    assert config.actor_rollout_ref.rollout.agent.agent_loop_config_path == str(own)
+    validate_recipe_config(config)
+
+
+def test_other_methods_keep_their_agent_loop_setting():
+    config = compose_recipe("method=apo", "actor_rollout_ref.rollout.name=vllm", resolve=False)
+    route_agent_loops(config)
+    assert config.actor_rollout_ref.rollout.agent.agent_loop_config_path is None
+
+
+# ---- the controllers' state in a checkpoint --------------------------------------------------------------------
+def test_the_state_file_round_trips_bit_for_bit(tmp_path):
+    state = AgpoState(uncertainty_avg=0.1 + 0.2, entropy_ref=1 / 3, kl_avg=np.nextafter(0.02, 1.0))
+    path = save_state(str(tmp_path), 7, state)
+    assert json.loads(open(path).read())["global_step"] == 7
+    assert load_state(str(tmp_path)).state_dict() == state.state_dict()
+
+
+@pytest.mark.parametrize("content, cause", [
+    (None, "it is missing"),
+    ("{", "it cannot be read (JSONDecodeError"),
+    (json.dumps({"global_step": 3, "anchors": {}}), "it is not AGPO's controller state (kind None)"),
+    (json.dumps({"kind": "agpo_dual", "global_step": 3, "uncertainty_avg": 1.0}),
+     "it cannot be read (AgpoStateError: AGPO state must hold exactly"),
+    (json.dumps({"kind": "agpo_dual", "uncertainty_avg": 1.0, "entropy_ref": 1.0, "kl_avg": float("inf")}),
+     "it cannot be read (AgpoStateError: AGPO state kl_avg must be a finite number >= 0"),
+])
+def test_a_missing_or_foreign_state_file_stops_the_resume_in_one_line(tmp_path, content, cause):
+    if content is not None:
+        (tmp_path / STATE_FILE).write_text(content)
+    with pytest.raises(AgpoStateError) as info:
+        load_state(str(tmp_path))
+    message = str(info.value)
+    assert message.startswith(f"cannot resume AGPO's controllers from {tmp_path / STATE_FILE}: ")
+    assert cause.split(" (")[0] in message and "\n" not in message
+    assert isinstance(info.value, MethodStateError)
+
+
+# ---- the probe's responses by prompt ----------------------------------------------------------------------------
+def test_the_probes_responses_are_grouped_by_prompt_in_their_order():
+    rows = np.array([1, 0, 1, 0, 0, 1])
+    scores = np.array([1.0, 0.0, 0.5, 1.0, 0.25, 0.0])
+    keys = ["a", "b", "c", "d", "e", "f"]
+    grouped, by_prompt = AgpoHook._by_prompt(rows, scores, keys, 2, 3)
+    assert grouped.tolist() == [[0.0, 1.0, 0.25], [1.0, 0.5, 0.0]]
+    assert by_prompt == [["b", "d", "e"], ["a", "c", "f"]]
+    with pytest.raises(MethodStateError, match="prompt 1 of the step came back with 2 of "
+                                               "algorithm.agpo.probe_samples=3 responses"):
+        AgpoHook._by_prompt(rows[:5], scores[:5], keys[:5], 2, 3)
+
+
+# ---- the answer key, pluggable ----------------------------------------------------------------------------------
+def test_the_vote_key_defaults_to_the_math_rule_and_loads_a_function_by_name():
+    assert load_vote_key(None) is math_vote_key
+    assert load_vote_key("os.path:basename")("a/b") == "b"
+    with pytest.raises(VoteKeyError, match="algorithm.agpo.vote_key='os.path:nothing' cannot be loaded"):
+        load_vote_key("os.path:nothing")
+    with pytest.raises(VoteKeyError, match="returned int, not a string"):
+        load_vote_key("builtins:len")("abc")
+
+
+# ---- the loss in the actor's workers ----------------------------------------------------------------------------
+def test_the_batch_clip_loss_hands_the_micro_batchs_column_to_verls_ppo_loss(monkeypatch):
+    from tensordict import TensorDict
+
+    from recipe_apo.integration import batch_clip_loss
+    from recipe_apo.methods.agpo_loss import handed_clip
+    from recipe_apo.methods.errors import BatchInputError
+
+    seen = []
+    monkeypatch.setattr("verl.workers.utils.losses.ppo_loss",
+                        lambda config, out, data, group: seen.append((config, handed_clip().tolist())) or "loss")
+    wrapper = batch_clip_loss.BatchClipLoss("config")
+    data = TensorDict({"agpo_clip_eps": torch.tensor([0.1, 0.3])}, batch_size=2)
+    assert wrapper({}, data) == "loss" and seen == [("config", pytest.approx([0.1, 0.3]))]
+    assert handed_clip() is None
+    with pytest.raises(BatchInputError, match="the actor's micro-batch has no agpo_clip_eps column"):
+        wrapper({}, TensorDict({}, batch_size=2))
