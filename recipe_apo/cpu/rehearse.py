@@ -85,6 +85,8 @@ RUN_OVERRIDES = (
 STAGES = ("gen", "old_log_prob", "adv", "update_actor", "update_weights", "save_checkpoint")
 APO_METRICS = ("apo/anchor", "apo/batch_success", "apo/weight_pos_mean", "apo/weight_neg_mean",
                "actor/apo_gate_weight")
+# method=agpo_dual's controllers at the last step: the prompts' mean temperature and clip, and KL_bar.
+AGPO_METRICS = ("agpo/temperature_mean", "agpo/clip_eps_mean", "agpo/kl_avg")
 
 
 def tiny_overrides(paths: dict) -> list[str]:
@@ -225,12 +227,12 @@ def summarize(method: str, runs: Iterable[list[dict]], checkpoints: str) -> Meth
 def format_table(summaries: Sequence[MethodSummary]) -> str:
     stages = [s for s in ("step", "gen", "old_log_prob", "adv", "update_actor") if
               any(s in m.step_seconds for m in summaries)]
-    head = ["method", "steps", *(f"s/{s}" for s in stages), *APO_METRICS]
+    head = ["method", "steps", *(f"s/{s}" for s in stages), *APO_METRICS, *AGPO_METRICS]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for m in summaries:
         cells = [m.method, str(m.steps), *(f"{m.step_seconds[s]:.3f}" if s in m.step_seconds else "-"
                                             for s in stages)]
-        cells += [f"{m.last[k]:.4f}" if k in m.last else "-" for k in APO_METRICS]
+        cells += [f"{m.last[k]:.4f}" if k in m.last else "-" for k in (*APO_METRICS, *AGPO_METRICS)]
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
     lines += [f"- {m.method} checkpoints: {m.checkpoints}" for m in summaries]

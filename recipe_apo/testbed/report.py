@@ -156,10 +156,11 @@ def run_summary(run: dict[str, Any], rounds: int, early_fraction: float) -> dict
         out["ratio_dev_mean"] = _nanmean(history["ratio_dev_mean"])
     if "actor/pg_clipfrac" in history:
         out["clipfrac_avg"] = _nanmean(history["actor/pg_clipfrac"])
-    # Generation per round: the training responses' tokens and AGPO's probe's (0 for the other methods).
+    # Generation per round: the training responses' tokens and AGPO's probe's (its methods only).
     if "tokens_generated" in history:
         out["tokens_generated_avg"] = _nanmean(history["tokens_generated"])
-        out["probe_tokens_avg"] = _nanmean(history["probe_tokens"])
+        if "agpo_tau_mean" in history:
+            out["probe_tokens_avg"] = _nanmean(history["probe_tokens"])
     # AGPO's controllers (method=agpo_dual): means over the rounds of the per-round values, KL_bar at the end.
     for key in ("tau_mean", "tau_std", "eps_mean", "eps_std", "u_mean", "vote_entropy", "sigma", "entropy_ratio",
                 "step_kl"):

@@ -156,3 +156,60 @@ def test_the_batch_clip_loss_hands_the_micro_batchs_column_to_verls_ppo_loss(mon
     assert handed_clip() is None
     with pytest.raises(BatchInputError, match="the actor's micro-batch has no agpo_clip_eps column"):
         wrapper({}, TensorDict({}, batch_size=2))
+
+
+# ---- the tempered agent loop ------------------------------------------------------------------------------------
+class RecordingLoop:
+    """An inner agent loop that records how it was built and what it was asked."""
+
+    calls: list = []
+
+    def __init__(self, **init):
+        self.init = init
+
+    async def run(self, sampling_params, **kwargs):
+        RecordingLoop.calls.append((self.init, sampling_params, kwargs))
+        return "output"
+
+
+def test_the_tempered_loop_runs_the_prompts_own_loop_at_its_temperature(monkeypatch):
+    import asyncio
+
+    from verl.experimental.agent_loop import agent_loop
+
+    from recipe_apo.integration.tempered_loop import TemperedAgentLoop
+
+    monkeypatch.setitem(agent_loop._agent_loop_registry, "recording", {"_target_": f"{__name__}.RecordingLoop"})
+    loop = TemperedAgentLoop.__new__(TemperedAgentLoop)  # built by verl with its workers' objects
+    loop._init = {"tokenizer": "tok"}
+    loop.rollout_config = OmegaConf.create({"top_p": 0.9, "top_k": 20, "agent": {"default_agent_loop": "recording"}})
+    RecordingLoop.calls = []
+    params = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "logprobs": True}
+    out = asyncio.run(loop.run(params, agpo_temperature=torch.tensor(1.25), agpo_agent_name="recording",
+                               raw_prompt=["q"]))
+    out_default = asyncio.run(loop.run(params, agpo_temperature=0.75, raw_prompt=["r"]))
+    assert out == out_default == "output"
+    (init, first, kwargs), (_, second, kwargs_default) = RecordingLoop.calls
+    assert init == {"tokenizer": "tok"}
+    assert first == {"temperature": 1.25, "top_p": 0.9, "top_k": 20, "logprobs": True}
+    assert second["temperature"] == 0.75 and kwargs == {"raw_prompt": ["q"]} and kwargs_default == {"raw_prompt": ["r"]}
+    assert params["temperature"] == 1.0  # the worker's shared parameters are left as they were
+    with pytest.raises(ValueError, match="the prompt's agent loop 'agpo_tempered' is not a registered agent loop"):
+        asyncio.run(loop.run(params, agpo_agent_name="agpo_tempered"))
+
+
+def test_a_resume_without_the_state_file_stops_before_the_first_step(tmp_path):
+    from types import SimpleNamespace
+
+    config = launch("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2")
+    OmegaConf.resolve(config)
+    installed = []
+    trainer = SimpleNamespace(actor_rollout_wg=SimpleNamespace(set_loss_fn=installed.append), global_steps=2)
+    hook = AgpoHook(trainer, config)
+    with pytest.raises(AgpoStateError, match="it is missing"):
+        hook.restored(str(tmp_path), 2)
+    assert hook.state.state_dict() == AgpoState().state_dict()
+    save_state(str(tmp_path), 2, AgpoState(uncertainty_avg=0.5, entropy_ref=0.25, kl_avg=0.125))
+    hook.restored(str(tmp_path), 2)
+    assert hook.state.state_dict() == {"uncertainty_avg": 0.5, "entropy_ref": 0.25, "kl_avg": 0.125}
+    assert [type(fn).__name__ for fn in installed] == ["BatchClipLoss", "BatchClipLoss"]
