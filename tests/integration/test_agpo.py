@@ -70,7 +70,8 @@ def test_what_the_loop_cannot_host_is_refused_in_one_line(tmp_path):
     assert refusal(f"actor_rollout_ref.rollout.agent.agent_loop_config_path={own}") == (
         f"actor_rollout_ref.rollout.agent.agent_loop_config_path={own} does not register the agent loop "
         f"agpo_tempered that method=agpo_dual samples through: add the entry of {AGENT_LOOPS} to it")
-    assert refusal("algorithm.agpo.probe_samples=0") == "algorithm.agpo.probe_samples must be an integer in [1, 4096], got 0"
+    assert refusal("algorithm.agpo.probe_samples=0") == (
+        "algorithm.agpo.probe_samples must be an integer in [1, 4096], got 0")
     assert refusal("+algorithm.agpo.probe_sample=4").startswith("unknown setting algorithm.agpo.probe_sample;")
 
 
