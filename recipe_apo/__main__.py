@@ -95,13 +95,14 @@ def main() -> None:
     reset_driver_anchors()
 
     print("Method presets (conf/method/), as the recipe composes them:")
+    width = max(len(p.name) for p in (*shown, *(preset for preset, _ in skipped)))
     for method, config in configs.items():
         actor = config.actor_rollout_ref.actor
-        print(f"  {method:<7} estimator {config.algorithm.adv_estimator}, std norm "
+        print(f"  {method:<{width}} estimator {config.algorithm.adv_estimator}, std norm "
               f"{config.algorithm.norm_adv_by_std_in_grpo}, loss {actor.policy_loss.loss_mode}, "
               f"aggregation {actor.loss_agg_mode}")
     for preset, needs in skipped:
-        print(f"  {preset.name:<7} not on this batch: its estimator also needs {needs}")
+        print(f"  {preset.name:<{width}} not on this batch: its estimator also needs {needs}")
     apo = next((c.algorithm.apo for c in configs.values() if c.algorithm.adv_estimator == "apo"), None)
     about_apo = "" if apo is None else f", APO anchor C_t = {anchor:.2f} (lambda_scale = {apo.lambda_scale})"
     print(f"\nOne batch, G = 4 responses per prompt, binary rewards{about_apo}.")

@@ -100,7 +100,7 @@ def ppo_update(
     ``ref_log_prob`` (the reference policy's log-probs of the responses): needed with ``use_kl_loss``, whose
     ``kl_loss_coef`` x ``kl_penalty(log_prob, ref_log_prob, kl_loss_type)``, aggregated by ``agg_loss`` with the
     ``loss_agg_mode`` and the mini-batch's denominators, is added to each micro-batch's loss as verl's
-    ``ppo_loss`` adds it (metric ``actor/kl_loss``).
+    ``ppo_loss`` adds it (metric ``actor/kl_loss``: a mini-batch's, the mean over the mini-batches).
     """
     from verl.trainer.ppo.core_algos import get_policy_loss_fn
 
@@ -131,6 +131,9 @@ def ppo_update(
             mini_loss += _micro_batch_loss(policy, loss_fn, config, batch, advantages, old_log_prob, mask, part,
                                            stats, extra)
         stats.losses.append(mini_loss)
+        if extra.ref_log_prob is not None:
+            stats.kl_losses.append(stats.kl_mini)
+            stats.kl_mini = 0.0
         if trace is not None:
             trace.append({"rows": rows.tolist(), "loss": mini_loss, "denominator_ratio": ratio})
         stats.grad_norms.append(_step(policy, optimizer, config.grad_clip))
@@ -190,6 +193,9 @@ class _UpdateStats:
     metric_sums: dict[str, float] = dataclasses.field(default_factory=dict)
     metric_counts: dict[str, int] = dataclasses.field(default_factory=dict)
     losses: list[float] = dataclasses.field(default_factory=list)
+    # The KL loss (use_kl_loss): the current mini-batch's, summed over its micro-batches, and each mini-batch's.
+    kl_mini: float = 0.0
+    kl_losses: list[float] = dataclasses.field(default_factory=list)
     grad_norms: list[float] = dataclasses.field(default_factory=list)
     outside: int = 0
     seen: int = 0
@@ -207,6 +213,8 @@ class _UpdateStats:
         out["grad_norm"] = sum(self.grad_norms) / len(self.grad_norms)
         out["grad_norm_max"] = max(self.grad_norms)
         out["ratio_out_share"] = self.outside / max(self.seen, 1)
+        if self.kl_losses:
+            out["actor/kl_loss"] = sum(self.kl_losses) / len(self.kl_losses)
         if deviations:
             out["zv_ratio_dev_mean"] = sum(deviations) / len(deviations)
             out["zv_ratio_dev_max"] = max(deviations)
@@ -256,7 +264,7 @@ def _micro_batch_loss(policy: TokenPolicy, loss_fn: Any, config: Any, batch: dic
         kl_loss = agg_loss(loss_mat=kld, loss_mask=mask[part], loss_agg_mode=config.loss_agg_mode,
                            **config.global_batch_info)
         loss = loss + kl_loss * config.kl_loss_coef
-        metrics = {**metrics, "actor/kl_loss": float(kl_loss.detach())}
+        stats.kl_mini += float(kl_loss.detach())
     loss.backward()
     stats.add_metrics(metrics)
     return float(loss.detach())

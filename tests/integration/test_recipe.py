@@ -375,9 +375,10 @@ def test_plugin_check_prints_the_three_presets_advantages(capsys):
     main()
     out = capsys.readouterr().out
     rows = [line.split() for line in out.splitlines() if line.startswith(("hard prompt", "easy prompt"))]
-    # GRPO: (1 - 0.25) / std([1,0,0,0]) = 1.5; Dr. GRPO: 0.75; APO: 0.75 * 1.5 * exp(0.25) = 1.445.
-    assert rows[0][-3:] == ["1.500", "0.750", "1.445"]
-    assert rows[7][-3:] == ["-1.500", "-0.750", "-1.445"]
+    # GRPO: (1 - 0.25) / std([1,0,0,0]) = 1.5; Dr. GRPO: 0.75; APO: 0.75 * 1.5 * exp(0.25) = 1.445; AGPO's
+    # advantages are GRPO's (its controllers act on the sampling and the clip).
+    assert rows[0][-4:] == ["1.500", "0.750", "1.445", "1.500"]
+    assert rows[7][-4:] == ["-1.500", "-0.750", "-1.445", "-1.500"]
     assert "python -m recipe_apo.main method=apo" in out
 
 

@@ -56,7 +56,7 @@ def test_the_sampler_draws_each_row_from_softmax_of_its_logits_over_its_temperat
     from recipe_apo.testbed.task import EOS
 
     policy = _two_token_policy(gap=1.0)
-    taus = torch.tensor([0.5, 1.0, 2.0]).repeat_interleave(20_000)
+    taus = torch.tensor([0.5, 1.0, 2.0]).repeat_interleave(10_000)
     prompts = torch.zeros(len(taus), 1, dtype=torch.int64)
     drawn = policy.sample(prompts, 1, torch.Generator().manual_seed(3), temperature=taus)[:, 0]
     # The same draws as multinomial on softmax(logits / tau), the definition, from the same stream.
@@ -67,8 +67,8 @@ def test_the_sampler_draws_each_row_from_softmax_of_its_logits_over_its_temperat
     # And the frequencies are sigmoid(1 / tau): 0.881, 0.731, 0.622, within 4.5 standard errors.
     for i, tau in enumerate((0.5, 1.0, 2.0)):
         p = 1.0 / (1.0 + math.exp(-1.0 / tau))
-        share = float((drawn[i * 20_000:(i + 1) * 20_000] == EOS).float().mean())
-        assert abs(share - p) < 4.5 * math.sqrt(p * (1 - p) / 20_000), (tau, share, p)
+        share = float((drawn[i * 10_000:(i + 1) * 10_000] == EOS).float().mean())
+        assert abs(share - p) < 4.5 * math.sqrt(p * (1 - p) / 10_000), (tau, share, p)
     # Without a temperature: temperature 1, the draws of the policy as it always sampled.
     plain = policy.sample(prompts[:100], 1, torch.Generator().manual_seed(5))
     ones = policy.sample(prompts[:100], 1, torch.Generator().manual_seed(5), temperature=torch.ones(100))
@@ -84,11 +84,11 @@ def test_rollout_draws_each_prompts_group_at_the_prompts_temperature():
     task = ReverseTask(alphabet=2, min_len=1, max_len=1, max_response_length=2, filler_mean=0.0)
     policy = _two_token_policy(gap=1.0)
     prompts, k = task.sample_prompts(2, torch.Generator().manual_seed(0))
-    batch = rollout(policy, task, prompts, k, 20_000, torch.Generator().manual_seed(1), torch.tensor([0.5, 2.0]))
+    batch = rollout(policy, task, prompts, k, 10_000, torch.Generator().manual_seed(1), torch.tensor([0.5, 2.0]))
     first = (batch["responses"][:, 0] == EOS).float().view(2, -1).mean(dim=1)
     for share, tau in zip(first.tolist(), (0.5, 2.0)):
         p = 1.0 / (1.0 + math.exp(-1.0 / tau))
-        assert abs(share - p) < 4.5 * math.sqrt(p * (1 - p) / 20_000), (tau, share)
+        assert abs(share - p) < 4.5 * math.sqrt(p * (1 - p) / 10_000), (tau, share)
 
 
 def test_the_token_entropy_is_the_unscaled_distributions():
@@ -174,7 +174,7 @@ def test_the_kl_loss_is_verls_k1_against_the_reference_aggregated_as_the_policy_
         metrics, grad, mask = _hand_update([], torch.full((4,), 0.2), old_shift=0.0, ref_shift=0.5)
         with pytest.raises(ValueError, match="use_kl_loss=true needs the reference policy's log-probs"):
             _hand_update([], torch.full((4,), 0.2), old_shift=0.0)
-    assert metrics["actor/kl_loss"] == pytest.approx(0.5 * 2 / 2, abs=1e-6)  # per micro-batch 2 of 4 rows: 0.25
+    assert metrics["actor/kl_loss"] == pytest.approx(0.5, abs=1e-6)  # the mini-batch's: 0.25 + 0.25
     assert metrics["pg_loss"] == pytest.approx(-1.0 + 0.03 * 0.5, abs=1e-6)
     lengths = mask.sum(dim=1, keepdim=True)
     torch.testing.assert_close(grad, (-1.0 + 0.03) / (lengths * 4) * mask, rtol=0, atol=1e-7)
@@ -224,7 +224,7 @@ def test_a_round_probes_tempers_clips_and_moves_kl_bar_as_the_formulas_say(hydra
         tau.append(min(max(s.base_temperature * (1 + s.temperature_gain * c), s.min_temperature),
                        s.max_temperature))
     np.testing.assert_allclose(seen["tau"].numpy(), tau, rtol=0, atol=1e-6)
-    assert run.agpo.state.uncertainty_avg == pytest.approx(u_bar, abs=1e-9)
+    assert run.agpo.state.uncertainty_avg == pytest.approx(u_bar, abs=1e-6)  # the source rounds to float32
 
     # The training responses: drawn at each prompt's tau on the sampling stream every method reads.
     again = rollout(start, run.task, prompts, k, G, generator(0, _SAMPLING), seen["tau"])
@@ -253,8 +253,8 @@ def test_a_round_probes_tempers_clips_and_moves_kl_bar_as_the_formulas_say(hydra
         dim=(1, 2))
     step = float(diff.clamp(min=0).mean())
     assert step > 0
-    assert run.agpo.state.kl_avg == pytest.approx(0.1 * step, rel=1e-9)
-    assert run.history["agpo_kl_bar"] == [pytest.approx(0.1 * step, rel=1e-9)]
+    assert run.agpo.state.kl_avg == pytest.approx(0.1 * step, rel=1e-5)
+    assert run.history["agpo_kl_bar"] == [pytest.approx(0.1 * step, rel=1e-5)]
     # The round's record: the probe's tokens counted in what it generated.
     probe_tokens = float(probed["response_mask"].sum())
     assert run.history["probe_tokens"] == [probe_tokens]
