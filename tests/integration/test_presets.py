@@ -33,11 +33,11 @@ actor_rollout_ref:
 
 
 def test_the_presets_in_todays_order_with_their_titles():
-    assert presets.names() == ("grpo", "drgrpo", "apo", "codapo")
-    assert [p.title for p in presets.presets()] == ["GRPO", "Dr. GRPO", "APO", "CoDaPO"]
+    assert presets.names() == ("grpo", "drgrpo", "apo", "codapo", "agpo_dual")
+    assert [p.title for p in presets.presets()] == ["GRPO", "Dr. GRPO", "APO", "CoDaPO", "AGPO (dual)"]
     assert set(presets.names()) == {path.stem for path in METHOD_DIR.glob("*.yaml")}  # every file, none other
     assert presets.preset("drgrpo").title == "Dr. GRPO"
-    with pytest.raises(KeyError, match="presets: grpo, drgrpo, apo, codapo"):
+    with pytest.raises(KeyError, match="presets: grpo, drgrpo, apo, codapo, agpo_dual"):
         presets.preset("ppo")
 
 
@@ -55,7 +55,9 @@ def test_settings_are_the_composed_presets():
     assert presets.settings("drgrpo") == presets.MethodSettings("grpo", False, "vanilla", "seq-mean-token-sum-norm")
     assert presets.settings("apo") == presets.MethodSettings("apo", False, "apo", "seq-mean-token-sum-norm")
     assert presets.settings("codapo") == presets.MethodSettings("codapo", True, "vanilla", "token-mean")
-    assert [presets.settings(n).needs for n in presets.names()] == [None, None, None, "the old policy's log-probs"]
+    assert presets.settings("agpo_dual") == presets.MethodSettings("grpo", True, "agpo_clip", "seq-mean-token-mean")
+    assert [presets.settings(n).needs for n in presets.names()] == [None, None, None, "the old policy's log-probs",
+                                                                    None]
 
 
 def test_the_declaration_line():
@@ -84,7 +86,7 @@ def test_undeclared_presets_come_last_by_name(tmp_path, monkeypatch):
     (tmp_path / "beta.yaml").write_text("# @package _global_\nalgorithm: {adv_estimator: grpo}\n")
     (tmp_path / "notes.txt").write_text("not a preset")
     monkeypatch.setattr(presets, "_directory", lambda: tmp_path)
-    assert presets.names() == ("grpo", "drgrpo", "apo", "codapo", "beta", "zeta")
+    assert presets.names() == ("grpo", "drgrpo", "apo", "codapo", "agpo_dual", "beta", "zeta")
     assert presets.preset("zeta").title == "zeta"
 
 
@@ -134,7 +136,7 @@ def test_an_extra_preset_appears_everywhere(extra_preset, capsys, monkeypatch):
     from recipe_apo.integration import replay
     from recipe_apo.testbed.configs import method_configs
 
-    order = ("grpo", "drgrpo", EXTRA, "apo", "codapo")
+    order = ("grpo", "drgrpo", EXTRA, "apo", "codapo", "agpo_dual")
     assert presets.names() == order
     assert presets.settings(EXTRA) == presets.MethodSettings("rloo", False, "vanilla", "seq-mean-token-sum-norm")
 
@@ -145,7 +147,7 @@ def test_an_extra_preset_appears_everywhere(extra_preset, capsys, monkeypatch):
     assert runs == [list(order), [EXTRA, "apo"]]
 
     # The audit replays it, in its place, by its title.
-    assert [m.name for m in replay.preset_methods()] == ["GRPO", "Dr. GRPO", "RLOO", "APO"]
+    assert [m.name for m in replay.preset_methods()] == ["GRPO", "Dr. GRPO", "RLOO", "APO", "AGPO (dual)"]
     assert replay.method_named("RLOO").adv_estimator == "rloo"
 
     # The testbed runs it by default, in the league too.
@@ -159,12 +161,12 @@ def test_an_extra_preset_appears_everywhere(extra_preset, capsys, monkeypatch):
     demo()
     out = capsys.readouterr().out
     header = next(line.split() for line in out.splitlines() if line.startswith("prompt"))
-    assert header[-5:] == ["GRPO", "Dr.", "GRPO", "RLOO", "APO"]
+    assert header[-7:] == ["GRPO", "Dr.", "GRPO", "RLOO", "APO", "AGPO", "(dual)"]
     rows = [line.split() for line in out.splitlines() if line.startswith(("hard prompt", "easy prompt"))]
-    # RLOO: 1 - mean of the other three (0) = 1; 0 - 1/3.
-    assert rows[0][-4:] == ["1.500", "0.750", "1.000", "1.445"]
-    assert rows[1][-4:] == ["-0.500", "-0.250", "-0.333", "-0.292"]
-    assert "codapo  not on this batch: its estimator also needs the old policy's log-probs" in out
+    # RLOO: 1 - mean of the other three (0) = 1; 0 - 1/3. AGPO's advantages are GRPO's.
+    assert rows[0][-5:] == ["1.500", "0.750", "1.000", "1.445", "1.500"]
+    assert rows[1][-5:] == ["-0.500", "-0.250", "-0.333", "-0.292", "-0.500"]
+    assert "codapo    not on this batch: its estimator also needs the old policy's log-probs" in out
 
     # The launch scripts' check, which lists the preset files from bash.
     lib = extra_preset / "scripts" / "lib"
@@ -179,4 +181,4 @@ def test_an_extra_preset_appears_everywhere(extra_preset, capsys, monkeypatch):
     assert parse(f"method={EXTRA}").stdout == f"{EXTRA}\n"
     refused = parse("method=ppo")
     assert refused.returncode == 2
-    assert "(apo, codapo, drgrpo, grpo, rloo), got 'ppo'" in refused.stderr
+    assert "(agpo_dual, apo, codapo, drgrpo, grpo, rloo), got 'ppo'" in refused.stderr

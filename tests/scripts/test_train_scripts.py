@@ -23,7 +23,7 @@ SCRIPTS = {
     "7b": "scripts/train_qwen2.5_math_7b.sh",
     "0.5b": "scripts/train_qwen2.5_0.5b_gsm8k.sh",
 }
-METHODS = ("grpo", "drgrpo", "apo", "codapo")
+METHODS = ("grpo", "drgrpo", "apo", "codapo", "agpo_dual")
 
 
 def script_command(script, *args, env=None, dry_run="args"):
@@ -55,8 +55,10 @@ def validate(config):
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import validate_config
 
+    from recipe_apo.integration.agpo_launch import route_agent_loops
     from recipe_apo.integration.validation import validate_recipe_config
 
+    route_agent_loops(config)  # as the launch does (recipe_apo.main.prepare)
     validate_recipe_config(config)
     validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
     return need_reference_policy(config), need_critic(config)
@@ -76,6 +78,7 @@ METHOD_SETTINGS = {
     "drgrpo": dict(adv_estimator="grpo", norm=False, loss_mode="vanilla", agg="seq-mean-token-sum-norm"),
     "apo": dict(adv_estimator="apo", norm=False, loss_mode="apo", agg="seq-mean-token-sum-norm"),
     "codapo": dict(adv_estimator="codapo", norm=True, loss_mode="vanilla", agg="token-mean"),
+    "agpo_dual": dict(adv_estimator="grpo", norm=True, loss_mode="agpo_clip", agg="seq-mean-token-mean"),
 }
 
 
@@ -86,8 +89,9 @@ def check_method(config, method, l0):
     assert config.algorithm.norm_adv_by_std_in_grpo is expected["norm"]
     assert actor.policy_loss.loss_mode == expected["loss_mode"]
     assert actor.loss_agg_mode == expected["agg"]
-    assert actor.loss_scale_factor == (None if method in ("grpo", "codapo") else l0)
-    assert actor.use_kl_loss is False and config.algorithm.use_kl_in_reward is False
+    assert actor.loss_scale_factor == (None if method in ("grpo", "codapo", "agpo_dual") else l0)
+    # AGPO's loss has its source's KL term (0.03, k1); no method puts the KL in the reward
+    assert actor.use_kl_loss is (method == "agpo_dual") and config.algorithm.use_kl_in_reward is False
     if method != "apo":
         assert actor.clip_ratio_low == actor.clip_ratio_high == 0.2
 
@@ -112,7 +116,8 @@ def check_recording_and_fairness(config):
 @pytest.mark.parametrize("size", ["1.5b", "7b"])
 def test_paper_runs_map_section_5_1(compose, size, method):
     config = compose(overrides_of(SCRIPTS[size], f"method={method}"))
-    assert validate(config) == (False, False)  # no reference model (no KL), no critic
+    # no critic; a reference model for AGPO's KL term only
+    assert validate(config) == (method == "agpo_dual", False)
     data, rollout, actor = config.data, config.actor_rollout_ref.rollout, config.actor_rollout_ref.actor
     assert rollout.n == 8  # 8 rollouts per question
     assert data.max_response_length == 3000 and rollout.response_length == 3000  # 3,000-token cap
