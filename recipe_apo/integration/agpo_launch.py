@@ -21,6 +21,7 @@ from recipe_apo.integration.errors import RecipeConfigError
 from recipe_apo.integration.modes import ASYNC_MODES, is_recipe_trainer, verl_mode
 from recipe_apo.methods.agpo_dual import AgpoConfigError, AgpoSettings
 from recipe_apo.methods.agpo_loss import NAME as AGPO_LOSS
+from recipe_apo.reward.vote_keys import VoteKeyError, load_vote_key
 
 TEMPERED_LOOP = "agpo_tempered"
 TEMPERATURE_KEY = "agpo_temperature"
@@ -65,6 +66,10 @@ def check_agpo_launch(config: Any) -> None:
     if not uses_agpo(config):
         return
     settings = agpo_settings(config)
+    try:  # a module:function that does not load is named now, not in a Ray worker
+        load_vote_key(settings.vote_key)
+    except VoteKeyError as exc:
+        raise RecipeConfigError(str(exc)) from None
     mode = str(config.trainer.get("v1", {}).get("trainer_mode", "sync"))
     if not is_recipe_trainer(mode):
         raise RecipeConfigError(f"policy_loss.loss_mode={AGPO_LOSS} (method=agpo_dual) needs the recipe's trainer "

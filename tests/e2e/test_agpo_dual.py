@@ -9,8 +9,9 @@ from collections import defaultdict
 
 import numpy as np
 import pytest
-from helpers.rehearsal_runs import dump, train_then_resume
+from helpers.rehearsal_runs import checkpoint_root, dump, run, tail, train_then_resume
 
+from recipe_apo.cpu import rehearse
 from recipe_apo.integration.hooks.agpo import STATE_FILE
 from recipe_apo.methods.agpo_dual import AgpoSettings
 
@@ -76,3 +77,27 @@ def test_each_prompt_is_sampled_at_its_temperature_and_clipped_at_its_eps(agpo_r
 def test_the_kl_penalty_runs_against_the_reference_model(agpo_runs):
     rows = {row["step"]: row for row in agpo_runs["rows"]}
     assert rows[1]["actor/kl_coef"] == 0.03 and all("actor/kl_loss" in rows[s] for s in (1, 2, 3))
+
+
+@pytest.fixture(scope="module")
+def flat_run(tiny, tmp_path_factory):
+    """One step with temperature_gain=0: every prompt sampled at tau_base."""
+    workdir = tmp_path_factory.mktemp("agpo-flat")
+    result = run(rehearse.recipe_command(["agpo_dual"], tiny, *ARGS, "trainer.total_training_steps=1",
+                                         "algorithm.agpo.temperature_gain=0.0"), workdir, "flat", workdir / "metrics")
+    assert result.returncode == 0, tail(result)
+    (experiment,) = rehearse.experiment_names(result.log)
+    (row,) = rehearse.read_metrics(rehearse.metrics_file(workdir / "metrics", experiment))
+    return {"row": row, "dump": dump(checkpoint_root(workdir, experiment) / "rollouts" / "1.jsonl")}
+
+
+def test_the_rollout_samples_at_each_prompts_temperature(agpo_runs, flat_run):
+    """The rollout's log-probs are of the distribution it sampled from (softmax(logits / tau)), the actor's at
+    tau_base: they agree to float error when every prompt is sampled at tau_base, and part when the prompts'
+    temperatures differ from it, as they do by default."""
+    assert {r["agpo_temperature"] for r in flat_run["dump"]} == {1.0}
+    assert flat_run["row"]["training/rollout_probs_diff_max"] <= 1e-4
+    rows = {row["step"]: row for row in agpo_runs["rows"]}
+    for step in (1, 2, 3):
+        assert {r["agpo_temperature"] for r in agpo_runs["dumps"][step]} != {1.0}
+        assert rows[step]["training/rollout_probs_diff_max"] > 1e-3, step

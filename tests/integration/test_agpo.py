@@ -73,6 +73,8 @@ def test_what_the_loop_cannot_host_is_refused_in_one_line(tmp_path):
     assert refusal("algorithm.agpo.probe_samples=0") == (
         "algorithm.agpo.probe_samples must be an integer in [1, 4096], got 0")
     assert refusal("+algorithm.agpo.probe_sample=4").startswith("unknown setting algorithm.agpo.probe_sample;")
+    assert refusal("algorithm.agpo.vote_key=os.path:nothing").startswith(
+        "algorithm.agpo.vote_key='os.path:nothing' cannot be loaded (AttributeError")
 
 
 def test_a_users_own_loop_file_listing_the_tempered_loop_passes(tmp_path):

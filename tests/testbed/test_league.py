@@ -35,7 +35,8 @@ def test_the_league_config_names_seven_methods_and_six_scenarios(hydra_ctx):
 
     cfg = compose(config_name="testbed", overrides=["mode=league"])
     entries = league_entries(cfg)
-    assert list(entries) == ["grpo", "grpo_zv", "drgrpo", "apo", "apo_zv", "codapo", "apo_prior", "apo_one_sided"]
+    assert list(entries) == ["grpo", "grpo_zv", "drgrpo", "apo", "apo_zv", "codapo", "agpo_dual", "apo_prior",
+                             "apo_one_sided", "grpo_2n", "drgrpo_2n", "apo_2n"]
     assert entries["apo_zv"] == ["method=apo", "algorithm.zero_variance=exclude"]
     assert entries["apo_prior"] == ["method=apo", "algorithm.apo.anchor_order=prior"]
     assert entries["apo_one_sided"] == ["method=apo", "actor_rollout_ref.actor.policy_loss.loss_mode=apo_one_sided"]
@@ -47,7 +48,8 @@ def test_the_league_config_names_seven_methods_and_six_scenarios(hydra_ctx):
     assert cfg.league.metric == METRIC
     # Without variant_of every method gets every variant; the league's own methods come after league.methods.
     wide = league_entries(compose(config_name="testbed", overrides=["~league.variant_of", "league.methods=[grpo]"]))
-    assert list(wide) == ["grpo", "grpo_zv", "apo_prior", "apo_prior_zv", "apo_one_sided", "apo_one_sided_zv"]
+    assert list(wide) == ["grpo", "grpo_zv", "apo_prior", "apo_prior_zv", "apo_one_sided", "apo_one_sided_zv",
+                          "grpo_2n", "grpo_2n_zv", "drgrpo_2n", "drgrpo_2n_zv", "apo_2n", "apo_2n_zv"]
 
 
 @pytest.mark.parametrize("override, match", [

@@ -80,8 +80,8 @@ def bases() -> dict[str, dict]:
 
 def test_every_setting_of_the_yaml_files_has_a_type_and_bounds(bases):
     declared = {key for key, _, _ in yaml_settings()}
-    # methods and league.methods come from the presets (configs.py), algorithm.apo / .codapo from the recipe's
-    # own files (conf/apo/, conf/codapo/).
+    # methods and league.methods come from the presets (configs.py), algorithm.apo / .codapo / .agpo from the
+    # recipe's own files (conf/apo/, conf/codapo/, conf/agpo/; testbed.yaml sets algorithm.agpo.probe_samples).
     assert declared - {k for k in declared if k.startswith("task.")} == set(SETTINGS) - {
         "methods", "league.methods", "algorithm.apo", "algorithm.codapo"}
     for task, keys in TASK_SETTINGS.items():
@@ -102,6 +102,7 @@ SPECIAL = {
     "league.extra": [5, {"x": "method=apo"}, {"x": [5]}],
     "league.variants": [5, {"zv": "algorithm.zero_variance=exclude"}, {"zv": [math.nan]}],
     "league.variant_of": [5, {"zv": "grpo"}, {"zv": [1]}],
+    "algorithm.agpo": [5, {"probe_samples": 0}, {"probe_samples": 1.5}, {"K": 1}],
     "actor_rollout_ref.actor.optim.betas": [[0.9], [0.9, 1.0], "x", [math.nan, 0.9], [0.9, -0.1]],
     "signal.group_sizes": [[], [1], [4.5], 4, [4, 4]],
     "task.moduli": [[], [1], [2, 2], [2.5], 5, [2, 1001]],
@@ -148,7 +149,7 @@ def test_each_setting_refuses_a_wrong_type_a_non_finite_number_and_an_out_of_ran
         assert "\n" not in message, message
 
 
-@pytest.mark.parametrize("node", ["algorithm.apo", "algorithm.codapo"])
+@pytest.mark.parametrize("node", ["algorithm.apo", "algorithm.codapo", "algorithm.agpo"])
 def test_the_method_settings_are_checked_by_their_own_classes(bases, node):
     defaults = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / node.split(".")[1] / "default.yaml"))
     for key in [*defaults, "K"]:

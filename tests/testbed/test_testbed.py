@@ -52,9 +52,9 @@ def test_smoke_every_method_writes_its_files_with_finite_numbers(tiny_run):
     out, summary = tiny_run
     for name in ("summary.json", "report.md", "success.png", "length.png", "anchor.png", "grad_norm.png"):
         assert (out / name).stat().st_size > 0, name
-    assert list(summary["methods"]) == ["grpo", "drgrpo", "apo", "codapo"]
+    assert list(summary["methods"]) == ["grpo", "drgrpo", "apo", "codapo", "agpo_dual"]
     on_disk = json.loads((out / "summary.json").read_text())
-    for label in ("grpo", "drgrpo", "apo", "codapo"):
+    for label in ("grpo", "drgrpo", "apo", "codapo", "agpo_dual"):
         for seed in ("0", "1"):
             run = on_disk["runs"][label][seed]
             # len_correct may be NaN in a round without a correct response; everything headline is finite.
@@ -67,6 +67,14 @@ def test_smoke_every_method_writes_its_files_with_finite_numbers(tiny_run):
     assert (on_disk["methods"]["codapo"]["adv_estimator"], on_disk["methods"]["codapo"]["loss_agg_mode"]) == (
         "codapo", "token-mean")
     assert on_disk["methods"]["codapo"]["codapo"] == dataclasses.asdict(CodapoSettings())
+    assert on_disk["methods"]["agpo_dual"]["loss_mode"] == "agpo_clip"
+    assert on_disk["methods"]["agpo_dual"]["agpo"]["probe_samples"] == on_disk["config"]["actor_rollout_ref"][
+        "rollout"]["n"]
+    assert {label: m["rollout_n"] for label, m in on_disk["methods"].items()} == dict.fromkeys(on_disk["methods"], 4)
+    # The probe's tokens are counted in what AGPO generates, and only AGPO has them.
+    agpo = on_disk["runs"]["agpo_dual"]["0"]
+    assert 0 < agpo["probe_tokens_avg"] < agpo["tokens_generated_avg"]
+    assert "probe_tokens_avg" not in on_disk["runs"]["grpo"]["0"]
     report = (out / "report.md").read_text()
     assert "Paired differences" in report and "seed noise" in report
 
