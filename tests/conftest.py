@@ -16,7 +16,8 @@ from recipe_apo.cpu import vllm_engine
 # files follow, then the slowest of the rest (over 40 s each, measured), then the rest as collected. xdist's own
 # order (the files with the most tests first; pyproject's --no-loadscope-reorder turns it off) started the
 # whole-loop files last and left one worker alone at the end. A stale list costs time, not results.
-LONGEST_FIRST = ("e2e/test_apo_resume.py", "e2e/test_agentic_async_apo.py", "e2e/test_codapo_pair.py")
+LONGEST_FIRST = ("e2e/test_apo_resume.py", "e2e/test_agentic_async_apo.py", "e2e/test_codapo_pair.py",
+                 "e2e/test_agpo_dual.py")
 SLOW_UNIT_FILES = ("testbed/test_testbed.py", "integration/test_recipe.py", "integration/test_trainer.py",
                    "scripts/test_train_scripts.py")
 

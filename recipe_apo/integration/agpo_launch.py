@@ -6,7 +6,8 @@ points an unset path at the recipe's ``agent_loops.yaml``; a file of your own mu
 rehearsal's two-turn loops file does). ``check_agpo_launch`` refuses, in one line each, what cannot host the
 controllers: a trainer other than the recipe's, verl's asynchronous modes (they submit a step's prompts ahead of
 the weights it samples with and refill across updates, while the probe must finish before its prompts' training
-generation), verl's group filter (its refills would probe and train outside the step's statistics), and a
+generation), verl's group filter (its refills would probe and train outside the step's statistics), verl's rollout-correction
+bypass mode (it skips the old policy's pass, whose token entropies the clip reads), and a
 rollout temperature other than tau_base (the actor's log-probs divide the logits by it).
 """
 
@@ -84,6 +85,11 @@ def check_agpo_launch(config: Any) -> None:
     if filter_groups.get("enable", False):
         raise RecipeConfigError("algorithm.filter_groups.enable=true with method=agpo_dual: verl's group filter "
                                 "refills a step with prompts generated outside its probe; set it to false")
+    correction = config.algorithm.get("rollout_correction", None) or {}
+    if correction.get("bypass_mode", False):
+        raise RecipeConfigError("algorithm.rollout_correction.bypass_mode=true with method=agpo_dual: AGPO's clip "
+                                "reads the old policy's token entropy, which verl computes only when it recomputes "
+                                "the old log-probs; set bypass_mode=false")
     temperature = config.actor_rollout_ref.rollout.temperature
     if temperature != settings.base_temperature:
         raise RecipeConfigError(

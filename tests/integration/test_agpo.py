@@ -65,6 +65,9 @@ def test_what_the_loop_cannot_host_is_refused_in_one_line(tmp_path):
         "them equal")
     assert refusal("algorithm.filter_groups.enable=true").startswith("algorithm.filter_groups.enable=true with "
                                                                      "method=agpo_dual")
+    assert refusal("algorithm.rollout_correction.bypass_mode=true").startswith(
+        "algorithm.rollout_correction.bypass_mode=true with method=agpo_dual: AGPO's clip reads the old policy's "
+        "token entropy")
     own = tmp_path / "loops.yaml"
     own.write_text("- name: mine\n  _target_: some.Loop\n")
     assert refusal(f"actor_rollout_ref.rollout.agent.agent_loop_config_path={own}") == (

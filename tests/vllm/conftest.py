@@ -14,8 +14,8 @@ from __future__ import annotations
 import pytest
 
 # Longest first, so that make test-vllm's two xdist workers end close together (tests/conftest.py's rule).
-LONGEST_FIRST = ("test_async_data_parallel.py", "test_apo_sync.py", "test_baselines.py", "test_two_nodes.py",
-                 "test_dead_engine.py")
+LONGEST_FIRST = ("test_async_data_parallel.py", "test_apo_sync.py", "test_baselines.py", "test_agpo_dual.py",
+                 "test_two_nodes.py", "test_dead_engine.py")
 
 
 def pytest_collection_modifyitems(items):
