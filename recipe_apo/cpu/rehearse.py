@@ -83,6 +83,8 @@ RUN_OVERRIDES = (
 
 # The stages of a step as verl times them (timing_s/<stage>), in the order they run.
 STAGES = ("gen", "old_log_prob", "adv", "update_actor", "update_weights", "save_checkpoint")
+# method=agpo_dual's own stages (its probe's generation, its step KL's forward pass), shown when a run has them.
+AGPO_STAGES = ("agpo_probe", "agpo_step_kl")
 APO_METRICS = ("apo/anchor", "apo/batch_success", "apo/weight_pos_mean", "apo/weight_neg_mean",
                "actor/apo_gate_weight")
 # method=agpo_dual's controllers at the last step: the prompts' mean temperature and clip, and KL_bar.
@@ -216,7 +218,7 @@ def summarize(method: str, runs: Iterable[list[dict]], checkpoints: str) -> Meth
     runs = [run for run in runs if run]
     steady = [row for run in runs for row in (run[1:] if len(run) > 1 else run)]
     step_seconds = {}
-    for stage in ("step", *STAGES):
+    for stage in ("step", *STAGES, *AGPO_STAGES):
         values = [row[f"timing_s/{stage}"] for row in steady if f"timing_s/{stage}" in row]
         if values:
             step_seconds[stage] = statistics.fmean(values)
@@ -225,7 +227,7 @@ def summarize(method: str, runs: Iterable[list[dict]], checkpoints: str) -> Meth
 
 
 def format_table(summaries: Sequence[MethodSummary]) -> str:
-    stages = [s for s in ("step", "gen", "old_log_prob", "adv", "update_actor") if
+    stages = [s for s in ("step", "gen", "old_log_prob", "adv", "update_actor", *AGPO_STAGES) if
               any(s in m.step_seconds for m in summaries)]
     head = ["method", "steps", *(f"s/{s}" for s in stages), *APO_METRICS, *AGPO_METRICS]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]

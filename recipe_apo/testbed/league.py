@@ -117,6 +117,7 @@ def run_league(overrides: list[str], out_dir: Path, show_progress: bool = True,
                      if f"{name}_{suffix}" in entries})
     league = build_league(summaries, scenarios, metric, families)
     league["variants"] = {str(k): [str(o) for o in v] for k, v in base.league.variants.items()}
+    league["extra"] = {str(k): [str(o) for o in v] for k, v in (base.league.get("extra") or {}).items()}
     league["wall_s"] = time.perf_counter() - started
     league["overrides"] = list(overrides)
     write_league(league, out_dir)
@@ -310,6 +311,12 @@ def _introduction(league: dict[str, Any]) -> list[str]:
         "is). Ranks by the mean alone do not say more than that. "
         + "".join(f"`<method>_{suffix}`: the method with {' '.join(f'`{o}`' for o in extra)}. "
                   for suffix, extra in league.get("variants", {}).items())
+        + "".join(f"`{name}`: {' '.join(f'`{o}`' for o in extra)}. " for name, extra in league.get("extra", {}).items()
+                  if name in labels)
+        + ("`rollout_n_multiplier=2`: twice the scenario's responses per prompt (`actor_rollout_ref.rollout.n`), the "
+           "generation of AGPO's probe plus its training responses. "
+           if any("rollout_n_multiplier=2" in extra for name, extra in league.get("extra", {}).items()
+                  if name in labels) else "")
         + f"Wall time: {league.get('wall_s', float('nan')):.0f} s.",
     ]
 

@@ -102,7 +102,8 @@ SPECIAL = {
     "league.extra": [5, {"x": "method=apo"}, {"x": [5]}],
     "league.variants": [5, {"zv": "algorithm.zero_variance=exclude"}, {"zv": [math.nan]}],
     "league.variant_of": [5, {"zv": "grpo"}, {"zv": [1]}],
-    "algorithm.agpo": [5, {"probe_samples": 0}, {"probe_samples": 1.5}, {"K": 1}],
+    # (its keys: test_the_method_settings_are_checked_by_their_own_classes)
+    "algorithm.agpo": [5, "x", [1], None],
     "actor_rollout_ref.actor.optim.betas": [[0.9], [0.9, 1.0], "x", [math.nan, 0.9], [0.9, -0.1]],
     "signal.group_sizes": [[], [1], [4.5], 4, [4, 4]],
     "task.moduli": [[], [1], [2, 2], [2.5], 5, [2, 1001]],

@@ -246,8 +246,8 @@ def test_collect_gathers_jobs_into_one_table(tiny_run, tmp_path):
     text = collect(tmp_path)
     rows = text.split("## Across jobs")[0].splitlines()
     for value in ("1.1", "2.0"):
-        assert sum(row.startswith(f"| algorithm.apo.lambda_scale={value} |") for row in rows) == 4
-    assert (tmp_path / "collected.md").exists() and len(json.loads((tmp_path / "collected.json").read_text())) == 8
+        assert sum(row.startswith(f"| algorithm.apo.lambda_scale={value} |") for row in rows) == 5  # methods
+    assert (tmp_path / "collected.md").exists() and len(json.loads((tmp_path / "collected.json").read_text())) == 10
 
 
 def test_collect_orders_jobs_by_number_and_states_a_single_seeds_mean_alone(tiny_run, tmp_path):
@@ -261,7 +261,7 @@ def test_collect_orders_jobs_by_number_and_states_a_single_seeds_mean_alone(tiny
         (job / "summary.json").write_text((out / "summary.json").read_text())
         (job / ".hydra" / "overrides.yaml").write_text(f"- rounds={number}\n")
     rows = [line for line in collect(tmp_path).splitlines() if line.startswith("| rounds=")]
-    assert [row.split(" | ")[0] for row in rows[::4]] == ["| rounds=1", "| rounds=2", "| rounds=10"]
+    assert [row.split(" | ")[0] for row in rows[::5]] == ["| rounds=1", "| rounds=2", "| rounds=10"]  # 5 methods
     assert mean_and_spread("{:.3f}", 0.5, float("nan")) == "0.500 (one seed)"
     assert mean_and_spread("{:.3f}", 0.5, 0.01) == "0.500 +- 0.010"
 

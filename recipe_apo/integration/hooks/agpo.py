@@ -128,8 +128,11 @@ class AgpoHook(TrainerHook):
     def drew_batch(self, batch: Any) -> None:
         from verl.utils import tensordict_utils as tu
 
+        from verl.utils.debug import marked_timer
+
         uids = [str(u) for u in batch["uid"]]
-        rewards, keys, tokens = self._probe(batch)
+        with marked_timer("agpo_probe", self.trainer.timing_raw):  # timing_s/agpo_probe: not in verl's gen
+            rewards, keys, tokens = self._probe(batch)
         stats = ProbeStats.of(rewards, keys, self.settings.dispersion)
         uncertainty = stats.uncertainty(self.settings)
         temperature, _ = self.state.temperatures(uncertainty, self.settings)
@@ -245,11 +248,13 @@ class AgpoHook(TrainerHook):
 
     # ---- KL_bar ----------------------------------------------------------------------------------------------
     def after_update(self, batch: Any, metrics: dict) -> None:
+        from verl.utils.debug import marked_timer
         from verl.workers.utils.padding import response_from_nested
 
         batch.extra_info.update({"calculate_entropy": False, "compute_loss": False,
                                  "temperature": self.config.actor_rollout_ref.rollout.temperature})
-        self.trainer.actor_rollout_wg.compute_log_prob(batch)
+        with marked_timer("agpo_step_kl", self.trainer.timing_raw):  # timing_s/agpo_step_kl
+            self.trainer.actor_rollout_wg.compute_log_prob(batch)
         data = batch_fields.read(batch, ["uid", "log_probs", "old_log_probs", "response_mask"])
         new = response_from_nested(data["log_probs"], data["response_mask"]).to_padded_tensor(padding=0.0)
         old = data["old_log_probs"].to_padded_tensor(padding=0.0)
