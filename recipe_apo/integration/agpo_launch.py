@@ -6,9 +6,9 @@ points an unset path at the recipe's ``agent_loops.yaml``; a file of your own mu
 rehearsal's two-turn loops file does). ``check_agpo_launch`` refuses, in one line each, what cannot host the
 controllers: a trainer other than the recipe's, verl's asynchronous modes (they submit a step's prompts ahead of
 the weights it samples with and refill across updates, while the probe must finish before its prompts' training
-generation), verl's group filter (its refills would probe and train outside the step's statistics), verl's rollout-correction
-bypass mode (it skips the old policy's pass, whose token entropies the clip reads), and a
-rollout temperature other than tau_base (the actor's log-probs divide the logits by it).
+generation), verl's group filter (its refills would probe and train outside the step's statistics), verl's
+rollout-correction bypass mode (it skips the old policy's pass, whose token entropies the clip reads), and a rollout
+temperature other than tau_base (the actor's log-probs divide the logits by it).
 """
 
 from __future__ import annotations

@@ -127,7 +127,6 @@ class AgpoHook(TrainerHook):
     # ---- the probe -------------------------------------------------------------------------------------------
     def drew_batch(self, batch: Any) -> None:
         from verl.utils import tensordict_utils as tu
-
         from verl.utils.debug import marked_timer
 
         uids = [str(u) for u in batch["uid"]]
