@@ -310,7 +310,8 @@ def _introduction(league: dict[str, Any]) -> list[str]:
         "agrees on the sign and a paired t-test clears 5% (the testbed's rule; with fewer than 3 seeds nothing "
         "is). Ranks by the mean alone do not say more than that. "
         + "".join(f"`<method>_{suffix}`: the method with {' '.join(f'`{o}`' for o in extra)}. "
-                  for suffix, extra in league.get("variants", {}).items())
+                  for suffix, extra in league.get("variants", {}).items()
+                  if any(label.endswith(f"_{suffix}") for label in labels))
         + "".join(f"`{name}`: {' '.join(f'`{o}`' for o in extra)}. " for name, extra in league.get("extra", {}).items()
                   if name in labels)
         + ("`rollout_n_multiplier=2`: twice the scenario's responses per prompt (`actor_rollout_ref.rollout.n`), the "
