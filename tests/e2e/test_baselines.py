@@ -18,8 +18,10 @@ from recipe_apo.cpu import rehearse
 from recipe_apo.integration.checkpoint import STATE_FILE
 
 # ---- the baseline, as the paper scripts run it: truncated responses score 0, rollouts recorded ---------------
-# A cap of 2 tokens: a one-token answer ends with <|im_end|> inside it, a two-token answer is cut before its end.
-TRUNCATION_CAP = 2
+# A cap of 3 tokens: a two-token answer (a 2-letter reversal, a sum of two digits) ends with <|im_end|> inside it, a
+# three-token one (a 3-letter reversal) is cut before its end. Answers the tiny model gets right on any host: with a
+# cap of 2 the check leaned on its one-digit sums, which it got right on an AVX2 host and wrong on an AVX-512 one.
+TRUNCATION_CAP = 3
 
 
 @pytest.fixture(scope="module")
