@@ -27,6 +27,19 @@ from recipe_apo.methods.checks import check_number
 SERVER_NAME = re.compile(r"^([A-Za-z0-9]+)_server_(?:reward_|teacher_)?\d+_\d+")
 
 
+def interrupt_main_thread() -> None:
+    """A KeyboardInterrupt in the main thread, also when it sits in a blocking C call: SIGINT sent to that thread
+    itself ends its system call (EINTR) and Python's handler then raises. ``_thread.interrupt_main`` only sets the
+    flag the main thread checks when it next runs Python code or polls for signals: a driver blocked in a call
+    that does neither never saw it (measured: a run with a dead engine hung 600 s under load, the watch done). Used
+    only while SIGINT has Python's handler; otherwise the flag, as before (a real signal would kill the process)."""
+    handler = signal.getsignal(signal.SIGINT)
+    if callable(handler) and hasattr(signal, "pthread_kill"):
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+    else:
+        _thread.interrupt_main(signal.SIGINT)
+
+
 def engine_state(server: Any) -> Optional[str]:
     """Run inside a server actor: what is wrong with its engine, or None. vLLM's engine client says ``errored``
     once its engine core process has died; a server whose engine has not started yet has none to ask."""
@@ -42,7 +55,7 @@ class EngineWatch:
     def __init__(self, interval_s: float, timeout_s: float, interrupt: Callable[[], None] = None):
         self.interval_s, self.timeout_s = interval_s, timeout_s
         self.failure: Optional[str] = None
-        self._interrupt = interrupt or (lambda: _thread.interrupt_main(signal.SIGINT))
+        self._interrupt = interrupt or interrupt_main_thread
         self._stop = threading.Event()
         self._pending: dict[str, tuple[Any, float]] = {}  # server -> (its probe under way, when it was sent)
         self._answered: set[str] = set()

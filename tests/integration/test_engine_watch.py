@@ -167,3 +167,25 @@ def test_a_users_ctrl_c_is_still_a_ctrl_c(monkeypatch):
     monkeypatch.setattr("verl.trainer.ppo.utils.need_critic", lambda config: False)
     with pytest.raises(KeyboardInterrupt):
         recipe_main.run(OmegaConf.create({"trainer": {"device": "cpu"}}))
+
+
+def test_the_interrupt_ends_a_blocking_wait_of_the_main_thread():
+    """The watch's interrupt reaches a main thread blocked in a system call (here a read on a pipe nobody writes),
+    which ``_thread.interrupt_main`` alone leaves blocked until the call returns."""
+    import os
+
+    from recipe_apo.integration.engine_watch import interrupt_main_thread
+
+    read_end, write_end = os.pipe()
+    timer = threading.Timer(0.5, interrupt_main_thread)
+    rescue = threading.Timer(5.0, os.write, (write_end, b"x"))  # without the interrupt the read returns, and fails
+    timer.start()
+    rescue.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            os.read(read_end, 1)
+    finally:
+        timer.cancel()
+        rescue.cancel()
+        os.close(read_end)
+        os.close(write_end)
