@@ -95,8 +95,6 @@ class AgpoHook(TrainerHook):
         self.settings = AgpoSettings.from_algorithm_config(config.algorithm)
         self.vote_key = load_vote_key(self.settings.vote_key)
         self.state = AgpoState()
-        self.prompts: dict[str, int] = {}  # prompt uid -> position in the step's probe arrays
-        self.stats: Optional[ProbeStats] = None
         self.begin_step()
         self.columns = RowColumns()
 
@@ -112,7 +110,9 @@ class AgpoHook(TrainerHook):
 
     def begin_step(self) -> None:
         self.step_metrics, self.step_kls = {}, []
-        self.prompts, self.stats, self.probe_tokens = {}, None, 0
+        self.prompts: dict[str, int] = {}  # prompt uid -> position in the step's probe arrays
+        self.stats: Optional[ProbeStats] = None
+        self.probe_tokens = 0
         self.temperature, self.uncertainty = np.zeros(0), np.zeros(0)
 
     def end_step(self, metrics: dict) -> None:
@@ -227,12 +227,12 @@ class AgpoHook(TrainerHook):
         uids = np.array([str(u) for u in data["uid"]], dtype=object)
         order = list(self.prompts)
         h_pi = pooled_entropy(entropy, mask, uids, order)
-        present = np.unique(np.array([self.prompts[u] for u in uids.tolist()], dtype=np.int64))
+        rows = np.array([self.prompts[u] for u in uids.tolist()], dtype=np.int64)
+        present = np.unique(rows)
         stats = ProbeStats(*(getattr(self.stats, f)[present] for f in STAT_FIELDS))
         eps, ratio = self.state.clips(h_pi[present], stats, self.settings)
         per_prompt = np.zeros(len(order))
         per_prompt[present] = eps
-        rows = np.array([self.prompts[u] for u in uids.tolist()], dtype=np.int64)
         column = torch.as_tensor(per_prompt[rows], dtype=torch.float32)
         written = tq_put(batch, TensorDict({COLUMN: column}, batch_size=len(batch)))
         if batch.fields is not None:
