@@ -4,7 +4,8 @@ Runs on CPU in seconds: it pushes one hand-made batch through verl's own ``compu
 registered estimators, prints the methods side by side, and prints the verl command that trains with APO with
 the recipe (training itself needs GPUs: verl's rollouts run on vLLM or SGLang). The methods are the recipe's
 presets (``conf/method/``, ``recipe_apo.integration.presets``) whose estimator needs nothing but the batch's
-rewards and prompt groups; the others (CoDaPO needs the old policy's log-probs) are named with what they need.
+rewards and prompt groups, one column per distinct set of advantages; the others are named with what they need
+(CoDaPO: the old policy's log-probs) or whose advantages they repeat (AGPO's dual feedback: GRPO's).
 """
 
 from __future__ import annotations
@@ -13,10 +14,8 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-import recipe_apo
 from recipe_apo.integration import presets
-from recipe_apo.methods.anchor import GLOBAL_SCOPE
-from recipe_apo.methods.driver_state import driver_anchors, reset_driver_anchors
+from recipe_apo.methods.apo.anchor import GLOBAL_SCOPE, driver_anchors, reset_driver_anchors
 
 TRAIN_COMMAND = r"""python -m recipe_apo.main method=apo \
     data.train_files=$HOME/data/math/train.parquet data.val_files=$HOME/data/math/test.parquet \
@@ -35,16 +34,21 @@ def method_config(method: str):
 
 
 def demo_presets() -> tuple[dict, list[tuple[presets.Preset, str]]]:
-    """({preset: its composed config} for the presets the demo batch runs, in order; (preset, what its estimator
-    needs beyond the batch) for the others)."""
-    shown, skipped = {}, []
+    """({preset: its composed config} for the presets the demo batch runs, in order, one per distinct set of
+    advantages; (preset, why not) for the others: what its estimator needs beyond the batch, or the earlier preset
+    whose advantages it repeats)."""
+    shown, skipped, seen = {}, [], {}
     for preset in presets.presets():
         config = method_config(preset.name)
-        needs = presets.MethodSettings.of(config).needs
-        if needs is None:
-            shown[preset] = config
+        settings = presets.MethodSettings.of(config)
+        if settings.needs is not None:
+            skipped.append((preset, f"its estimator also needs {settings.needs}"))
+        elif settings.advantages in seen:
+            skipped.append((preset, f"the same advantages as {seen[settings.advantages]} (it differs in sampling "
+                                    "or in the loss)"))
         else:
-            skipped.append((preset, needs))
+            seen[settings.advantages] = preset.title
+            shown[preset] = config
     return shown, skipped
 
 
@@ -80,6 +84,8 @@ def advantages(algorithm, token_rewards, mask, uids) -> torch.Tensor:
 def main() -> None:
     import verl
 
+    import recipe_apo.plugin  # noqa: F401  (registers the recipe's estimators and losses)
+
     print(f"recipe-apo {recipe_apo.__version__} on verl {verl.__version__}: "
           "advantage estimator 'apo' and policy loss 'apo' are registered.\n")
     token_rewards, mask, uids, rewards = example_batch()
@@ -101,8 +107,8 @@ def main() -> None:
         print(f"  {method:<{width}} estimator {config.algorithm.adv_estimator}, std norm "
               f"{config.algorithm.norm_adv_by_std_in_grpo}, loss {actor.policy_loss.loss_mode}, "
               f"aggregation {actor.loss_agg_mode}")
-    for preset, needs in skipped:
-        print(f"  {preset.name:<{width}} not on this batch: its estimator also needs {needs}")
+    for preset, why in skipped:
+        print(f"  {preset.name:<{width}} not on this batch: {why}")
     apo = next((c.algorithm.apo for c in configs.values() if c.algorithm.adv_estimator == "apo"), None)
     about_apo = "" if apo is None else f", APO anchor C_t = {anchor:.2f} (lambda_scale = {apo.lambda_scale})"
     print(f"\nOne batch, G = 4 responses per prompt, binary rewards{about_apo}.")

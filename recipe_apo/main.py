@@ -1,10 +1,10 @@
-"""The recipe's entry point: ``python -m recipe_apo.main method=grpo|drgrpo|apo [Hydra overrides]``.
+"""The recipe's entry point: ``python -m recipe_apo.main method=<a preset of conf/method/> [Hydra overrides]``.
 
 The config is verl's own ``ppo_trainer`` (from the installed verl) with one method preset from
 ``conf/method/`` and the ``algorithm.apo`` settings on top (``conf/apo_trainer.yaml``). Before Ray starts, the
 config is checked here and a bad setting ends the run with one line naming the key. Training then runs in
-verl's ``main_ppo`` machinery with the recipe's trainer (``recipe_apo.integration.trainer``): verl's synchronous trainer
-plus anchor checkpointing and ``apo/`` metrics.
+verl's ``main_ppo`` machinery with the recipe's trainer (``recipe_apo.integration.trainer``): verl's V1 trainer of
+the mode asked for, driving the active methods' runtimes (state in checkpoints, ``<method>/`` metrics).
 
 ``--cfg job`` prints the composed config and starts nothing; ``-m`` runs a Hydra multirun sweep, each job with
 its own experiment name, checkpoint folder and logs.
@@ -19,7 +19,6 @@ import hydra
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from recipe_apo.errors import RecipeError, recipe_error
-from recipe_apo.integration.agpo_launch import route_agent_loops
 from recipe_apo.integration.engine_watch import EngineWatch
 from recipe_apo.integration.modes import is_recipe_trainer, recipe_mode, verl_mode
 from recipe_apo.integration.naming import (  # experiment_name: the naming rule, from the entry point too
@@ -29,7 +28,7 @@ from recipe_apo.integration.naming import (  # experiment_name: the naming rule,
     sweep_arguments,
     swept_keys,
 )
-from recipe_apo.integration.validation import config_warnings, validate_recipe_config
+from recipe_apo.integration.validation import config_warnings, route_agent_loops, validate_recipe_config
 from recipe_apo.integration.verl_settings import check_with_verl
 
 
@@ -75,10 +74,10 @@ def prepare(config: DictConfig, rehearsal: str | None = None) -> DictConfig:
 
         check_rehearsal_config(config)
         for_existing_cluster(config)  # trainer.nnodes>1: the run joins the local cluster at ray_init.address
-    route_agent_loops(config)  # method=agpo_dual: its agent loop, unless the run names a file of its own
+    route_agent_loops(config)  # a method that samples prompts at their own settings: its agent loop file
     validate_recipe_config(config, rehearsal=on_cpu)
     check_with_verl(config)
-    for warning in config_warnings(config):
+    for warning in config_warnings(config, on_cpu):
         print(f"recipe-apo: warning: {warning}", file=sys.stderr)
     return config
 
@@ -95,8 +94,8 @@ def describe(config: DictConfig, rehearsal: str | None = None) -> str:
         f"aggregation {config.actor_rollout_ref.actor.loss_agg_mode})",
         f"trainer: {trainer.v1.trainer_mode}"
         + (f" (verl's {verl_mode(trainer.v1.trainer_mode)} with the recipe's hooks)"
-           if is_recipe_trainer(str(trainer.v1.trainer_mode)) else " (not the recipe's: no anchor checkpoints, "
-           "apo/ metrics or dump fields)"),
+           if is_recipe_trainer(str(trainer.v1.trainer_mode)) else " (not the recipe's: no method runtimes, state "
+           "files, method metrics or dump fields)"),
         f"checkpoints: {trainer.default_local_dir}",
         f"hydra output: {HydraConfig.get().runtime.output_dir}",
         f"loggers: {', '.join(trainer.logger) if not isinstance(trainer.logger, str) else trainer.logger}",

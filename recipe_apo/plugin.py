@@ -1,9 +1,10 @@
-"""Registers the recipe's methods with verl: the ``apo`` and ``codapo`` advantage estimators and the ``apo``,
-``apo_one_sided`` and ``agpo_clip`` policy losses.
+"""Registers the recipe's methods with verl: every advantage estimator and policy loss a method of
+``recipe_apo.methods.catalog`` declares (``apo``, ``codapo``; ``apo``, ``apo_one_sided``, ``agpo_clip``).
 
 This module is the target of the ``verl.plugins`` entry point, so ``import verl`` imports it in the driver and
-in every Ray worker. verl swallows a failing plugin import with a DEBUG log; this module therefore reports
-its own failure as an ERROR naming the cause (and re-raises), and warns when the installed verl is not the
+in every Ray worker; the recipe's own entry points import it too (which also covers
+``VERL_USE_EXTERNAL_PLUGINS=none``). verl swallows a failing plugin import with a DEBUG log; this module therefore
+reports its own failure as an ERROR naming the cause (and re-raises), and warns when the installed verl is not the
 release this plugin is pinned to.
 """
 
@@ -12,16 +13,15 @@ from __future__ import annotations
 import logging
 from typing import Optional
 
+from recipe_apo.methods import catalog
+from recipe_apo.methods.base import load
+
 logger = logging.getLogger("recipe_apo")
 
 PINNED_VERL_VERSION = "0.9.1"
-NAME = "apo"
-CODAPO = "codapo"
-ONE_SIDED = "apo_one_sided"
-AGPO_CLIP = "agpo_clip"
 # Everything this plugin registers: the start-up node check looks for each name on every Ray node.
-ESTIMATORS = (NAME, CODAPO)
-LOSSES = (NAME, ONE_SIDED, AGPO_CLIP)
+ESTIMATORS = tuple(catalog.estimators())
+LOSSES = tuple(catalog.losses())
 
 
 def verl_version_warning(installed: Optional[str]) -> Optional[str]:
@@ -45,25 +45,15 @@ def _register(registry: dict, register, name: str, fn, kind: str) -> None:
 
 
 def register() -> None:
-    """Register the estimators and the loss in this process; a second call is a no-op."""
+    """Register the estimators and the losses in this process; a second call is a no-op."""
     import verl
     from verl.trainer.ppo import core_algos
 
-    from recipe_apo.methods.agpo_loss import compute_policy_loss_agpo_clip
-    from recipe_apo.methods.apo import apo_outcome_advantage
-    from recipe_apo.methods.apo_loss import compute_policy_loss_apo, compute_policy_loss_apo_one_sided
-    from recipe_apo.methods.codapo import codapo_outcome_advantage
-
-    _register(core_algos.ADV_ESTIMATOR_REGISTRY, core_algos.register_adv_est, NAME, apo_outcome_advantage,
-              "advantage estimator")
-    _register(core_algos.ADV_ESTIMATOR_REGISTRY, core_algos.register_adv_est, CODAPO, codapo_outcome_advantage,
-              "advantage estimator")
-    _register(core_algos.POLICY_LOSS_REGISTRY, core_algos.register_policy_loss, NAME, compute_policy_loss_apo,
-              "policy loss")
-    _register(core_algos.POLICY_LOSS_REGISTRY, core_algos.register_policy_loss, ONE_SIDED,
-              compute_policy_loss_apo_one_sided, "policy loss")
-    _register(core_algos.POLICY_LOSS_REGISTRY, core_algos.register_policy_loss, AGPO_CLIP,
-              compute_policy_loss_agpo_clip, "policy loss")
+    for name, spec in catalog.estimators().items():
+        _register(core_algos.ADV_ESTIMATOR_REGISTRY, core_algos.register_adv_est, name, load(spec),
+                  "advantage estimator")
+    for name, spec in catalog.losses().items():
+        _register(core_algos.POLICY_LOSS_REGISTRY, core_algos.register_policy_loss, name, load(spec), "policy loss")
     warning = verl_version_warning(getattr(verl, "__version__", None))
     if warning:
         logger.warning(warning)
@@ -73,12 +63,9 @@ try:
     register()
 except Exception as exc:
     logger.error(
-        "recipe-apo: registering the 'apo' and 'codapo' advantage estimators and the 'apo', 'apo_one_sided' and "
-        "'agpo_clip' policy losses with verl failed (%s: %s); algorithm.adv_estimator=apo|codapo and "
-        "policy_loss.loss_mode=apo|apo_one_sided|agpo_clip will not be available "
-        "in this process",
-        type(exc).__name__,
-        exc,
+        "recipe-apo: registering the advantage estimators %s and the policy losses %s with verl failed (%s: %s); "
+        "algorithm.adv_estimator=%s and policy_loss.loss_mode=%s will not be available in this process",
+        ", ".join(ESTIMATORS), ", ".join(LOSSES), type(exc).__name__, exc, "|".join(ESTIMATORS), "|".join(LOSSES),
         exc_info=True,
     )
     raise

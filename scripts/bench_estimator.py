@@ -88,7 +88,8 @@ def make_methods(batch: dict) -> dict[str, Callable[[], object]]:
     from omegaconf import OmegaConf
     from verl.trainer.ppo import core_algos
 
-    from recipe_apo.methods.driver_state import handed, reset_driver_anchors
+    from recipe_apo.methods.apo.anchor import reset_driver_anchors
+    from recipe_apo.methods.driver_state import handed
 
     config = OmegaConf.create({"apo": {}})
     apo_fn = core_algos.get_adv_estimator_fn("apo")
@@ -229,7 +230,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> None:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    import recipe_apo  # noqa: F401  (registers `apo` even with VERL_USE_EXTERNAL_PLUGINS=none)
+    import recipe_apo.plugin  # noqa: F401  (registers the recipe's estimators and losses)
 
     load_before = os.getloadavg()[0]
     results = []

@@ -300,7 +300,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> None:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    import recipe_apo  # noqa: F401  (registers `apo` even with VERL_USE_EXTERNAL_PLUGINS=none)
+    import recipe_apo.plugin  # noqa: F401  (registers the recipe's estimators and losses)
 
     if args.device == "auto":
         devices = [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])

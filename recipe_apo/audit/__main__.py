@@ -30,7 +30,7 @@ def _apo_settings(pairs: Sequence[str]) -> dict:
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
-    from recipe_apo.methods.apo_settings import ApoSettings
+    from recipe_apo.methods.apo.settings import ApoSettings
 
     parser, settings = OverridesParser.create(), {}
     for pair in pairs:

@@ -28,12 +28,12 @@ import numpy as np
 
 from recipe_apo.audit.dumps import AuditError, Run, Step, check_data_sources
 from recipe_apo.integration.replay import Method, method_advantages, methods
-from recipe_apo.methods.apo_settings import ApoSettings
-from recipe_apo.methods.driver_state import reset_driver_anchors
+from recipe_apo.methods.apo.anchor import reset_driver_anchors
+from recipe_apo.methods.apo.settings import ApoSettings
+from recipe_apo.methods.apo.success import success_of
 from recipe_apo.methods.errors import BatchInputError
 from recipe_apo.methods.group_stats import closed_form, dead_groups, length_by_outcome, signal_per_group, update_mass
 from recipe_apo.methods.groups import group_codes, group_rates
-from recipe_apo.methods.success import success_of
 
 CELLS = ("short_correct", "long_correct", "short_wrong", "long_wrong")
 # A replay matches the run's logged advantages when no response differs by more than this (float32 rounding).

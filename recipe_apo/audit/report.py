@@ -290,7 +290,7 @@ def audit_folders(folders: Sequence[Path], out_dir: Path, names: Sequence[Option
     no two runs of one name (the report tells runs apart by name)."""
     from recipe_apo.audit.analysis import audit_run
     from recipe_apo.audit.dumps import check_data_sources, load_run, rollout_folder, run_name
-    from recipe_apo.methods.apo_settings import ApoSettings
+    from recipe_apo.methods.apo.settings import ApoSettings
 
     check_out_folder(Path(out_dir))
     if names and len(names) != len(folders):

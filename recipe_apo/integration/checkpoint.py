@@ -1,130 +1,71 @@
-"""The anchor in verl's checkpoints: ``global_step_N/apo_state.json`` next to ``actor/`` and ``data.pt``.
+"""The methods' runtime state in verl's checkpoint folders: ``global_step_N/<Method.state_file>`` next to ``actor/``
+and ``data.pt`` (APO's ``apo_state.json``, AGPO's ``agpo_state.json``, CoDaPO's ``codapo_state.json``).
 
-verl saves no estimator state, so a resumed run would restart C_t from ``anchor_init`` and reweight its first
-steps against the wrong capability. The recipe's trainer (``recipe_apo.integration.trainer``) writes the driver's
-anchors into every checkpoint folder and reads them back on resume; ``AnchorCheckpointCallback`` does the same for
-plain ``verl.trainer.main_ppo`` through ``trainer.checkpoint_callback_class``.
+verl saves no estimator state, so a resumed run would restart APO's anchor from ``anchor_init``, AGPO's averages
+from zero and a CoDaPO pair without its kept prompts. The recipe's trainer (``recipe_apo.integration.trainer``)
+writes each active runtime's ``state_dict`` into every checkpoint folder before verl marks it the latest, and
+reads it back on resume, all in the one format of ``recipe_apo.methods.state_codec``. A missing, unreadable or
+foreign file is the runtime's to judge (``MethodRuntime.state_unreadable``: APO stops the resume naming the file and
+``algorithm.apo.on_missing_state=fresh``, or with that setting starts fresh with a warning).
 
-On resume, a missing or unreadable state file, or one of the other ``anchor_scope``, stops the resume with one
-line naming the file and the cause: a long run must not lose its anchor unnoticed. ``algorithm.apo.
-on_missing_state=fresh`` starts the anchor fresh instead (from ``anchor_init``, or the first batch's success
-rate when that is null), with a warning; use it to switch a run from another method to APO mid-run, whose
-checkpoints have no state file. Runs that do not use ``apo`` never read or write the file.
+``AnchorCheckpointCallback`` does the same for plain ``verl.trainer.main_ppo`` through
+``trainer.checkpoint_callback_class``, for the methods whose estimator runs there (``Method.plain_verl``: APO).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import tempfile
 from typing import Any, Optional
 
 from verl.trainer.ppo.checkpoint_callback import CheckpointCallback
 
-from recipe_apo.integration.errors import AnchorStateError, cause_of
-from recipe_apo.methods.anchor import GLOBAL_SCOPE, AnchorBook
-from recipe_apo.methods.apo_settings import ApoSettings
-from recipe_apo.methods.driver_state import driver_anchors, install_driver_anchors, reset_driver_anchors
+from recipe_apo.integration.errors import cause_of
+from recipe_apo.methods import catalog
+from recipe_apo.methods.base import MethodRuntime
+from recipe_apo.methods.errors import MethodStateError, StateMismatch
+from recipe_apo.methods.state_codec import StateFileError, read_state, write_state
 
 logger = logging.getLogger("recipe_apo")
 
-STATE_FILE = "apo_state.json"
+
+def state_path(runtime: MethodRuntime, folder: str) -> str:
+    return os.path.join(folder, runtime.method.state_file)
 
 
-def save_anchor_state(checkpoint_dir: str, global_step: int) -> str:
-    """Write the driver's anchors to ``checkpoint_dir/apo_state.json`` atomically; return the path."""
-    return write_json_atomically(checkpoint_dir, STATE_FILE,
-                                 {"global_step": int(global_step), **driver_anchors().state_dict()})
+def save_state(runtime: MethodRuntime, folder: str, step: int) -> Optional[str]:
+    """Write the runtime's state after ``step`` into ``folder`` (atomically); the path, or None when the runtime
+    has nothing to save."""
+    state = runtime.state_dict(step)
+    if state is None or runtime.method.state_file is None:
+        return None
+    return write_state(folder, runtime.method.state_file, runtime.method.name, step, state)
 
 
-def write_json_atomically(checkpoint_dir: str, name: str, payload: dict) -> str:
-    """Write ``payload`` to ``checkpoint_dir/name`` as JSON; return the path.
-
-    Written to a temporary file in the same folder, flushed and fsynced, then renamed: a crash mid-write
-    leaves the previous file (or none), never a truncated one.
-    """
-    os.makedirs(checkpoint_dir, exist_ok=True)
-    path = os.path.join(checkpoint_dir, name)
-    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=checkpoint_dir)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            os.fchmod(handle.fileno(), 0o644)  # mkstemp's 0600 would differ from verl's other checkpoint files
-            json.dump(payload, handle, indent=1)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-        _fsync_dir(checkpoint_dir)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
-
-
-def _fsync_dir(folder: str) -> None:
-    """Make the rename itself durable (POSIX: the directory entry lives in the folder)."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _read_state(path: str, settings: ApoSettings) -> tuple[dict, AnchorBook]:
-    """The state in ``path`` and the anchors it holds, checked against this run's settings; raises with the
-    cause in one line."""
-    if not os.path.exists(path):
-        raise AnchorStateError("it is missing")
-    book = AnchorBook(init=settings.anchor_init, history=settings.history)
-    try:
-        with open(path) as handle:
-            state = json.load(handle)
-        book.load_state_dict(state)
-    except (OSError, ValueError, TypeError, RecursionError, OverflowError) as exc:
-        # RecursionError: deeply nested JSON; OverflowError: numbers too large for what they stand for.
-        raise AnchorStateError(f"it cannot be read ({cause_of(exc)})") from None
-    scopes = sorted(state["anchors"])
-    if scopes and (scopes == [GLOBAL_SCOPE]) != (settings.anchor_scope == "global"):
-        held = "one global anchor" if scopes == [GLOBAL_SCOPE] else f"anchors per data source ({', '.join(scopes)})"
-        raise AnchorStateError(f"it holds {held} but this run has algorithm.apo.anchor_scope={settings.anchor_scope}")
-    return state, book
-
-
-def load_anchor_state(checkpoint_dir: str, settings: Optional[ApoSettings] = None) -> bool:
-    """Restore the driver's anchors from ``checkpoint_dir``: True if restored.
-
-    A missing, unreadable or mismatched state file raises ``AnchorStateError``, or with
-    ``algorithm.apo.on_missing_state=fresh`` warns, starts fresh anchors and returns False. The driver's
-    anchors are only replaced once the whole file has been checked.
-    """
-    settings = settings or ApoSettings()
-    path = os.path.join(checkpoint_dir, STATE_FILE)
-    try:
-        state, book = _read_state(path, settings)
-    except AnchorStateError as exc:
-        if settings.on_missing_state != "fresh":
-            raise AnchorStateError(
-                f"cannot resume the APO anchor from {path}: {exc}; set algorithm.apo.on_missing_state=fresh to "
-                "start the anchor fresh instead"
-            ) from None
-        reset_driver_anchors()
-        driver_anchors(init=settings.anchor_init, history=settings.history)
-        start = settings.anchor_init if settings.anchor_init is not None else "null: first batch success rate"
-        logger.warning("recipe-apo: %s: %s; the APO anchor restarts fresh (algorithm.apo.on_missing_state=fresh, "
-                       "anchor_init=%s)", path, exc, start)
+def restore_state(runtime: MethodRuntime, folder: str, step: int) -> bool:
+    """Restore the runtime from ``folder``, the checkpoint of ``step``; True if restored. A file the runtime cannot
+    restore goes to ``runtime.state_unreadable`` (which raises, or starts fresh and returns)."""
+    if runtime.method.state_file is None or not runtime.state_needed(step):
         return False
-    install_driver_anchors(book)
-    folder_step = os.path.basename(os.path.normpath(checkpoint_dir)).rpartition("global_step_")[2]
-    if folder_step.isdigit() and state.get("global_step") != int(folder_step):
-        logger.warning("recipe-apo: %s says step %s but sits in %s; restored it anyway", path,
-                       state.get("global_step"), checkpoint_dir)
-    logger.info("recipe-apo: restored the APO anchor from %s (scopes: %s)", path, ", ".join(book.anchors) or "none")
+    path = state_path(runtime, folder)
+    try:
+        state, saved_step = read_state(path, runtime.method.name)
+        runtime.load_state_dict(state, step)
+    except StateFileError as exc:
+        runtime.state_unreadable(path, str(exc), step)
+        return False
+    except StateMismatch as exc:
+        runtime.state_unreadable(path, str(exc), step)
+        return False
+    except MethodStateError as exc:  # the method's kind, but content this code did not write
+        runtime.state_unreadable(path, f"it cannot be read ({cause_of(exc)})", step)
+        return False
+    except (TypeError, ValueError, RecursionError, OverflowError) as exc:
+        runtime.state_unreadable(path, f"it cannot be read ({cause_of(exc)})", step)
+        return False
+    folder_step = os.path.basename(os.path.normpath(folder)).rpartition("global_step_")[2]
+    if folder_step.isdigit() and saved_step != int(folder_step):
+        logger.warning("recipe-apo: %s says step %s but sits in %s; restored it anyway", path, saved_step, folder)
     return True
 
 
@@ -142,37 +83,32 @@ def resume_folder(trainer_config: Any) -> Optional[str]:
     return None if base is None else find_latest_ckpt_path(os.path.abspath(str(base)))
 
 
-_UNSET = object()
-
-
-def restore_for_run(config: Any, folder: Any = _UNSET) -> bool:
-    """Start a run's anchors: fresh, or restored from ``folder`` (by default the one verl will resume from)."""
-    settings = ApoSettings.from_algorithm_config(config.algorithm)
-    reset_driver_anchors()
-    driver_anchors(init=settings.anchor_init, history=settings.history)
-    if folder is _UNSET:
-        folder = resume_folder(config.trainer)
-    return False if folder is None else load_anchor_state(folder, settings)
-
-
-def uses_apo(config: Any) -> bool:
-    return str(config.algorithm.adv_estimator) == "apo"
+def folder_step(folder: str) -> int:
+    """The step of a ``global_step_N`` folder (0 when its name says none)."""
+    step = os.path.basename(os.path.normpath(folder)).rpartition("global_step_")[2]
+    return int(step) if step.isdigit() else 0
 
 
 class AnchorCheckpointCallback(CheckpointCallback):
     """For plain ``verl.trainer.main_ppo``:
     ``trainer.checkpoint_callback_class=recipe_apo.integration.checkpoint.AnchorCheckpointCallback``.
 
-    verl builds the callback on the driver when the trainer starts, before it loads its checkpoint: the
-    anchors are restored here from the folder verl will resume from, and saved after each checkpoint.
+    verl builds the callback on the driver when the trainer starts, before it loads its checkpoint: the runtimes of
+    the run's plain-verl methods (APO's anchor) start fresh here, are restored from the folder verl will resume
+    from, and are saved after each checkpoint.
     """
 
     def __init__(self, config: Any = None) -> None:
         super().__init__(config)
-        self.active = config is not None and uses_apo(config)
-        if self.active:
-            restore_for_run(config)
+        self.runtimes = []
+        if config is None:
+            return
+        self.runtimes = [m.build_runtime(config) for m in catalog.active(config) if m.plain_verl]
+        folder = resume_folder(config.trainer)
+        for runtime in self.runtimes:
+            if folder is not None:
+                restore_state(runtime, folder, folder_step(folder))
 
     def on_save(self, trainer: Any, global_step: int, checkpoint_dir: str, async_save: bool = False, **kwargs) -> None:
-        if self.active:
-            save_anchor_state(checkpoint_dir, global_step)
+        for runtime in self.runtimes:
+            save_state(runtime, checkpoint_dir, global_step)

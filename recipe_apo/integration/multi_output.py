@@ -35,10 +35,12 @@ import pandas as pd
 import torch
 
 from recipe_apo.errors import RecipeError
-from recipe_apo.methods import driver_state
+from recipe_apo.methods import catalog, driver_state
+from recipe_apo.methods.base import Trajectories
 
-# The estimators routed through the final-output rule; verl applies it to ``grpo`` itself.
-ROUTED_ESTIMATORS = frozenset({"apo", "codapo"})
+# The estimators routed through the final-output rule: every estimator a method of the recipe registers (verl
+# applies the rule to ``grpo`` itself).
+ROUTED_ESTIMATORS = frozenset(catalog.estimators())
 # The name in verl's trainer module that its ``_compute_advantage`` calls (looked up at call time).
 VERL_FUNCTION = "compute_advantage_for_multi_trajectories"
 
@@ -60,16 +62,14 @@ def _session_and_index(key: str) -> tuple[str, int]:
 
 
 @dataclass(frozen=True)
-class Sessions:
+class Sessions(Trajectories):
     """The trajectories (``{uid}_{session}``) of one step's rows, in first-seen order, as verl numbers them.
 
-    ``final_rows[s]`` is the row of trajectory s's final output (the largest index); ``row_session[i]`` is the
+    ``final_rows[s]`` is the row of trajectory s's final output (the largest index); ``row_trajectory[i]`` is the
     trajectory of row i. Padding rows (``pad<hex>_{i}_0``) are trajectories of one output each.
     """
 
-    keys: Sequence[str]
-    final_rows: np.ndarray  # (S,) int64
-    row_session: np.ndarray  # (n,) int64
+    keys: Sequence[str] = ()
 
     @classmethod
     def of(cls, keys: Sequence[str]) -> "Sessions":
@@ -78,58 +78,19 @@ class Sessions:
         n = len(parsed)
         if n == 0:
             empty = np.zeros(0, dtype=np.int64)
-            return cls(keys, empty, empty)
+            return cls(empty, empty, keys)
         names = np.empty(n, dtype=object)
         names[:] = [name for name, _ in parsed]
         index = np.fromiter((i for _, i in parsed), dtype=np.int64, count=n)
         codes, uniques = pd.factorize(names)
         codes = codes.astype(np.int64, copy=False)
         if len(uniques) == n:  # one output per trajectory
-            return cls(keys, np.arange(n, dtype=np.int64), np.arange(n, dtype=np.int64))
+            return cls(np.arange(n, dtype=np.int64), np.arange(n, dtype=np.int64), keys)
         # Rows sorted by (trajectory, index): each trajectory's last row in that order is its final output.
         order = np.lexsort((index, codes))
         last = np.ones(n, dtype=bool)
         last[:-1] = codes[order][1:] != codes[order][:-1]
-        return cls(keys, order[last], codes)
-
-    @property
-    def rows(self) -> int:
-        return len(self.row_session)
-
-    @property
-    def count(self) -> int:
-        """The number of trajectories."""
-        return len(self.final_rows)
-
-    @property
-    def single_output(self) -> bool:
-        """Every trajectory has exactly one output (then every method below is the identity)."""
-        return self.count == self.rows
-
-    @property
-    def is_final(self) -> np.ndarray:
-        """(n,) bool: the row is its trajectory's final output."""
-        final = np.zeros(self.rows, dtype=bool)
-        final[self.final_rows] = True
-        return final
-
-    def finals(self, per_row: Any) -> Any:
-        """The final rows of a per-row array or tensor (the rows the estimator sees); itself when single-output."""
-        if self.single_output:
-            return per_row
-        if isinstance(per_row, torch.Tensor):
-            return per_row[torch.from_numpy(self.final_rows).to(per_row.device)]
-        return np.asarray(per_row)[self.final_rows]
-
-    def broadcast(self, per_trajectory: Any) -> np.ndarray:
-        """Each row's value of a per-trajectory array (one value per final row, in ``final_rows`` order)."""
-        values = np.asarray(per_trajectory)
-        if values.shape[:1] != (self.count,):
-            raise MultiOutputError(
-                f"multi-output: {values.shape[0] if values.ndim else 0} per-trajectory values for {self.count} "
-                f"trajectories of {self.rows} rows"
-            )
-        return values if self.single_output else values[self.row_session]
+        return cls(order[last], codes, keys)
 
     def metrics(self, tags: Sequence[dict] = ()) -> dict[str, float]:
         """``multi_output/*`` of a step whose trajectories have several outputs (none for single-output steps).
@@ -142,7 +103,7 @@ class Sessions:
         real = np.ones(self.rows, dtype=bool)
         if len(tags) == self.rows:
             real = ~np.fromiter((bool(tag.get("is_padding", False)) for tag in tags), dtype=bool, count=self.rows)
-        outputs = np.bincount(self.row_session[real], minlength=self.count)
+        outputs = np.bincount(self.row_trajectory[real], minlength=self.count)
         outputs = outputs[outputs > 0]
         return {
             "multi_output/trajectories": float(outputs.size),
@@ -175,7 +136,7 @@ def final_output_advantage(sessions: Sessions, data, batch_keys: Sequence[str], 
                               config=config)
     first_valid = final.batch["response_mask"].argmax(dim=1)
     outcome = final.batch["advantages"][torch.arange(len(final)), first_valid]
-    advantages = outcome[torch.from_numpy(sessions.row_session).to(outcome.device)].unsqueeze(-1) \
+    advantages = outcome[torch.from_numpy(sessions.row_trajectory).to(outcome.device)].unsqueeze(-1) \
         * data.batch["response_mask"]
     data.batch["advantages"] = advantages
     data.batch["returns"] = advantages

@@ -32,18 +32,13 @@ from importlib import resources
 from typing import Any, Optional, Sequence
 
 from recipe_apo.integration.errors import RecipeConfigError
-from recipe_apo.plugin import CODAPO
+from recipe_apo.methods import catalog
 
 CONFIG_PACKAGE, GROUP = "recipe_apo.conf", "method"
 RECIPE_CONFIG = "apo_trainer"
 _DECLARATION = re.compile(r"^#\s*preset:(?P<body>.*)$")
 _HYDRA_HEADER = re.compile(r"^#\s*@")
 _FIELDS = ("order", "title")
-
-# Estimators of the recipe that read more than verl's ``compute_advantage`` passes every estimator (the rewards,
-# the response mask, the uids): what else each needs. The recipe's trainer hands it (integration/hooks/codapo.py),
-# so a preset with one of them does not run on a batch alone (the demo, the audit's replay).
-HANDED_INPUTS = {CODAPO: "the old policy's log-probs"}
 
 
 class PresetError(RecipeConfigError):
@@ -70,22 +65,32 @@ class MethodSettings:
     norm_adv_by_std_in_grpo: bool
     loss_mode: str
     loss_agg_mode: str
+    # The active methods (``recipe_apo.methods.catalog``) that change the advantages beyond the estimator's.
+    advantage_methods: tuple[str, ...] = ()
+    # What the estimator reads beyond a batch's rewards, mask and uids (None: nothing; ``Method.estimator_needs``).
+    needs: Optional[str] = None
 
     @classmethod
     def of(cls, config: Any) -> "MethodSettings":
         """The settings of a composed recipe config (``compose``'s)."""
         actor = config.actor_rollout_ref.actor
+        active = catalog.active(config)
+        estimator = str(config.algorithm.adv_estimator)
+        needs = next((m.estimator_needs for m in active if estimator in m.estimators), None)
         return cls(
-            adv_estimator=str(config.algorithm.adv_estimator),
+            adv_estimator=estimator,
             norm_adv_by_std_in_grpo=bool(config.algorithm.norm_adv_by_std_in_grpo),
             loss_mode=str(actor.policy_loss.loss_mode),
             loss_agg_mode=str(actor.loss_agg_mode),
+            advantage_methods=tuple(m.name for m in active if m.changes_advantages and estimator not in m.estimators),
+            needs=needs,
         )
 
     @property
-    def needs(self) -> Optional[str]:
-        """What the estimator needs beyond a batch's rewards, mask and uids; None when nothing."""
-        return HANDED_INPUTS.get(self.adv_estimator)
+    def advantages(self) -> tuple:
+        """What decides the advantages on a batch: two presets alike here give the same advantages to the last bit
+        (verl's ``grpo`` reads ``norm_adv_by_std_in_grpo``; the recipe's estimators read their own settings)."""
+        return (self.adv_estimator, self.norm_adv_by_std_in_grpo, self.advantage_methods)
 
 
 def _directory():

@@ -30,13 +30,18 @@ def preset_methods() -> tuple[Method, ...]:
     composes them, in their order, that a replay from a step's scores and groups alone can run.
 
     Left out: a preset whose estimator needs more than a batch's rewards and uids (CoDaPO's needs the old
-    policy's log-probs, which the replay does not have: ``presets.HANDED_INPUTS``), and one whose loss
-    aggregation has no per-token weight rule here (``WEIGHT_RULES``; CoDaPO's token-mean too).
+    policy's log-probs, which the replay does not have: ``Method.estimator_needs``) or whose advantages another
+    method's runtime changes (the replay runs the estimator alone), one whose loss aggregation has no per-token
+    weight rule here (``WEIGHT_RULES``; CoDaPO's token-mean too), and one whose advantages and aggregation are an
+    earlier preset's (AGPO's dual feedback is GRPO's on a batch: it acts on the sampling and the clip).
     """
-    methods = []
+    methods, seen = [], set()
     for preset in presets.presets():
         settings = preset.settings()
-        if settings.needs is None and settings.loss_agg_mode in WEIGHT_RULES:
+        replayed = (settings.advantages, settings.loss_agg_mode)
+        if settings.needs is None and not settings.advantage_methods and settings.loss_agg_mode in WEIGHT_RULES \
+                and replayed not in seen:
+            seen.add(replayed)
             methods.append(Method(preset.title, settings.adv_estimator, settings.norm_adv_by_std_in_grpo,
                                   settings.loss_agg_mode))
     return tuple(methods)
@@ -66,13 +71,14 @@ def method_advantages(scores: Any, groups: Any, method: Method, apo: Optional[di
     """A_i of one step's responses, as verl's ``compute_advantage`` returns them for ``method``.
 
     ``scores``: R_i per response; ``groups``: its prompt group (verl's uid); ``apo``: the ``algorithm.apo``
-    settings. APO's anchor is the driver's (``recipe_apo.methods.driver_state``): calls in step order replay it, and
-    ``driver_state.reset_driver_anchors()`` starts a fresh one. ``scopes``: per-response data sources, for
+    settings. APO's anchor is the driver's (``recipe_apo.methods.apo.anchor``): calls in step order replay it, and
+    ``reset_driver_anchors()`` starts a fresh one. ``scopes``: per-response data sources, for
     ``anchor_scope=data_source``.
     """
     from verl import DataProto
     from verl.trainer.ppo.ray_trainer import compute_advantage
 
+    import recipe_apo.plugin  # noqa: F401  (registers the recipe's estimators)
     from recipe_apo.methods.driver_state import handed
 
     rewards = torch.as_tensor(np.asarray(scores, dtype=np.float64), dtype=torch.float32).reshape(-1, 1)

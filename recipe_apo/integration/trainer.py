@@ -1,4 +1,4 @@
-"""The recipe's trainers: verl's V1 trainers running the recipe's hooks at verl's hand-off points.
+"""The recipe's trainers: verl's V1 trainers driving the active methods' runtimes at verl's hand-off points.
 
 One per verl mode, registered with verl under the recipe's names (``recipe_apo.integration.modes``):
 ``apo_sync`` (verl's ``sync``), ``apo_colocate_async`` and ``apo_separate_async``; the launch maps the mode a user
@@ -6,24 +6,28 @@ names to the recipe's. verl picks the trainer class by that name and switches it
 the exact mode string, so each class sets the mode back to verl's own before verl reads it, and every step runs
 exactly as verl's own trainer of that mode runs it.
 
-The hand-off points, each calling every active hook (``recipe_apo.integration.hooks``) in order:
+This is one of the two adapters of the methods' runtimes (``recipe_apo.methods.base``; the other is the CPU
+testbed's). It names no method: it builds the runtimes of the methods a config activates
+(``recipe_apo.methods.catalog``) and calls each, in catalog order, at verl's hand-offs:
 
-- ``__init__``: the hooks the config wants are built (e.g. a fresh APO anchor for the run);
-- ``_load_checkpoint``: after verl's restore, ``hook.restored(folder, step)``;
-- ``_save_checkpoint``: before verl's save (which ends by marking the folder latest), ``hook.save(folder, step)``;
-- ``step``: ``hook.begin_step()``, then verl's step (its ``parameter_sync_step`` mini-batches, each with its own
-  advantage step), then ``hook.end_step(metrics)`` (APO's anchor moves once per training step);
-- ``_next_train_batch``: the first ``hook.replace_batch(n)`` that returns prompts, else verl's dataloader and
-  then ``hook.drew_batch(batch)``;
+- ``__init__``: fresh runtimes for the run;
+- ``_load_checkpoint``: after verl's restore, the actor workers' loss gets the methods' loss columns
+  (``verl_access.install_column_loss``), and each runtime its state from the folder verl resumed from
+  (``recipe_apo.integration.checkpoint``);
+- ``_save_checkpoint``: before verl's save (which ends by marking the folder latest), each runtime's state;
+- ``step``: ``begin_step``, verl's step (its ``parameter_sync_step`` mini-batches, each with its own advantage
+  step), then ``end_step``'s metrics;
+- ``_next_train_batch``: the first runtime's ``replace_prompts`` or verl's dataloader, then every runtime's
+  ``drew_prompts`` (a probe runs through ``TrainerHost``); per-prompt sampling settings send every prompt through
+  the ``recipe_sampling`` agent loop;
 - ``_compute_advantage``: the step's trajectories parsed once from its keys (``multi_output.Sessions``); verl's
-  advantage step inside the final-output rule for ``apo``/``codapo`` (``multi_output.final_output_rule``: with
-  a multi-output agent loop each trajectory's final output stands for it, as verl does for ``grpo``) and every
-  ``hook.around_advantage(batch, sessions)``, then ``hook.after_advantage(batch, metrics, sessions)``;
-- ``_update_actor``: after verl's actor update of a batch, ``hook.after_update(batch, metrics)`` (AGPO's step
-  KL reads the updated policy there);
-- ``_log_rollout_data``: verl's rollout dump with every ``hook.dump_fields(batch)`` as extra columns (a hook
-  whose columns fail is named in a warning; the others' columns still go out).
+  advantage step inside the final-output rule for the recipe's estimators and every ``estimator_inputs``; then
+  ``after_advantage``: metrics, new advantages and loss columns written back, dump columns kept;
+- ``_update_actor``: after verl's update of a batch, ``after_update``;
+- ``_log_rollout_data``: verl's rollout dump with the audit's and the methods' columns (a failure of those is
+  named in a warning, once per run; the dump still goes out).
 
+verl's trainer internals touched on the way are all in ``recipe_apo.integration.verl_access``.
 ``RecipeHooks`` holds all of that for any verl V1 trainer class; a trainer for another verl mode is
 ``class X(RecipeHooks, VerlTrainer)`` with that mode's name in ``VERL_MODE``, registered under a name of its own.
 """
@@ -32,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from typing import Any, Callable, Optional
 
 from omegaconf import DictConfig, open_dict
 from verl.trainer.ppo.v1.trainer_base import register_trainer
@@ -39,11 +44,36 @@ from verl.trainer.ppo.v1.trainer_colocate_async import PPOTrainerColocateAsync
 from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
-from recipe_apo.integration.hooks import HOOKS
+from recipe_apo.integration import verl_access
+from recipe_apo.integration.checkpoint import restore_state, save_state
 from recipe_apo.integration.modes import RECIPE_TRAINERS
 from recipe_apo.integration.multi_output import Sessions, final_output_rule
+from recipe_apo.integration.rollout_dump import AuditFields, RowColumns
+from recipe_apo.methods import catalog
+from recipe_apo.methods.base import MethodRuntime, Probe, Prompts, StepBatch
 
 TRAINER_NAME = RECIPE_TRAINERS["sync"]
+
+
+class TrainerHost:
+    """What a runtime asks of verl's trainer (``recipe_apo.methods.base.Host``)."""
+
+    def __init__(self, trainer: Any) -> None:
+        self.trainer = trainer
+        self.batch = None  # the batch handle of the update under way (``after_update``)
+
+    def probe(self, prompts: Prompts, samples: int, temperature: float, answer_key: Callable[[str], str],
+              custom_key: Optional[str] = None) -> Probe:
+        with verl_access.timed(self.trainer, "recipe_probe"):  # timing_s/recipe_probe: not in verl's gen
+            return verl_access.probe(self.trainer, prompts, samples, temperature, answer_key)
+
+    def policy_log_probs(self, batch: StepBatch) -> Any:
+        with verl_access.timed(self.trainer, "recipe_policy_log_probs"):
+            return verl_access.policy_log_probs(self.trainer, self.batch)
+
+
+def _overrides(runtime: MethodRuntime, name: str) -> bool:
+    return getattr(type(runtime), name) is not getattr(MethodRuntime, name)
 
 
 class RecipeHooks:
@@ -55,20 +85,30 @@ class RecipeHooks:
         with open_dict(config):
             config.trainer.v1.trainer_mode = self.VERL_MODE
         super().__init__(config)
-        self._start_hooks(config)
+        self._start_runtimes(config)
 
-    def _start_hooks(self, config: DictConfig) -> None:
-        self.hooks = [hook(self, config) for hook in HOOKS if hook.wanted(config)]
+    def _start_runtimes(self, config: DictConfig) -> None:
+        self.methods = catalog.active(config)
+        self.runtimes = [r for r in (m.build_runtime(config) for m in self.methods) if r is not None]
+        self.host = TrainerHost(self)
+        self.dump_columns = RowColumns()
+        self.audit_fields = AuditFields(self, config)
+        self.loss_columns = tuple(column for m in self.methods for column in m.loss_columns)
+        self.samples_per_prompt = any(m.prompt_columns for m in self.methods)
+        self.needs = frozenset().union(*(r.needs for r in self.runtimes))
 
-    def hook(self, kind: type):
-        """The active hook of class ``kind``, or None."""
-        return next((h for h in self.hooks if isinstance(h, kind)), None)
+    def runtime(self, name: str):
+        """The run's runtime of the method ``name``, or None."""
+        return next((r for r in self.runtimes if r.method.name == name), None)
 
     def _load_checkpoint(self):
         result = super()._load_checkpoint()
+        if self.loss_columns:
+            verl_access.install_column_loss(self, self.loss_columns)
         folder = self._resumed_folder()
-        for hook in self.hooks:
-            hook.restored(folder, self.global_steps)
+        if folder is not None:
+            for runtime in self.runtimes:
+                restore_state(runtime, folder, self.global_steps)
         return result
 
     def _resumed_folder(self):
@@ -82,96 +122,117 @@ class RecipeHooks:
 
     def _save_checkpoint(self):
         folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
-        for hook in self.hooks:
-            hook.save(folder, self.global_steps)
+        for runtime in self.runtimes:
+            save_state(runtime, folder, self.global_steps)
         return super()._save_checkpoint()
 
     def step(self, metrics: dict, timing_raw: dict):
-        for hook in self.hooks:
-            hook.begin_step()
+        for runtime in self.runtimes:
+            runtime.begin_step(self.global_steps)
         batch = super().step(metrics, timing_raw)
-        for hook in self.hooks:
-            hook.end_step(metrics)
+        for runtime in self.runtimes:
+            metrics.update(runtime.end_step(self.global_steps))
         return batch
 
     def _next_train_batch(self, num_prompts=None):
         size = num_prompts or int(self.config.data.train_batch_size)
-        for hook in self.hooks:
-            batch = hook.replace_batch(size)
-            if batch is not None:
-                return batch
-        batch = super()._next_train_batch(num_prompts)
-        for hook in self.hooks:
-            hook.drew_batch(batch)
+        step = self.global_steps
+        batch = None
+        for runtime in self.runtimes:
+            table = runtime.replace_prompts(step, size)
+            if table is not None:
+                batch = verl_access.prompt_batch(table, step)
+                break
+        if batch is None:
+            batch = super()._next_train_batch(num_prompts)
+        prompts = verl_access.prompts_of(batch)
+        settings = {}
+        for runtime in self.runtimes:
+            settings.update(runtime.drew_prompts(step, prompts, self.host))
+        if self.samples_per_prompt:
+            verl_access.route_sampling(batch, settings,
+                                       str(self.config.actor_rollout_ref.rollout.agent.default_agent_loop))
         return batch
 
     def _compute_advantage(self, batch, metrics: dict):
         sessions, tags = Sessions.of(batch.keys), batch.tags  # verl's write-back returns a handle without tags
+        step_batch, nested_mask = (verl_access.step_batch(batch, sessions, self.needs) if self.runtimes
+                                   else (None, None))
         with contextlib.ExitStack() as stack:
             stack.enter_context(final_output_rule(self.config.algorithm.adv_estimator, sessions))
-            for hook in self.hooks:
-                stack.enter_context(hook.around_advantage(batch, sessions))
+            for runtime in self.runtimes:
+                stack.enter_context(runtime.estimator_inputs(step_batch))
             batch = super()._compute_advantage(batch, metrics)
-        for hook in self.hooks:
-            hook.after_advantage(batch, metrics, sessions)
+        if self.runtimes:
+            self._after_advantage(batch, step_batch, nested_mask, metrics)
         metrics.update(sessions.metrics(tags))
         return batch
 
+    def _after_advantage(self, batch, step_batch: StepBatch, nested_mask, metrics: dict) -> None:
+        if "advantages" in self.needs:
+            step_batch.advantages = verl_access.read(batch, ["advantages"])["advantages"].to_padded_tensor(
+                padding=0.0)
+        changed, dump, loss_columns = False, {}, {}
+        for runtime in self.runtimes:
+            out = runtime.after_advantage(self.global_steps, step_batch)
+            if out.advantages is not None:
+                step_batch.advantages, changed = out.advantages, True
+            metrics.update(out.metrics)
+            dump.update(out.dump)
+            loss_columns.update(out.loss_columns)
+        if changed:
+            verl_access.write_padded(batch, {"advantages": step_batch.advantages}, nested_mask)
+        if loss_columns:
+            verl_access.add_row_columns(batch, loss_columns)
+        self.dump_columns.add(self.global_steps, batch.keys, dump)
+        self._last_advantage_step = (list(batch.keys), step_batch)
+
     def _update_actor(self, batch, metrics: dict):
         batch = super()._update_actor(batch, metrics)
-        for hook in self.hooks:
-            hook.after_update(batch, metrics)
+        updating = [r for r in self.runtimes if _overrides(r, "after_update")]
+        if updating:
+            keys, step_batch = getattr(self, "_last_advantage_step", (None, None))
+            if keys != list(batch.keys):  # not the batch of the last advantage step: read it afresh
+                step_batch, _ = verl_access.step_batch(batch, Sessions.of(batch.keys), self.needs)
+            self.host.batch = batch
+            for runtime in updating:
+                runtime.after_update(self.global_steps, step_batch, self.host)
         return batch
 
     def _dump_fields(self, batch) -> dict[str, list]:
-        """Every hook's dump columns; a hook that fails loses its own (a diagnostic must not stop training),
-        said once per run and hook."""
+        """The audit's and the methods' dump columns; a source that fails loses its own (a diagnostic must not
+        stop training), said once per run and source."""
         fields = {}
-        for hook in self.hooks:
+        for name, source in (("the audit", self.audit_fields), ("the methods", self.dump_columns.for_rows)):
             try:
-                fields.update(hook.dump_fields(batch))
+                fields.update(source(batch) if source is self.audit_fields else source(batch.keys))
             except Exception as exc:
                 warned = self.__dict__.setdefault("_dump_fields_failed", set())
-                if type(hook).__name__ not in warned:
-                    warned.add(type(hook).__name__)
-                    print(f"recipe-apo: warning: rollout dump without {type(hook).__name__}'s fields "
+                if name not in warned:
+                    warned.add(name)
+                    print(f"recipe-apo: warning: rollout dump without {name}' fields "
                           f"({type(exc).__name__}: {exc}); said once per run", flush=True)
         return fields
 
     def _log_rollout_data(self, batch, timing_raw, rollout_data_dir):
-        fields = self._dump_fields(batch)
-        if not fields:
+        with verl_access.dumping_with(self, batch, self._dump_fields(batch)):
             return super()._log_rollout_data(batch, timing_raw, rollout_data_dir)
-        position = {key: i for i, key in enumerate(batch.keys)}
-        write = self._dump_generations
-
-        def write_with_fields(inputs, outputs, gts, scores, reward_extra_infos_dict, dump_path):
-            # verl sorts the rows by uid before writing; its "uid" list says in which order.
-            order = [position[key] for key in reward_extra_infos_dict["uid"]]
-            extra = {name: [values[i] for i in order] for name, values in fields.items()}
-            return write(inputs, outputs, gts, scores, {**reward_extra_infos_dict, **extra}, dump_path)
-
-        self._dump_generations = write_with_fields
-        try:
-            return super()._log_rollout_data(batch, timing_raw, rollout_data_dir)
-        finally:
-            del self._dump_generations
 
 
 @register_trainer(TRAINER_NAME)
 class ApoSyncTrainer(RecipeHooks, PPOTrainerSync):
-    """verl's synchronous V1 trainer with the recipe's hooks."""
+    """verl's synchronous V1 trainer with the recipe's methods."""
 
 
 @register_trainer(RECIPE_TRAINERS["colocate_async"])
 class ApoColocateAsyncTrainer(RecipeHooks, PPOTrainerColocateAsync):
-    """verl's colocated asynchronous trainer (partial rollouts across weight updates) with the recipe's hooks."""
+    """verl's colocated asynchronous trainer (partial rollouts across weight updates) with the recipe's methods."""
 
     VERL_MODE = "colocate_async"
 
 
 @register_trainer(RECIPE_TRAINERS["separate_async"])
 class ApoSeparateAsyncTrainer(RecipeHooks, PPOTrainerSeparateAsync):
-    """verl's asynchronous trainer on separate rollout and training pools with the recipe's hooks."""
+    """verl's asynchronous trainer on separate rollout and training pools with the recipe's methods."""
 
     VERL_MODE = "separate_async"

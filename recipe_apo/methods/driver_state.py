@@ -3,20 +3,20 @@
 verl calls an advantage estimator as a registered plain function on the driver (its TaskRunner actor),
 ``fn(token_level_rewards, response_mask, config, index, ...)``, and keeps only the (advantages, returns) it
 returns. What else an estimator reads or leaves behind has to live in the process. This module owns all of it;
-the recipe's trainer hooks (``recipe_apo.integration.hooks``), the testbed and the audit read and write it
+the methods' runtimes (``recipe_apo.methods.<method>.runtime``), the testbed and the audit read and write it
 through the functions below, never through another module's globals.
 
-- **APO's anchors** (``driver_anchors``): C_t outlives an estimator call, a training step and, through the
-  checkpoint, a run. One ``AnchorBook`` per driver; the trainer resets it at the start of a run
-  (``reset_driver_anchors``) and installs a checkpoint's on resume (``install_driver_anchors``).
+- **A method's state that outlives an estimator call** (``kept``): APO's anchors (C_t outlives a call, a step
+  and, through the checkpoint, a run); its runtime starts fresh ones for a run (``forget``) and installs a
+  checkpoint's on resume (``keep``).
 - **What a call is handed** (``handed``): the per-response ``data_source`` for
   ``algorithm.apo.anchor_scope=data_source`` and the old policy's log-probs for CoDaPO, neither of which verl
-  passes to an estimator. The trainer holds the context around verl's own advantage step; outside it, nothing is
+  passes to an estimator. The adapters hold the context around verl's own advantage step; outside it, nothing is
   handed and the estimators say which trainer they need.
 - **What a call leaves** (``last_result``): per-response values the estimator computed and verl drops (APO's
   Phi_i and the C_t each response was measured against, CoDaPO's w_g and uids) and the step's metrics, for the
-  hooks to log, dump and resample from. Cleared by the hook before each advantage step, so a step that ran no
-  such estimator reads nothing stale.
+  runtimes to log, dump and resample from. Cleared before each advantage step, so a step that ran no such
+  estimator reads nothing stale.
 - **verl's own functions swapped for a while** (``swapped``): the final-output rule for multi-output agent loops
   replaces one name verl's trainer looks up at call time (``recipe_apo.integration.multi_output``); the swap is
   undone when the context ends, also on an error.
@@ -26,17 +26,17 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional, TypeVar
 
 import numpy as np
 import torch
 
-from recipe_apo.methods.anchor import AnchorBook
-
 __all__ = [
-    "EstimatorResult", "clear_results", "driver_anchors", "handed", "handed_log_probs", "handed_scopes",
-    "install_driver_anchors", "last_result", "record_result", "reset_driver_anchors", "swapped",
+    "EstimatorResult", "clear_results", "forget", "handed", "handed_log_probs", "handed_scopes", "keep", "kept",
+    "last_result", "record_result", "swapped",
 ]
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -50,54 +50,58 @@ class EstimatorResult:
 
 @dataclass
 class _DriverState:
-    anchors: Optional[AnchorBook] = None
-    scopes: Optional[np.ndarray] = None
-    old_log_probs: Optional[torch.Tensor] = None
+    # A method's state kept between estimator calls, by method name (``kept``).
+    kept: dict[str, Any] = field(default_factory=dict)
+    # What the current advantage step hands the estimators, by name (``handed``).
+    inputs: dict[str, Any] = field(default_factory=dict)
     results: dict[str, EstimatorResult] = field(default_factory=dict)
 
 
 _STATE = _DriverState()
 
 
-def driver_anchors(init: Optional[float] = None, history: int = 20) -> AnchorBook:
-    """The driver's APO anchors, created on first use with ``init`` (C_0) and ``history`` (m)."""
-    if _STATE.anchors is None:
-        _STATE.anchors = AnchorBook(init=init, history=history)
-    return _STATE.anchors
+def kept(name: str, create: Callable[[], T]) -> T:
+    """The driver's state of method ``name``, made by ``create()`` on first use."""
+    if name not in _STATE.kept:
+        _STATE.kept[name] = create()
+    return _STATE.kept[name]
 
 
-def install_driver_anchors(book: AnchorBook) -> AnchorBook:
-    """Make ``book`` the driver's anchors (a restored checkpoint's)."""
-    _STATE.anchors = book
-    return book
+def keep(name: str, value: T) -> T:
+    """Make ``value`` the driver's state of method ``name`` (a restored checkpoint's)."""
+    _STATE.kept[name] = value
+    return value
 
 
-def reset_driver_anchors() -> None:
-    """Forget the driver's anchors: the next APO step starts fresh ones (a new run, a new multirun job)."""
-    _STATE.anchors = None
+def forget(name: str) -> None:
+    """Forget method ``name``'s state: its next use starts fresh (a new run, a new multirun job)."""
+    _STATE.kept.pop(name, None)
 
 
 @contextlib.contextmanager
 def handed(scopes: Optional[Any] = None, old_log_probs: Optional[torch.Tensor] = None) -> Iterator[None]:
     """Hand the estimator calls made while held the per-response ``scopes`` (data sources) and the old policy's
-    ``old_log_probs`` (batch, response_len); None hands nothing."""
-    previous = (_STATE.scopes, _STATE.old_log_probs)
-    _STATE.scopes = None if scopes is None else np.asarray(scopes, dtype=object)
-    _STATE.old_log_probs = old_log_probs
+    ``old_log_probs`` (batch, response_len); None hands nothing (what an outer ``handed`` gave stays). Several
+    runtimes each hold their own."""
+    previous = dict(_STATE.inputs)
+    if scopes is not None:
+        _STATE.inputs["scopes"] = np.asarray(scopes, dtype=object)
+    if old_log_probs is not None:
+        _STATE.inputs["old_log_probs"] = old_log_probs
     try:
         yield
     finally:
-        _STATE.scopes, _STATE.old_log_probs = previous
+        _STATE.inputs = previous
 
 
 def handed_scopes() -> Optional[np.ndarray]:
     """The data sources handed for the current advantage step, or None."""
-    return _STATE.scopes
+    return _STATE.inputs.get("scopes")
 
 
 def handed_log_probs() -> Optional[torch.Tensor]:
     """The old log-probs handed for the current advantage step, or None."""
-    return _STATE.old_log_probs
+    return _STATE.inputs.get("old_log_probs")
 
 
 def record_result(estimator: str, metrics: dict[str, float], **per_response: np.ndarray) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from recipe_apo.errors import RecipeError
 
-__all__ = ["BatchInputError", "MethodConfigError", "MethodStateError"]
+__all__ = ["BatchInputError", "MethodConfigError", "MethodStateError", "StateMismatch"]
 
 
 class BatchInputError(RecipeError, ValueError):
@@ -25,3 +25,8 @@ class MethodConfigError(RecipeError, ValueError):
 class MethodStateError(RecipeError, ValueError):
     """A method's saved state (the APO anchor's ``state_dict``) is not what this code writes; the message says
     which part. The file that held it is named by the caller (``integration.checkpoint``)."""
+
+
+class StateMismatch(MethodStateError):
+    """A saved state that is the method's own but does not fit this run's settings; the message is the reason, as
+    a clause (``it holds ... but this run has ...``)."""

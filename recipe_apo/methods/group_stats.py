@@ -6,7 +6,7 @@ and in the testbed's (``recipe_apo.testbed``); group ids and per-group sums come
 ``recipe_apo.methods.groups``, a method's advantages to feed them from ``recipe_apo.integration.replay``.
 Symbols of the APO paper, for response i of prompt group g:
 
-- G: responses per group; R_i: the response's score; s_i: its success in [0, 1] (``recipe_apo.methods.success``);
+- G: responses per group; R_i: the response's score; s_i: its success in [0, 1] (``recipe_apo.methods.apo.success``);
 - p_hat_g: the group's success rate; a group is *dead* when every response scored the same: its centered
   rewards, and so its advantages under GRPO, Dr. GRPO and APO, are all 0;
 - A_i: the advantage a method's estimator returns (verl's ``compute_advantage``, on every token alike);
@@ -20,12 +20,12 @@ Symbols of the APO paper, for response i of prompt group g:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
 from recipe_apo.methods.checks import NORM_MODE
-from recipe_apo.methods.groups import group_range, group_sums
+from recipe_apo.methods.groups import group_ids, group_range, group_sums
 
 TOKEN_MEAN = "seq-mean-token-mean"
 TOKEN_SUM_NORM = NORM_MODE
@@ -37,6 +37,20 @@ def dead_groups(scores: Any, codes: np.ndarray, n_groups: int) -> np.ndarray:
     """Per group: every response scored the same (no signal under any centered method)."""
     low, high = group_range(codes, n_groups, scores)
     return low == high
+
+
+def live_rows(scores: np.ndarray, valid: np.ndarray, index: Any,
+              outcome_rows: Optional[np.ndarray] = None) -> np.ndarray:
+    """Per response: does its group have at least two distinct rewards among its valid responses?
+
+    Compared by min and max (``groups.group_range``). Padding rows (``valid`` false) are never live. With
+    ``outcome_rows`` (bool per row: the row holds its trajectory's outcome) only those rows' rewards decide, and
+    every valid row of a live group is live.
+    """
+    codes, n_groups = group_ids(index, scores.shape[0])
+    deciding = valid if outcome_rows is None else valid & np.asarray(outcome_rows, dtype=bool)
+    low, high = group_range(codes[deciding], n_groups, scores[deciding])
+    return valid & (high > low)[codes]
 
 
 def signal_per_group(advantages: Any, codes: np.ndarray, n_groups: int) -> tuple[np.ndarray, np.ndarray]:

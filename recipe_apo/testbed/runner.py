@@ -11,6 +11,8 @@ from typing import Optional
 from omegaconf import DictConfig, OmegaConf
 
 from recipe_apo.errors import RecipeError
+from recipe_apo.methods import catalog
+from recipe_apo.methods.errors import MethodConfigError
 from recipe_apo.testbed.configs import method_configs
 from recipe_apo.testbed.errors import TestbedSettingError
 from recipe_apo.testbed.settings import check_settings, refuse
@@ -18,13 +20,14 @@ from recipe_apo.testbed.settings import check_settings, refuse
 
 def check_method(cfg: DictConfig) -> None:
     """Fail before any training, with one line naming the key, on a setting of the wrong type or out of bounds
-    or unknown (``settings.check_settings``), a name verl does not know, or a setting its actor config (or the
-    testbed's algorithm.codapo / algorithm.zero_variance, the task, AGPO's temperature) refuses."""
+    or unknown (``settings.check_settings``), a name verl does not know, or a setting its actor config, the task,
+    the sampling temperature or a method's runtime refuses (each active method's runtime is built once here: what
+    it reads of the config it checks)."""
     from verl.trainer.ppo.core_algos import get_adv_estimator_fn, get_policy_loss_fn
 
-    from recipe_apo.methods.zero_variance import check_mode
+    import recipe_apo.plugin  # noqa: F401  (registers the recipe's estimators and losses)
     from recipe_apo.testbed.train import group_size, make_task
-    from recipe_apo.testbed.update import actor_config, effective_agg_mode
+    from recipe_apo.testbed.update import actor_config
 
     check_settings(cfg)
     estimator = cfg.algorithm.adv_estimator
@@ -43,40 +46,31 @@ def check_method(cfg: DictConfig) -> None:
         raise refuse("actor_rollout_ref.actor.policy_loss.loss_mode", loss_mode,
                      " ".join(str(exc).split())) from exc
     try:
-        actor = actor_config(cfg.actor_rollout_ref.actor, group_size(cfg))
+        actor_config(cfg.actor_rollout_ref.actor, group_size(cfg))
     except (ValueError, TypeError, AssertionError) as exc:
         if isinstance(exc, RecipeError):
             raise
         raise TestbedSettingError(f"actor_rollout_ref.actor: verl's actor config refuses it: "
                                   f"{' '.join(str(exc).split())}") from exc
     check_temperature(cfg)
-    mode = cfg.algorithm.get("zero_variance", "keep")
-    if mode != "keep":
-        check_mode("exclude", effective_agg_mode(actor))  # a mode without a denominator has nothing to exclude
+    try:
+        for method in catalog.active(cfg):
+            method.build_runtime(cfg)
+    except MethodConfigError as exc:
+        raise TestbedSettingError(" ".join(str(exc).split())) from None
     make_task(cfg)  # the task's own checks (min_len <= max_len, room in L0)
 
 
 def check_temperature(cfg: DictConfig) -> None:
-    """``actor_rollout_ref.rollout.temperature``: 1.0 (the testbed's log-probs are unscaled), except under AGPO's
-    loss, where it is ``algorithm.agpo.base_temperature`` (its probe's; the preset sets it so). AGPO's answer key is
-    the task's own (``vote_key`` of recipe_apo/testbed/task.py, modsum.py): ``algorithm.agpo.vote_key`` stays null."""
-    from recipe_apo.testbed.agpo import LOSS, is_agpo
-
-    temperature = float(cfg.actor_rollout_ref.rollout.temperature)
-    if not is_agpo(cfg):
-        if temperature != 1.0:
-            raise refuse("actor_rollout_ref.rollout.temperature", temperature,
-                         "must be 1.0: the testbed samples and takes its log-probs at temperature 1 (only "
-                         f"policy_loss.loss_mode={LOSS}, method=agpo_dual, samples at its own temperatures)")
+    """``actor_rollout_ref.rollout.temperature``: 1.0 (the testbed's log-probs are unscaled), except in a run whose
+    method sets each prompt's temperature (``Method.prompt_columns``: AGPO's, whose runtime says which it needs)."""
+    temperature = cfg.actor_rollout_ref.rollout.temperature
+    if any("temperature" in m.prompt_columns for m in catalog.active(cfg)):
         return
-    agpo = cfg.algorithm.agpo
-    if temperature != float(agpo.base_temperature):
+    if temperature != 1.0:
         raise refuse("actor_rollout_ref.rollout.temperature", temperature,
-                     f"must be algorithm.agpo.base_temperature ({agpo.base_temperature}) under "
-                     f"loss_mode={LOSS}, as method=agpo_dual sets it: its probe's temperature")
-    if agpo.get("vote_key") is not None:
-        raise refuse("algorithm.agpo.vote_key", agpo.vote_key,
-                     "must be null in the testbed: its tasks give their own answer key (task.vote_key)")
+                     "must be 1.0: the testbed samples and takes its log-probs at temperature 1 (only a method that "
+                     "sets each prompt's temperature, method=agpo_dual, samples at its own)")
 
 
 def checked_configs(overrides: list[str], entries: Optional[dict[str, list[str]]] = None) -> dict[str, DictConfig]:

@@ -254,15 +254,15 @@ class MethodSettings(Kind):
     def check(self, key: str, value: Any) -> None:
         super().check(key, value)
         if self.name == "apo":
-            from recipe_apo.methods.apo_settings import ApoSettings
+            from recipe_apo.methods.apo.settings import ApoSettings
 
             ApoSettings.from_algorithm_config({"apo": value})
         elif self.name == "agpo":
-            from recipe_apo.methods.agpo_dual import AgpoSettings
+            from recipe_apo.methods.agpo_dual.controllers import AgpoSettings
 
             AgpoSettings.from_algorithm_config({"agpo": value})
         else:
-            from recipe_apo.methods.codapo import CodapoSettings
+            from recipe_apo.methods.codapo.estimator import CodapoSettings
 
             CodapoSettings.from_algorithm_config({"codapo": value})
 

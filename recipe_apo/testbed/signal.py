@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from recipe_apo.integration import replay
 from recipe_apo.methods import group_stats
-from recipe_apo.methods.driver_state import reset_driver_anchors
+from recipe_apo.methods.apo.anchor import reset_driver_anchors
 from recipe_apo.methods.group_stats import closed_form
 
 # The methods compared, by name: the presets a replay from scores can run (recipe_apo.integration.replay, shared

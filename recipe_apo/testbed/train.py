@@ -2,11 +2,10 @@
 method; per (seed, method) one RL run in verl's loop (rollout, old log-probs, advantages, ``ppo_epochs`` of
 mini-batch updates).
 
-CoDaPO (``adv_estimator=codapo``) gets the old log-probs handed to its estimator, and with
-``algorithm.codapo.resample`` its rounds go in pairs through the recipe's trainer's own pairing
-(``recipe_apo.integration.resampling.StepPairing``): round r (even) takes the seed's prompt batch r, round r + 1
-repeats the prompts of round r whose weight reaches the percentile (``repeat_count`` copies in place, each its
-own group). It thus reads half the prompt stream in as many rounds.
+The methods' step logic is their runtimes' (``recipe_apo.methods.<method>.runtime``), driven here as verl's
+trainer drives them (``recipe_apo.integration.trainer``); this module is the testbed's adapter and names no method.
+CoDaPO's pairs, for instance, are its runtime's: round r (verl's step r + 1, odd) takes the seed's prompt batch r,
+the round after it the kept prompts, so it reads half the prompt stream.
 
 Runs go to a process pool (one torch thread each: a GRU this small gains nothing from intra-op threads, and
 with one thread the numbers are the same whichever worker runs a job). Each job depends only on its seed and
@@ -15,8 +14,8 @@ its config, so results do not depend on scheduling.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
-import math
 import multiprocessing as mp
 import sys
 import time
@@ -28,24 +27,21 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from recipe_apo.integration.resampling import StepPairing, first_of_pair
-from recipe_apo.methods import driver_state
-from recipe_apo.methods.codapo import CodapoSettings
-from recipe_apo.methods.group_stats import length_by_outcome
-from recipe_apo.methods.zero_variance import exclude_zero_variance, live_rows
-from recipe_apo.testbed.agpo import AgpoRun, is_agpo
+from recipe_apo.methods import catalog
+from recipe_apo.methods.base import Probe, Prompts, StepBatch, Trajectories
+from recipe_apo.methods.group_stats import length_by_outcome, live_rows
 from recipe_apo.testbed.errors import TestbedSettingError
 from recipe_apo.testbed.modsum import ModSumTask
 from recipe_apo.testbed.policy import TokenPolicy, build_policy, pretrain
 from recipe_apo.testbed.rollout import compute_advantages, rollout
 from recipe_apo.testbed.settings import TASKS
 from recipe_apo.testbed.task import ReverseTask, Task
-from recipe_apo.testbed.update import actor_config, effective_agg_mode, ppo_update
+from recipe_apo.testbed.update import actor_config, ppo_update
 
 BUCKETS = ("hard", "medium", "easy")
 
 # Independent random streams of a seed; methods share all of them except what their own updates change. _PROBE:
-# AGPO's probe (method=agpo_dual), apart so that its training samples read the stream the others read.
+# a runtime's probe (``TestbedHost.probe``), apart so that its training samples read the stream the others read.
 _PRETRAIN, _PROMPTS, _EVAL_SET, _SAMPLING, _EVAL_SAMPLING, _SHUFFLE, _PROBE = range(7)
 
 
@@ -165,7 +161,6 @@ def run_method(
             run.evaluate(r + 1)
         if progress is not None:
             progress(1)
-    driver_state.reset_driver_anchors()
     return {
         "label": label,
         "seed": setup.seed,
@@ -175,15 +170,49 @@ def run_method(
     }
 
 
+class TestbedHost:
+    """What a method's runtime asks of the testbed (``recipe_apo.methods.base.Host``): a probe of the round's
+    prompts by the policy that samples the round, on a random stream of its own (so the training samples read the
+    stream every method of a seed reads), scored by the task, the task's own answers as the answer keys; and the
+    updated policy's log-probs of the round's responses."""
+
+    def __init__(self, run: "MethodRun", probe_generator: torch.Generator) -> None:
+        self.run, self.generator = run, probe_generator
+        self.sampler: Optional[TokenPolicy] = None
+        self.batch: Optional[dict[str, Any]] = None
+        self.probe_tokens = 0.0
+
+    def probe(self, prompts: Prompts, samples: int, temperature: float, answer_key: Any,
+              custom_key: Optional[str] = None) -> Probe:
+        if custom_key is not None:
+            raise TestbedSettingError(f"{custom_key}: the testbed's tasks give their own answer keys (task.vote_key); "
+                                      "leave it null")
+        task, n = self.run.task, len(prompts)
+        base = torch.full((n,), float(temperature))
+        probe = rollout(self.sampler, task, prompts.columns["prompts"], prompts.columns["k"], samples, self.generator,
+                        base)
+        rewards = probe["reward"].double().view(n, samples).numpy()
+        keys = task.vote_key(probe["prompts"], probe["k"], probe["responses"])
+        tokens = float(probe["response_mask"].sum())
+        self.probe_tokens += tokens
+        return Probe(rewards, keys.reshape(n, samples).tolist(), int(tokens))
+
+    def policy_log_probs(self, batch: StepBatch) -> torch.Tensor:
+        with torch.no_grad():
+            return self.run.policy.log_probs(self.batch["prompts"], self.batch["responses"])
+
+
 class MethodRun:
     """One (seed, method) run between its rounds: the trained policy, its optimizer and random streams, the
-    sampling policy of a stale run, CoDaPO's pairing of rounds, and what the rounds recorded.
+    sampling policy of a stale run, the active methods' runtimes, and what the rounds recorded.
 
-    A round is verl's step: its prompts (``round_prompts``), the rollout and the old log-probs
-    (``sample_round``), the advantages (``advantages``: CoDaPO's hand-off, the zero-variance rescale), the
-    update (``update.ppo_update``), then the round's metrics (``record_*``). Round r is verl's step r + 1, so
-    CoDaPO's pairs are the trainer's (``recipe_apo.integration.resampling``): round r (even) takes the seed's
-    prompt batch r, round r + 1 its kept prompts.
+    A round is verl's step r + 1, run as the recipe's trainer runs it (``recipe_apo.methods.base``): the runtimes'
+    ``begin_step``; the round's prompts (a runtime's ``replace_prompts``, else the seed's prompt batch r) and every
+    runtime's ``drew_prompts`` (with their per-prompt temperatures); the rollout and the old log-probs; verl's
+    ``compute_advantage`` inside the runtimes' ``estimator_inputs``; their ``after_advantage`` (new advantages, loss
+    columns); the update (``update.ppo_update``); ``after_update``; ``end_step``; then the round's record. Nothing
+    here names a method: each active method's declared metrics (``<method>/<quantity>``) are recorded every round
+    (NaN where a round has none).
     """
 
     def __init__(self, cfg: DictConfig, setup: SeedSetup) -> None:
@@ -196,18 +225,11 @@ class MethodRun:
         optim = cfg.actor_rollout_ref.actor.optim
         self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=optim.lr, betas=tuple(optim.betas),
                                            weight_decay=optim.weight_decay)
-        self.estimator = cfg.algorithm.adv_estimator
-        settings = CodapoSettings.from_algorithm_config(cfg.algorithm) if self.estimator == "codapo" else None
-        # CoDaPO's rounds in pairs, as the trainer's steps (None: every round reads the prompt stream).
-        self.pairing = StepPairing(settings) if settings is not None and settings.resample else None
-        self.kept: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # the pair's kept prompts and their k
-        self.zero_variance = cfg.algorithm.get("zero_variance", "keep")
-        driver_state.reset_driver_anchors()
         self.sampling, self.shuffling = generator(setup.seed, _SAMPLING), generator(setup.seed, _SHUFFLE)
-        # AGPO's controllers, fresh for the run (method=agpo_dual), and the old policy's token entropies of the
-        # round's responses that its clips read.
-        self.agpo = AgpoRun(cfg, generator(setup.seed, _PROBE)) if is_agpo(cfg) else None
-        self.old_entropy: Optional[torch.Tensor] = None
+        self.methods = catalog.active(cfg)
+        self.runtimes = [r for r in (m.build_runtime(cfg) for m in self.methods) if r is not None]
+        self.needs = frozenset().union(*(r.needs for r in self.runtimes))
+        self.host = TestbedHost(self, generator(setup.seed, _PROBE))
         # The reference policy of verl's KL loss (use_kl_loss): the run's initial policy.
         self.reference: Optional[TokenPolicy] = None
         if self.actor.use_kl_loss:
@@ -239,48 +261,56 @@ class MethodRun:
             self.evals[name].append(float(success[setup.bucket == b].mean()))
 
     def train_round(self, r: int, on_round: Optional[Callable[..., None]] = None) -> None:
-        prompts, k, second = self.round_prompts(r + 1)
-        batch, old_log_prob = self.sample_round(prompts, k)
-        advantages, live = self.advantages(batch, old_log_prob)
-        clip_eps = self.agpo.clips(batch, self.old_entropy, self.group) if self.agpo is not None else None
+        step = r + 1
+        for runtime in self.runtimes:
+            runtime.begin_step(step)
+        self.host.probe_tokens = 0.0
+        prompts, k = self.round_prompts(step)
+        batch, old_log_prob, entropy = self.sample_round(step, prompts, k)
+        step_batch = StepBatch(uids=batch["uid"], token_level_scores=batch["token_level_rewards"],
+                               response_mask=batch["response_mask"],
+                               trajectories=Trajectories.single(len(batch["uid"])), old_log_probs=old_log_prob,
+                               entropy=entropy)
+        metrics, loss_columns = self.advantages(step, batch, step_batch)
+        advantages = step_batch.advantages
         ref_log_prob = None
         if self.reference is not None:
             with torch.no_grad():
                 ref_log_prob = self.reference.log_probs(batch["prompts"], batch["responses"])
         if on_round is not None:
             on_round(r, batch, old_log_prob, advantages)
-        metrics = ppo_update(self.policy, self.optimizer, self.actor, batch, advantages, old_log_prob,
-                             self.shuffling, zero_variance=self.zero_variance, live=live, clip_eps=clip_eps,
-                             ref_log_prob=ref_log_prob)
+        update = ppo_update(self.policy, self.optimizer, self.actor, batch, advantages, old_log_prob, self.shuffling,
+                            runtimes=self.runtimes, loss_columns=loss_columns, ref_log_prob=ref_log_prob)
+        self.host.batch = batch
+        for runtime in self.runtimes:
+            runtime.after_update(step, step_batch, self.host)
+        for runtime in self.runtimes:
+            metrics.update(runtime.end_step(step))
         # Share of the round's responses in groups with a signal (two distinct rewards or more).
-        self.record("live_share", live.mean())
-        # Tokens generated in the round: its training responses' and, for AGPO, its probe's (scored, then
-        # dropped); each response counts its tokens up to and including the end token.
+        scores = batch["token_level_rewards"].sum(dim=-1).double().numpy()
+        self.record("live_share", live_rows(scores, batch["response_mask"].sum(dim=-1).numpy() > 0,
+                                            batch["uid"]).mean())
+        # Tokens generated in the round: its training responses' and any probe's (scored, then dropped); each
+        # response counts its tokens up to and including the end token.
         train_tokens = float(batch["response_mask"].sum())
-        probe_tokens = self.agpo.metrics["probe_tokens"] if self.agpo is not None else 0.0
         self.record("train_tokens", train_tokens)
-        self.record("probe_tokens", probe_tokens)
-        self.record("tokens_generated", train_tokens + probe_tokens)
-        if self.agpo is not None:
-            self.agpo.after_update(self.policy, batch, old_log_prob)
-            for key, value in self.agpo.metrics.items():
-                if key != "probe_tokens":
-                    self.record(key, value)
-        if self.estimator == "codapo":
-            self.record_codapo(r + 1, batch, prompts, k, second)
-        self.record_batch(batch, metrics)
-        if self.estimator == "apo":
-            self.record_anchor()
+        self.record("probe_tokens", self.host.probe_tokens)
+        self.record("tokens_generated", train_tokens + self.host.probe_tokens)
+        for method in self.methods:
+            for quantity in method.metrics:
+                name = method.metric(quantity)
+                self.record(name, metrics.get(name, float("nan")))
+        self.record_batch(batch, update)
 
-    def round_prompts(self, step: int) -> tuple[torch.Tensor, torch.Tensor, bool]:
-        """Step ``step``'s prompts and their k, and whether they are the second step of a CoDaPO pair (the kept
-        prompts of the step before, ``repeat_count`` copies in place)."""
-        if self.pairing is not None and not first_of_pair(step):
-            order = torch.from_numpy(self.pairing.second_order(self.cfg.data.train_batch_size, step))
-            return self.kept[0][order], self.kept[1][order], True
-        if self.pairing is not None:
-            self.pairing.start(step)
-        return self.setup.train_prompts[step - 1], self.setup.train_k[step - 1], False
+    def round_prompts(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Step ``step``'s prompts and their k: a runtime's (CoDaPO's kept prompts of the step before), else the
+        seed's prompt batch ``step - 1``."""
+        count = int(self.cfg.data.train_batch_size)
+        for runtime in self.runtimes:
+            table = runtime.replace_prompts(step, count)
+            if table is not None:
+                return table["prompts"], table["k"]
+        return self.setup.train_prompts[step - 1], self.setup.train_k[step - 1]
 
     def sampler(self) -> TokenPolicy:
         """The policy that samples this round: the trained one, or in a stale run its weights after round
@@ -291,18 +321,25 @@ class MethodRun:
         self.behaviour.load_state_dict(self.past[0])
         return self.behaviour
 
-    def sample_round(self, prompts: torch.Tensor, k: torch.Tensor) -> tuple[dict[str, Any], torch.Tensor]:
-        """The round's responses and their old log-probs, before the advantages, as verl's trainer takes them:
-        CoDaPO's weight reads them. No gradient, same weights: the order changes no number of the others.
-        AGPO (``recipe_apo.testbed.agpo``): its probe first, the responses of each prompt at its tau_t, and the
-        old policy's token entropies kept for its clips."""
+    def sample_round(self, step: int, prompts: torch.Tensor,
+                     k: torch.Tensor) -> tuple[dict[str, Any], torch.Tensor, Optional[torch.Tensor]]:
+        """The round's responses, their old log-probs and (when a runtime needs them) token entropies, before the
+        advantages, as verl's trainer takes them. The runtimes see the drawn prompts first (AGPO's probe) and may
+        set each prompt's sampling temperature."""
         sampler = self.sampler()
-        # AGPO: the probe first, then each prompt's training responses at its tau_t.
-        temperature = self.agpo.probe(sampler, self.task, prompts, k) if self.agpo is not None else None
+        self.host.sampler = sampler
+        drawn = Prompts(uids=prompt_uids(prompts.shape[0]), columns={"prompts": prompts, "k": k})
+        settings: dict[str, np.ndarray] = {}
+        for runtime in self.runtimes:
+            settings.update(runtime.drew_prompts(step, drawn, self.host))
+        temperature = settings.get("temperature")
+        if temperature is not None:
+            temperature = torch.from_numpy(np.asarray(temperature)).to(torch.float32)
         batch = rollout(sampler, self.task, prompts, k, self.group, self.sampling, temperature)
+        entropy = None
         with torch.no_grad():
-            if self.agpo is not None:
-                old_log_prob, self.old_entropy = sampler.log_probs_and_entropy(batch["prompts"], batch["responses"])
+            if "entropy" in self.needs:
+                old_log_prob, entropy = sampler.log_probs_and_entropy(batch["prompts"], batch["responses"])
             else:
                 old_log_prob = sampler.log_probs(batch["prompts"], batch["responses"])
             if self.staleness:
@@ -310,41 +347,26 @@ class MethodRun:
                 mask = batch["response_mask"].to(torch.bool)
                 current = self.policy.log_probs(batch["prompts"], batch["responses"])
                 self.record("ratio_dev_mean", (current - old_log_prob).exp().sub(1).abs()[mask].mean())
-        return batch, old_log_prob
+        return batch, old_log_prob, entropy
 
-    def advantages(self, batch: dict[str, Any], old_log_prob: torch.Tensor) -> tuple[torch.Tensor, np.ndarray]:
-        """verl's advantages of the round, and per response whether its group is live.
-
-        CoDaPO's estimator gets the old log-probs through ``driver_state.handed`` and
-        ``algorithm.zero_variance=exclude`` rescales through ``exclude_zero_variance``: what the trainer's
-        hooks (recipe_apo/integration/hooks/) call at the same point of a step."""
-        driver_state.clear_results("codapo")
-        with driver_state.handed(old_log_probs=old_log_prob):  # read by codapo only
-            advantages = compute_advantages(batch, self.cfg.algorithm)
-        scores = batch["token_level_rewards"].sum(dim=-1).double().numpy()
-        live = live_rows(scores, batch["response_mask"].sum(dim=-1).numpy() > 0, batch["uid"])
-        if self.zero_variance == "exclude":
-            advantages, zv_metrics = exclude_zero_variance(
-                advantages, batch["token_level_rewards"], batch["response_mask"], batch["uid"],
-                effective_agg_mode(self.actor),
-            )
-            self.record("zv_scale", zv_metrics["zero_variance/scale"])
-        return advantages, live
-
-    def record_codapo(self, step: int, batch: dict[str, Any], prompts: torch.Tensor, k: torch.Tensor,
-                      second: bool) -> None:
-        """CoDaPO's weights of the round and, at the first step of a pair, the prompts it keeps."""
-        result = driver_state.last_result("codapo")
-        for key in ("weight_mean", "confidence_mean", "difficulty_weight_mean"):
-            self.record(f"codapo_{key}", result.metrics.get(f"codapo/{key}", float("nan")))
-        self.record("resampled", float(second))
-        if self.pairing is None or not first_of_pair(step):
-            self.record("kept_prompts", float("nan"))
-            return
-        self.pairing.add_weights(result.per_response["uids"], result.per_response["weights"])
-        kept = torch.from_numpy(self.pairing.select(batch["uid"][:: self.group]))
-        self.kept = (prompts[kept], k[kept])
-        self.record("kept_prompts", len(kept))
+    def advantages(self, step: int, batch: dict[str, Any],
+                   step_batch: StepBatch) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
+        """verl's advantages of the round, inside every runtime's ``estimator_inputs``, then each runtime's
+        ``after_advantage`` in catalog order: into ``step_batch.advantages``; returns the round's method metrics
+        so far and the loss columns (one float32 value per response)."""
+        with contextlib.ExitStack() as stack:
+            for runtime in self.runtimes:
+                stack.enter_context(runtime.estimator_inputs(step_batch))
+            step_batch.advantages = compute_advantages(batch, self.cfg.algorithm)
+        metrics, loss_columns = {}, {}
+        for runtime in self.runtimes:
+            out = runtime.after_advantage(step, step_batch)
+            if out.advantages is not None:
+                step_batch.advantages = out.advantages
+            metrics.update(out.metrics)
+            loss_columns.update({name: torch.from_numpy(np.asarray(values)).to(torch.float32)
+                                 for name, values in out.loss_columns.items()})
+        return metrics, loss_columns
 
     def record_batch(self, batch: dict[str, Any], metrics: dict[str, float]) -> None:
         """The round's success, lengths and cut share, then the update's metrics."""
@@ -361,19 +383,10 @@ class MethodRun:
         for key, value in metrics.items():
             self.record(key, value)
 
-    def record_anchor(self) -> None:
-        """The APO estimator's anchor metrics of the round."""
-        result = driver_state.last_result("apo")
-        anchor_metrics = {} if result is None else result.metrics
-        self.record("anchor", anchor_metrics.get("apo/anchor", float("nan")))
-        rate = anchor_metrics.get("apo/anchor_rate", float("nan"))
-        self.record("anchor_rate", rate)
-        # eta_t = clip(eta std(H), eta_min, 1) at its floor: the anchor then moves as a plain exponential average
-        # and eta does nothing (docs/internals.md, "The anchor's rate").
-        at_floor = rate == float(self.cfg.algorithm.apo.eta_min) if math.isfinite(rate) else float("nan")
-        self.record("anchor_rate_at_floor", float(at_floor))
-        self.record("weight_pos_mean", anchor_metrics.get("apo/weight_pos_mean", float("nan")))
-        self.record("weight_neg_mean", anchor_metrics.get("apo/weight_neg_mean", float("nan")))
+
+def prompt_uids(count: int) -> np.ndarray:
+    """The uid of each of a round's prompts, as ``rollout`` gives its responses (``p<i>``)."""
+    return np.array([f"p{i}" for i in range(count)], dtype=object)
 
 
 # --- process pool plumbing ------------------------------------------------------------------------------

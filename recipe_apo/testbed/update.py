@@ -2,10 +2,10 @@
 policy loss called with verl's arguments, ``global_batch_info`` refreshed per micro-batch so the loss of a
 mini-batch does not depend on how it is split, gradient clipping at ``grad_clip``.
 
-``algorithm.zero_variance``: with ``exclude`` the advantages come in already scaled by the round's
-B / B_live (recipe_apo/methods/zero_variance.py) and the update records how far that is off per mini-batch
-(``denominator_ratio``); with ``exact`` (testbed only) the advantages are left as they are and each
-mini-batch's own denominators count only its live responses and tokens.
+A method's runtime may set a mini-batch's loss denominators itself (``loss_denominators``: the zero-variance
+denominator's testbed-only ``exact``) or note what they are off by (its ``exclude``); a method's loss may read
+per-row columns its runtime computed (``loss_columns``: AGPO's clip), handed micro-batch by micro-batch as the
+recipe's trainer hands them in verl's actor (``recipe_apo.methods.loss_inputs``).
 """
 
 from __future__ import annotations
@@ -13,18 +13,17 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Mapping, Optional, Sequence
 
-import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from recipe_apo.integration.validation import OWN_AGGREGATION
-from recipe_apo.methods.apo_loss import RATIO_BAND
-from recipe_apo.methods.zero_variance import denominator_ratio
+from recipe_apo.methods.apo.loss import RATIO_BAND
+from recipe_apo.methods.checks import effective_agg_mode as _effective
+from recipe_apo.methods.loss_inputs import handed_columns
 from recipe_apo.testbed.errors import TestbedSettingError
 from recipe_apo.testbed.policy import TokenPolicy
-from recipe_apo.testbed.settings import VERL_NOT_FROM_YAML, ZERO_VARIANCE_MODES
+from recipe_apo.testbed.settings import VERL_NOT_FROM_YAML
 
 
 def actor_config(actor: DictConfig, rollout_n: int):
@@ -67,7 +66,7 @@ def check_kl_type(kind: Any) -> None:
 
 def effective_agg_mode(config: Any) -> str:
     """The aggregation the loss really applies: ``loss_agg_mode``, unless the loss has its own (verl's sapo)."""
-    return OWN_AGGREGATION.get(config.policy_loss.loss_mode, config.loss_agg_mode)
+    return _effective(config.policy_loss.loss_mode, config.loss_agg_mode)
 
 
 def ppo_update(
@@ -78,10 +77,9 @@ def ppo_update(
     advantages: torch.Tensor,
     old_log_prob: torch.Tensor,
     shuffle_generator: torch.Generator,
-    zero_variance: str = "keep",
-    live: Optional[np.ndarray] = None,
+    runtimes: Sequence[Any] = (),
     trace: Optional[list] = None,
-    clip_eps: Optional[torch.Tensor] = None,
+    loss_columns: Optional[Mapping[str, torch.Tensor]] = None,
     ref_log_prob: Optional[torch.Tensor] = None,
 ) -> dict[str, float]:
     """``ppo_epochs`` passes over the round's responses in mini-batches of ``ppo_mini_batch_size`` prompts.
@@ -90,13 +88,12 @@ def ppo_update(
     clipping (an adaptive optimizer rescales its steps, so the update norm would hide how large the loss
     gradient was), and ``ratio_out_share``: the share of valid tokens whose ratio r = pi / pi_old lay outside
     [1 - 0.2, 1 + 0.2] (GRPO's clip range) when their loss was computed, the same measure for every loss.
-    ``live``: per response, is its group live (``zero_variance.live_rows``); needed for
-    ``zero_variance`` exclude (then ``zv_ratio_dev_mean`` / ``zv_ratio_dev_max``: mean and max over the
-    round's mini-batches of |denominator_ratio - 1|) and exact. ``trace``, when a list, gets one entry per
-    mini-batch: its rows, its loss and (exclude) its denominator ratio.
+    ``runtimes``: the round's method runtimes; one with ``loss_denominators(rows, mask)`` sets a mini-batch's
+    denominators (``responses``, ``tokens``) or notes something of it (every other key goes into the ``trace``).
+    ``trace``, when a list, gets one entry per mini-batch: its rows, its loss and those notes.
 
-    ``clip_eps`` (one per response, AGPO's eps of its prompt): each micro-batch's loss is called inside
-    ``agpo_loss.clip_handed`` with its rows' eps, as the recipe's ``BatchClipLoss`` hands them to ``agpo_clip``.
+    ``loss_columns`` (name -> one value per response): each micro-batch's loss is called inside
+    ``loss_inputs.handed_columns`` with its rows' values, as the recipe's ``ColumnLoss`` hands them in verl.
     ``ref_log_prob`` (the reference policy's log-probs of the responses): needed with ``use_kl_loss``, whose
     ``kl_loss_coef`` x ``kl_penalty(log_prob, ref_log_prob, kl_loss_type)``, aggregated by ``agg_loss`` with the
     ``loss_agg_mode`` and the mini-batch's denominators, is added to each micro-batch's loss as verl's
@@ -104,19 +101,24 @@ def ppo_update(
     """
     from verl.trainer.ppo.core_algos import get_policy_loss_fn
 
-    _check_zero_variance(zero_variance, live)
     if config.use_kl_loss and ref_log_prob is None:
         raise ValueError("actor_rollout_ref.actor.use_kl_loss=true needs the reference policy's log-probs")
-    if clip_eps is not None and clip_eps.shape[0] != batch["responses"].shape[0]:
-        raise ValueError(f"clip_eps: {clip_eps.shape[0]} values for {batch['responses'].shape[0]} responses")
+    rows_total = batch["responses"].shape[0]
+    for name, values in (loss_columns or {}).items():
+        if values.shape[0] != rows_total:
+            raise ValueError(f"loss column {name}: {values.shape[0]} values for {rows_total} responses")
     loss_fn = get_policy_loss_fn(config.policy_loss.loss_mode)
-    extra = _Extras(clip_eps, ref_log_prob if config.use_kl_loss else None)
+    extra = _Extras(dict(loss_columns or {}), ref_log_prob if config.use_kl_loss else None)
     mask = batch["response_mask"].to(torch.bool)
-    denominators = _Denominators(zero_variance, mask, live, effective_agg_mode(config))
+    deciders = [r for r in runtimes if hasattr(r, "loss_denominators")]
     stats = _UpdateStats()
     micro = config.ppo_micro_batch_size_per_gpu or config.ppo_mini_batch_size * config.rollout_n
-    for rows in mini_batches(config, batch["responses"].shape[0], shuffle_generator):
-        responses, valid_tokens, ratio = denominators.of(rows)
+    for rows in mini_batches(config, rows_total, shuffle_generator):
+        responses, valid_tokens, notes = len(rows), int(mask[rows].sum()), {}
+        for runtime in deciders:
+            said = runtime.loss_denominators(rows, mask) or {}
+            responses, valid_tokens = said.pop("responses", responses), said.pop("tokens", valid_tokens)
+            notes.update(said)
         # What verl's trainer and ppo_loss put there for each micro-batch of this mini-batch.
         config.global_batch_info.update(
             dp_size=1,
@@ -135,17 +137,9 @@ def ppo_update(
             stats.kl_losses.append(stats.kl_mini)
             stats.kl_mini = 0.0
         if trace is not None:
-            trace.append({"rows": rows.tolist(), "loss": mini_loss, "denominator_ratio": ratio})
+            trace.append({"rows": rows.tolist(), "loss": mini_loss, **notes})
         stats.grad_norms.append(_step(policy, optimizer, config.grad_clip))
-    return stats.summary(denominators.deviations)
-
-
-def _check_zero_variance(zero_variance: str, live: Optional[np.ndarray]) -> None:
-    if zero_variance not in ZERO_VARIANCE_MODES:
-        raise ValueError(
-            f"algorithm.zero_variance must be one of {', '.join(ZERO_VARIANCE_MODES)}, got {zero_variance!r}")
-    if zero_variance != "keep" and live is None:
-        raise ValueError(f"zero_variance={zero_variance} needs the live responses of the round")
+    return stats.summary()
 
 
 def mini_batches(config: Any, n: int, shuffle_generator: torch.Generator) -> Iterator[torch.Tensor]:
@@ -156,33 +150,6 @@ def mini_batches(config: Any, n: int, shuffle_generator: torch.Generator) -> Ite
         order = torch.randperm(n, generator=shuffle_generator) if config.shuffle else torch.arange(n)
         for start in range(0, n, mini):
             yield order[start : start + mini]
-
-
-class _Denominators:
-    """A mini-batch's loss denominators (responses, valid tokens) under ``algorithm.zero_variance``, and with
-    exclude its ``denominator_ratio`` (each |ratio - 1| kept in ``deviations``)."""
-
-    def __init__(self, mode: str, mask: torch.Tensor, live: Optional[np.ndarray], agg_mode: str) -> None:
-        self.mode, self.mask, self.agg_mode = mode, mask, agg_mode
-        self.live = np.asarray(live, dtype=bool) if live is not None else None
-        self.live_t = torch.from_numpy(self.live) if live is not None else None
-        self.tokens = mask.sum(dim=-1).numpy().astype(np.float64)
-        self.deviations: list[float] = []
-
-    def of(self, rows: torch.Tensor) -> tuple[int, int, Optional[float]]:
-        """(responses, valid tokens, denominator ratio or None) of the mini-batch of ``rows``."""
-        responses, valid_tokens = len(rows), int(self.mask[rows].sum())
-        if self.mode == "exact":
-            # The definition: the mini-batch's dead responses (advantage 0) leave its denominators. With no
-            # live response the loss is 0 whatever the denominator; the plain one avoids dividing by 0.
-            live_rows_ = rows[self.live_t[rows]]
-            if len(live_rows_):
-                return len(live_rows_), int(self.mask[live_rows_].sum()), None
-        elif self.mode == "exclude":
-            ratio = denominator_ratio(self.live, rows.numpy(), self.tokens, self.agg_mode)
-            self.deviations.append(abs(ratio - 1.0))
-            return responses, valid_tokens, ratio
-        return responses, valid_tokens, None
 
 
 @dataclasses.dataclass
@@ -207,7 +174,7 @@ class _UpdateStats:
                 self.metric_sums[key] = self.metric_sums.get(key, 0.0) + value
                 self.metric_counts[key] = self.metric_counts.get(key, 0) + 1
 
-    def summary(self, deviations: list[float]) -> dict[str, float]:
+    def summary(self) -> dict[str, float]:
         out = {key: self.metric_sums[key] / self.metric_counts[key] for key in self.metric_sums}
         out["pg_loss"] = sum(self.losses) / len(self.losses)
         out["grad_norm"] = sum(self.grad_norms) / len(self.grad_norms)
@@ -215,29 +182,25 @@ class _UpdateStats:
         out["ratio_out_share"] = self.outside / max(self.seen, 1)
         if self.kl_losses:
             out["actor/kl_loss"] = sum(self.kl_losses) / len(self.kl_losses)
-        if deviations:
-            out["zv_ratio_dev_mean"] = sum(deviations) / len(deviations)
-            out["zv_ratio_dev_max"] = max(deviations)
         return out
 
 
 @dataclasses.dataclass
 class _Extras:
-    """What some methods add to a micro-batch's loss: per-row clip eps (AGPO), the reference log-probs (KL)."""
+    """What a micro-batch's loss may take beyond verl's arguments: the methods' loss columns, the reference
+    log-probs (KL)."""
 
-    clip_eps: Optional[torch.Tensor] = None
+    loss_columns: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
     ref_log_prob: Optional[torch.Tensor] = None
 
 
 def _micro_batch_loss(policy: TokenPolicy, loss_fn: Any, config: Any, batch: dict[str, Any],
                       advantages: torch.Tensor, old_log_prob: torch.Tensor, mask: torch.Tensor,
                       part: torch.Tensor, stats: _UpdateStats, extra: Optional[_Extras] = None) -> float:
-    """The registered loss of the micro-batch ``part`` as verl calls it (under ``clip_handed`` with the rows' eps
-    when given), plus verl's KL loss when ``use_kl_loss``, its gradient accumulated; returns the loss and adds
-    its metrics and ratio band counts to ``stats``."""
+    """The registered loss of the micro-batch ``part`` as verl calls it (with the rows' loss columns handed),
+    plus verl's KL loss when ``use_kl_loss``, its gradient accumulated; returns the loss and adds its metrics and
+    ratio band counts to ``stats``."""
     from verl.trainer.ppo.core_algos import agg_loss, kl_penalty
-
-    from recipe_apo.methods.agpo_loss import clip_handed
 
     extra = extra or _Extras()
     log_prob = policy.log_probs(batch["prompts"][part], batch["responses"][part])
@@ -246,8 +209,8 @@ def _micro_batch_loss(policy: TokenPolicy, loss_fn: Any, config: Any, batch: dic
         deviation = (log_prob - old_log_prob[part]).exp().sub_(1.0).abs_()
         stats.outside += int((deviation > RATIO_BAND).logical_and_(valid).sum())
         stats.seen += int(valid.sum())
-    handed = clip_handed(extra.clip_eps[part]) if extra.clip_eps is not None else contextlib.nullcontext()
-    with handed:
+    handed = {name: values[part] for name, values in extra.loss_columns.items()}
+    with handed_columns(handed) if handed else contextlib.nullcontext():
         loss, metrics = loss_fn(
             old_log_prob=old_log_prob[part],
             log_prob=log_prob,

@@ -307,8 +307,8 @@ def test_the_recipes_error_is_found_behind_rays_wrappers():
 def _recipe_errors():
     from recipe_apo.audit.dumps import AuditError
     from recipe_apo.integration.errors import AnchorStateError, NodeCheckError, RecipeConfigError, ResamplingStateError
-    from recipe_apo.methods.apo_settings import ApoConfigError
-    from recipe_apo.methods.codapo import CodapoConfigError
+    from recipe_apo.methods.apo.settings import ApoConfigError
+    from recipe_apo.methods.codapo.estimator import CodapoConfigError
     from recipe_apo.reward.pool import WorkerError
     from recipe_apo.reward.settings import RewardConfigError
 

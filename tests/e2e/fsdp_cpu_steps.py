@@ -263,7 +263,7 @@ def apo_step(worker) -> dict:
     from verl.workers.config import FSDPActorConfig, PolicyLossConfig
     from verl.workers.utils.losses import ppo_loss
 
-    from recipe_apo.methods.apo_loss import compute_policy_loss_apo
+    from recipe_apo.methods.apo.loss import compute_policy_loss_apo
 
     bsz = len(STEP_PROMPT_LENS)
     config = FSDPActorConfig(

@@ -13,7 +13,7 @@ from helpers.rehearsal_runs import checkpoint_root, dump, run, tail, train_then_
 
 from recipe_apo.cpu import rehearse
 from recipe_apo.integration.hooks.agpo import STATE_FILE
-from recipe_apo.methods.agpo_dual import AgpoSettings
+from recipe_apo.methods.agpo_dual.controllers import AgpoSettings
 
 pytestmark = pytest.mark.e2e
 ARGS = ("trainer.save_freq=1", "trainer.val_before_train=false")

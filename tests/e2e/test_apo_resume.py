@@ -17,8 +17,8 @@ from helpers.rehearsal_runs import SOURCES, checkpoint_root, dump, run, state, t
 
 from recipe_apo.cpu import rehearse
 from recipe_apo.integration.checkpoint import load_anchor_state
-from recipe_apo.methods.anchor import AnchorBook
-from recipe_apo.methods.apo_settings import ApoSettings
+from recipe_apo.methods.apo.anchor import AnchorBook
+from recipe_apo.methods.apo.settings import ApoSettings
 
 # The train row whose reward is NaN. With data.shuffle=false and 4 prompts a step, it is in step 5's batch.
 POISON_INDEX = 16

@@ -50,7 +50,7 @@ def test_codapo_trains_the_even_step_on_the_kept_prompts_and_saves_them_with_the
     from collections import Counter
 
     from recipe_apo.integration.resampling import STATE_FILE as CODAPO_STATE
-    from recipe_apo.methods.codapo import resample_order, select_prompts
+    from recipe_apo.methods.codapo.estimator import resample_order, select_prompts
 
     ckpt, dumps = codapo_runs["ckpt"], codapo_runs["dumps"]
     assert [row["step"] for row in codapo_runs["metrics"]] == [1, 2, 3]

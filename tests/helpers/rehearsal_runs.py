@@ -64,8 +64,8 @@ def train_then_resume(paths: dict, workdir: Path, args, steps: int, engine: str 
 def assert_each_checkpoint_holds_its_steps_anchor(rows: list[dict], ckpt: Path) -> None:
     """Each saved anchor is the previous one moved by that step's logged batch success (the first from the default
     start): what a resume restores is the anchor of the step it resumes after."""
-    from recipe_apo.methods.anchor import AnchorBook
-    from recipe_apo.methods.apo_settings import ApoSettings
+    from recipe_apo.methods.apo.anchor import AnchorBook
+    from recipe_apo.methods.apo.settings import ApoSettings
 
     settings, book = ApoSettings(), AnchorBook()
     for row in rows:

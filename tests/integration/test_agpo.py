@@ -15,9 +15,9 @@ from recipe_apo.integration.agpo_launch import AGENT_LOOPS, TEMPERED_LOOP, TEMPE
 from recipe_apo.integration.hooks.agpo import STATE_FILE, AgpoHook, AgpoStateError, load_state, save_state
 from recipe_apo.integration.modes import recipe_mode
 from recipe_apo.integration.validation import RecipeConfigError, validate_recipe_config
-from recipe_apo.methods.agpo_dual import AgpoState
+from recipe_apo.methods.agpo_dual.controllers import AgpoState
 from recipe_apo.methods.errors import MethodStateError
-from recipe_apo.reward.vote_keys import VoteKeyError, load_vote_key, math_vote_key
+from recipe_apo.methods.agpo_dual.vote_keys import VoteKeyError, load_vote_key, math_vote_key
 
 BASE = ("method=agpo_dual", "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.n=8")
 # separate_async's own rollout pool, which its checks (before AGPO's) ask for.
@@ -150,7 +150,7 @@ def test_the_batch_clip_loss_hands_the_micro_batchs_column_to_verls_ppo_loss(mon
     from tensordict import TensorDict
 
     from recipe_apo.integration import batch_clip_loss
-    from recipe_apo.methods.agpo_loss import handed_clip
+    from recipe_apo.methods.agpo_dual.loss import handed_clip
     from recipe_apo.methods.errors import BatchInputError
 
     seen = []

@@ -18,8 +18,8 @@ from recipe_apo.integration.checkpoint import (
     load_anchor_state,
     save_anchor_state,
 )
-from recipe_apo.methods.apo_settings import ApoSettings
-from recipe_apo.methods.driver_state import driver_anchors, reset_driver_anchors
+from recipe_apo.methods.apo.settings import ApoSettings
+from recipe_apo.methods.apo.anchor import driver_anchors, reset_driver_anchors
 
 # One step of training as the driver sees it: a batch through the registered estimator, seeded by the step.
 STEP_SCRIPT = """
@@ -76,7 +76,7 @@ def test_resume_in_a_new_process_continues_bit_for_bit(tmp_path):
     # the anchor reset, resumed from the latest checkpoint (resume_mode=auto).
     run_child(f"""
         from recipe_apo.integration.checkpoint import restore_for_run
-        from recipe_apo.methods.driver_state import reset_driver_anchors
+        from recipe_apo.methods.apo.anchor import reset_driver_anchors
         config = OmegaConf.load("{config_path}")
         torch.save([step(k, config.algorithm) for k in (5, 6)], "{tmp_path}/fresh.pt")
         reset_driver_anchors()

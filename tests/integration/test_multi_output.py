@@ -24,7 +24,8 @@ from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from recipe_apo.integration.hooks import AnchorHook, CodapoHook
 from recipe_apo.integration.hooks.base import DumpFieldsError
 from recipe_apo.integration.multi_output import Sessions
-from recipe_apo.methods.driver_state import driver_anchors, handed, reset_driver_anchors
+from recipe_apo.methods.apo.anchor import driver_anchors, reset_driver_anchors
+from recipe_apo.methods.driver_state import handed
 
 # key: (reward, response length, old token log-prob). verl's completion order: a trajectory's rows are apart.
 ROWS = {

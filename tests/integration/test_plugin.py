@@ -45,8 +45,8 @@ def test_plain_import_verl_registers_both_in_a_fresh_interpreter():
     )
     assert result.returncode == 0, result.stderr
     assert last_json_line(result.stdout) == {
-        "estimator": "recipe_apo.methods.apo",
-        "loss": "recipe_apo.methods.apo_loss",
+        "estimator": "recipe_apo.methods.apo.estimator",
+        "loss": "recipe_apo.methods.apo.loss",
         "loaded_by_verl": True,
     }
     assert "recipe-apo" not in result.stderr  # no error and no version warning with the pinned verl
@@ -57,7 +57,7 @@ def test_a_broken_plugin_import_is_reported_as_an_error():
     result = run_python(
         """
         import sys
-        sys.modules["recipe_apo.methods.apo_loss"] = None  # makes `import recipe_apo.methods.apo_loss` fail
+        sys.modules["recipe_apo.methods.apo.loss"] = None  # makes `import recipe_apo.methods.apo.loss` fail
         import verl
         from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY
         print("apo registered:", "apo" in ADV_ESTIMATOR_REGISTRY)
@@ -68,7 +68,7 @@ def test_a_broken_plugin_import_is_reported_as_an_error():
     assert "ERROR" in result.stderr
     assert ("recipe-apo: registering the 'apo' and 'codapo' advantage estimators and the 'apo', 'apo_one_sided' and "
             "'agpo_clip' policy losses with verl failed") in result.stderr
-    assert "recipe_apo.methods.apo_loss" in result.stderr
+    assert "recipe_apo.methods.apo.loss" in result.stderr
 
 
 def test_version_check_warns_only_off_the_pin():

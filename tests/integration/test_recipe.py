@@ -77,8 +77,8 @@ def test_apo_is_the_default_method_and_presets_win_over_the_base():
 def test_the_recipe_yaml_declares_the_estimators_defaults_exactly():
     from dataclasses import asdict
 
-    from recipe_apo.methods.apo_settings import ApoSettings
-    from recipe_apo.methods.codapo import CodapoSettings
+    from recipe_apo.methods.apo.settings import ApoSettings
+    from recipe_apo.methods.codapo.estimator import CodapoSettings
 
     assert OmegaConf.to_container(composed().algorithm.apo) == asdict(ApoSettings())
     assert OmegaConf.to_container(composed().algorithm.codapo) == asdict(CodapoSettings())

@@ -22,9 +22,10 @@ from recipe_apo.integration.checkpoint import STATE_FILE
 from recipe_apo.integration.cluster import check_apo_on_every_node
 from recipe_apo.integration.hooks import AnchorHook
 from recipe_apo.integration.trainer import ApoSyncTrainer
-from recipe_apo.methods.anchor import AnchorBook
-from recipe_apo.methods.apo import compute_apo_advantage
-from recipe_apo.methods.driver_state import driver_anchors, last_result, reset_driver_anchors
+from recipe_apo.methods.apo.anchor import AnchorBook
+from recipe_apo.methods.apo.estimator import compute_apo_advantage
+from recipe_apo.methods.apo.anchor import driver_anchors, reset_driver_anchors
+from recipe_apo.methods.driver_state import last_result
 
 REWARDS = [1.0, 1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.0]
 LENGTHS = [3, 2, 4, 1, 2, 5, 3, 2]
@@ -273,7 +274,7 @@ def test_the_anchor_moves_once_per_training_step_and_logs_the_steps_update(tmp_p
     """verl's step() runs one advantage step per mini-batch (parameter_sync_step); the recipe's trainer opens
     the step, so the anchor moves once with the pooled success rate, and the logged apo/* anchor metrics are the
     step's update, not verl's average over the mini-batches."""
-    from recipe_apo.methods.apo import apo_outcome_advantage
+    from recipe_apo.methods.apo.estimator import apo_outcome_advantage
 
     config = recipe_config(tmp_path, "algorithm.apo.anchor_init=0.5", "algorithm.apo.eta_min=0.5",
                            "algorithm.apo.eta=1.0")

@@ -1,4 +1,4 @@
-"""AGPO's controllers (recipe_apo/methods/agpo_dual.py): hand-worked cases, and cases transcribed from the source.
+"""AGPO's controllers (recipe_apo/methods/agpo_dual/controllers.py): hand-worked cases, and cases transcribed from the source.
 
 Transcribed: the expected values of the TRANSCRIBED tables come from running the source's own functions
 (wandugu/paper_agpo at 11e5596f5d51a56ec8ef6076948991cfd05c0ee8, src/llamafactory/train/agpo/trainer.py:
@@ -18,7 +18,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from recipe_apo.methods.agpo_dual import (
+from recipe_apo.methods.agpo_dual.controllers import (
     AgpoConfigError,
     AgpoSettings,
     AgpoState,
@@ -31,7 +31,7 @@ from recipe_apo.methods.agpo_dual import (
     vote_entropy,
 )
 from recipe_apo.methods.errors import BatchInputError, MethodStateError
-from recipe_apo.reward.vote_keys import math_vote_key
+from recipe_apo.methods.agpo_dual.vote_keys import math_vote_key
 
 S = AgpoSettings()
 A = [1, 0, 0, 0, 1, 1, 0, 0]

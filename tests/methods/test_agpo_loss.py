@@ -1,4 +1,4 @@
-"""AGPO's per-prompt clip loss (recipe_apo/methods/agpo_loss.py): verl's vanilla loss with each row's own clip."""
+"""AGPO's per-prompt clip loss (recipe_apo/methods/agpo_dual/loss.py): verl's vanilla loss with each row's own clip."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 from verl.trainer.ppo.core_algos import compute_policy_loss_vanilla, get_policy_loss_fn
 from verl.workers.config import ActorConfig
 
-from recipe_apo.methods.agpo_loss import NAME, clip_handed, compute_policy_loss_agpo_clip
+from recipe_apo.methods.agpo_dual.loss import NAME, clip_handed, compute_policy_loss_agpo_clip
 from recipe_apo.methods.errors import BatchInputError, MethodConfigError
 from recipe_apo.plugin import AGPO_CLIP
 

@@ -21,7 +21,7 @@ from recipe_apo.integration.resampling import (
     StepPairing,
     first_of_pair,
 )
-from recipe_apo.methods.codapo import (
+from recipe_apo.methods.codapo.estimator import (
     MAX_REPEAT_COUNT,
     MAX_WEIGHT_OFFSET,
     CodapoConfigError,
@@ -148,7 +148,7 @@ def test_the_estimator_refuses_plain_verl_and_bad_batches():
 def test_the_handed_log_probs_reach_the_registered_estimator_and_its_weights_stay_on_the_book():
     from verl.trainer.ppo import core_algos
 
-    import recipe_apo  # noqa: F401
+    import recipe_apo.plugin  # noqa: F401  (registers the recipe's estimators and losses)
 
     rewards, mask, log_probs, uid = hand_batch()
     fn = core_algos.get_adv_estimator_fn("codapo")

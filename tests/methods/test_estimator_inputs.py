@@ -9,9 +9,9 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
-from recipe_apo.methods.anchor import AnchorBook, CapabilityAnchor
-from recipe_apo.methods.apo import compute_apo_advantage
-from recipe_apo.methods.apo_settings import MAX_HISTORY, MAX_LAMBDA_SCALE, ApoConfigError, ApoSettings
+from recipe_apo.methods.apo.anchor import AnchorBook, CapabilityAnchor
+from recipe_apo.methods.apo.estimator import compute_apo_advantage
+from recipe_apo.methods.apo.settings import MAX_HISTORY, MAX_LAMBDA_SCALE, ApoConfigError, ApoSettings
 from recipe_apo.methods.errors import BatchInputError
 
 DTYPES = [torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool,
@@ -133,7 +133,7 @@ def test_a_missing_data_source_is_named_with_its_rows(missing):
 def test_every_refused_batch_leaves_every_anchor_of_the_book_as_it_was():
     """A refusal comes before any anchor moves, with one anchor per data source too: the book's whole state is
     equal before and after, and a scope the refused batch named is not created."""
-    from recipe_apo.methods.anchor import AnchorBook
+    from recipe_apo.methods.apo.anchor import AnchorBook
 
     settings = ApoSettings(anchor_scope="data_source", history=5)
     book = AnchorBook(init=0.3, history=5)

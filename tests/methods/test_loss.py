@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from verl.trainer.ppo.core_algos import get_policy_loss_fn
 from verl.workers.config import FSDPActorConfig, PolicyLossConfig
 
-from recipe_apo.methods.apo_loss import compute_policy_loss_apo, compute_policy_loss_apo_one_sided
+from recipe_apo.methods.apo.loss import compute_policy_loss_apo, compute_policy_loss_apo_one_sided
 
 # L0 differs from the padded width on purpose: verl's fallback when L0 is unset is the width.
 WIDTH = 8

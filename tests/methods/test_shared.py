@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 from recipe_apo.errors import RecipeError
 from recipe_apo.methods import apo, checks, driver_state, groups, settings
-from recipe_apo.methods.apo_settings import ApoConfigError, ApoSettings
-from recipe_apo.methods.codapo import CodapoConfigError, CodapoSettings
+from recipe_apo.methods.apo.settings import ApoConfigError, ApoSettings
+from recipe_apo.methods.codapo.estimator import CodapoConfigError, CodapoSettings
 from recipe_apo.methods.errors import BatchInputError, MethodConfigError
 
 
@@ -107,10 +107,10 @@ def test_the_driver_state_restores_what_it_replaced():
     assert driver_state.last_result("x").metrics == {"m": 1.0}
     driver_state.clear_results("x")
     assert driver_state.last_result("x") is None
-    book = driver_state.driver_anchors(init=0.5, history=3)
-    assert driver_state.driver_anchors() is book and book.init == 0.5
-    driver_state.reset_driver_anchors()
-    assert driver_state.driver_anchors() is not book
+    book = driver_anchors(init=0.5, history=3)
+    assert driver_anchors() is book and book.init == 0.5
+    reset_driver_anchors()
+    assert driver_anchors() is not book
 
 
 def test_read_settings_takes_a_dict_a_node_an_object_or_nothing_and_refuses_unknown_keys():

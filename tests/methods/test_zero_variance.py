@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from verl.trainer.ppo.core_algos import agg_loss
 
 from recipe_apo.methods.errors import BatchInputError, MethodConfigError
-from recipe_apo.methods.zero_variance import (
+from recipe_apo.methods.zero_variance.rescale import (
     check_mode,
     denominator_ratio,
     exclude_zero_variance,
@@ -153,7 +153,7 @@ def test_off_policy_the_registered_losses_see_the_scale_as_the_exact_denominator
     from verl.trainer.ppo.core_algos import get_policy_loss_fn
     from verl.workers.config import FSDPActorConfig, PolicyLossConfig
 
-    import recipe_apo  # noqa: F401  (registers apo)
+    import recipe_apo.plugin  # noqa: F401  (registers the recipe's estimators and losses)
 
     advantages, rewards, mask, uid = hand_batch()
     advantages = advantages * 3.0

@@ -13,8 +13,8 @@ from helpers.testbed_tiny import TINY_RUN
 from hydra import initialize_config_module
 from omegaconf import OmegaConf
 
-from recipe_apo.methods.apo_settings import ApoSettings
-from recipe_apo.methods.codapo import CodapoSettings
+from recipe_apo.methods.apo.settings import ApoSettings
+from recipe_apo.methods.codapo.estimator import CodapoSettings
 
 # A run of seconds: few rounds, a small batch, a short warm-up, one process; two seeds.
 TINY = ["seeds=[0,1]", *TINY_RUN]
@@ -379,7 +379,7 @@ def _codapo_rounds(overrides):
 
 
 def test_codapo_selection_by_hand():
-    from recipe_apo.methods.codapo import resample_order, select_prompts
+    from recipe_apo.methods.codapo.estimator import resample_order, select_prompts
 
     # 8 prompts with weights 0.1 0.9 0.5 0.9 0.3 0.1 0.7 0.2; the 0.75 quantile of the sorted weights
     # (0.1 0.1 0.2 0.3 0.5 0.7 0.9 0.9) is 0.7 + 0.25 * (0.9 - 0.7) = 0.75: prompts 1 and 3 are kept, and the
@@ -393,7 +393,7 @@ def test_codapo_selection_by_hand():
 
 
 def test_codapo_run_resamples_the_kept_prompts_of_each_pairs_first_round(hydra_ctx):
-    from recipe_apo.methods.codapo import compute_codapo_advantage
+    from recipe_apo.methods.codapo.estimator import compute_codapo_advantage
 
     cfg, setup, rounds, run = _codapo_rounds([])
     P, G = cfg.data.train_batch_size, cfg.actor_rollout_ref.rollout.n
@@ -429,7 +429,7 @@ def test_the_testbed_pairs_rounds_as_the_trainers_resampler_pairs_steps(hydra_ct
     from verl.utils import tensordict_utils as tu
 
     from recipe_apo.integration.resampling import PromptResampler
-    from recipe_apo.methods.codapo import compute_codapo_advantage
+    from recipe_apo.methods.codapo.estimator import compute_codapo_advantage
 
     cfg, setup, rounds, run = _codapo_rounds(["rounds=2"])
     P, G = cfg.data.train_batch_size, cfg.actor_rollout_ref.rollout.n
@@ -486,7 +486,7 @@ def _update(hydra_ctx_overrides, batch, advantages, zero_variance):
     metrics, the per-mini-batch trace and the last mini-batch's gradient."""
     from hydra import compose
 
-    from recipe_apo.methods.zero_variance import exclude_zero_variance, live_rows
+    from recipe_apo.methods.zero_variance.rescale import exclude_zero_variance, live_rows
     from recipe_apo.testbed.update import actor_config, effective_agg_mode, ppo_update
 
     cfg = compose(config_name="testbed", overrides=["method=grpo", "actor_rollout_ref.rollout.n=2",

@@ -10,8 +10,8 @@ import pytest
 import torch
 from helpers.rehearsal_runs import SOURCES, dump, state, train_then_resume
 
-from recipe_apo.methods.anchor import AnchorBook
-from recipe_apo.methods.apo_settings import ApoSettings
+from recipe_apo.methods.apo.anchor import AnchorBook
+from recipe_apo.methods.apo.settings import ApoSettings
 
 ARGS = ("actor_rollout_ref.actor.optim.lr=1e-2", "data.shuffle=false", "trainer.save_freq=1",
         "trainer.val_before_train=false")

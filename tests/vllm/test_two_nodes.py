@@ -19,8 +19,8 @@ from helpers.rehearsal_runs import checkpoint_root, run, state, tail
 
 from recipe_apo.cpu import rehearse
 from recipe_apo.cpu.local_cluster import local_cluster
-from recipe_apo.methods.anchor import GLOBAL_SCOPE, AnchorBook
-from recipe_apo.methods.apo_settings import ApoSettings
+from recipe_apo.methods.apo.anchor import GLOBAL_SCOPE, AnchorBook
+from recipe_apo.methods.apo.settings import ApoSettings
 
 NODES, WORKERS_PER_NODE = 2, 1
 ENGINE = "hf"

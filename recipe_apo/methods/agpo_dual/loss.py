@@ -1,10 +1,10 @@
 """AGPO's per-prompt clip as a verl policy loss: ``policy_loss.loss_mode=agpo_clip`` (``method=agpo_dual``).
 
-AGPO (``recipe_apo.methods.agpo_dual``) clips each prompt's ratios to [1 - eps_p, 1 + eps_p] with an eps_p of
-its own. verl's policy losses get one clip for the whole batch (``clip_ratio_low``/``clip_ratio_high``) and no
-batch columns, so the recipe hands the micro-batch's per-row eps over while verl's ``ppo_loss`` runs
-(``clip_handed``, set by ``recipe_apo.integration.batch_clip_loss`` from the batch column ``agpo_clip_eps``), and
-this loss calls verl's own ``vanilla`` loss with those per-row bounds: the loss, its dual clip
+AGPO (``recipe_apo.methods.agpo_dual.controllers``) clips each prompt's ratios to [1 - eps_p, 1 + eps_p] with an
+eps_p of its own. verl's policy losses get one clip for the whole batch (``clip_ratio_low``/``clip_ratio_high``) and
+no batch columns, so the runtime writes each row's eps as the loss column ``agpo_clip_eps``, the adapters hand the
+micro-batch's rows over while verl's ``ppo_loss`` runs (``recipe_apo.methods.loss_inputs``), and this loss calls
+verl's own ``vanilla`` loss with those per-row bounds: the loss, its dual clip
 (``clip_ratio_c``), its aggregation and its metrics are verl's. With one eps for every row it *is* verl's
 ``vanilla`` at that clip (tested). Extra metric: ``actor/agpo_clip_eps_mean``, the mean eps over the
 micro-batch's valid tokens.
@@ -12,33 +12,16 @@ micro-batch's valid tokens.
 
 from __future__ import annotations
 
-import contextlib
-import threading
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
 import torch
 from verl.trainer.ppo.core_algos import compute_policy_loss_vanilla
 
+from recipe_apo.methods.agpo_dual import CLIP_COLUMN, LOSS
 from recipe_apo.methods.errors import BatchInputError, MethodConfigError
+from recipe_apo.methods.loss_inputs import handed_column
 
-NAME = "agpo_clip"  # as registered by recipe_apo.plugin (AGPO_CLIP)
-_HANDED = threading.local()
-
-
-@contextlib.contextmanager
-def clip_handed(eps: torch.Tensor) -> Iterator[None]:
-    """Hand the losses computed while held one clip eps per row of their micro-batch (shape (batch,))."""
-    previous = getattr(_HANDED, "eps", None)
-    _HANDED.eps = eps
-    try:
-        yield
-    finally:
-        _HANDED.eps = previous
-
-
-def handed_clip() -> Optional[torch.Tensor]:
-    """The per-row eps handed to the current loss call, or None."""
-    return getattr(_HANDED, "eps", None)
+NAME = LOSS
 
 
 class _PerRowClip:
@@ -77,10 +60,10 @@ def compute_policy_loss_agpo_clip(
     config: Optional[Any] = None,
     rollout_is_weights: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, dict[str, Any]]:
-    """verl's vanilla PPO loss with row i clipped to [1 - eps_i, 1 + eps_i], eps handed by ``clip_handed``."""
+    """verl's vanilla PPO loss with row i clipped to [1 - eps_i, 1 + eps_i], eps the handed ``agpo_clip_eps``."""
     if config is None:
         raise MethodConfigError(f"loss_mode={NAME} needs the actor config")
-    eps = handed_clip()
+    eps = handed_column(CLIP_COLUMN)
     if eps is None:
         raise MethodConfigError(
             f"policy_loss.loss_mode={NAME} needs each prompt's clip in the batch (column agpo_clip_eps): it runs "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from recipe_apo.methods.apo_settings import ApoSettings
+from recipe_apo.methods.apo.settings import ApoSettings
 from recipe_apo.methods.errors import BatchInputError
 
 # Rewards summed over tokens in float32 can land a hair outside an exact bound.

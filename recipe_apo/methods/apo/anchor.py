@@ -27,7 +27,8 @@ from typing import Any, Optional
 
 import numpy as np
 
-from recipe_apo.methods.apo_settings import MAX_HISTORY
+from recipe_apo.methods import driver_state
+from recipe_apo.methods.apo.settings import MAX_HISTORY
 from recipe_apo.methods.errors import BatchInputError, MethodConfigError, MethodStateError
 
 STATE_VERSION = 1
@@ -210,3 +211,22 @@ class AnchorBook:
             restored[str(scope)] = anchor
         self.anchors = restored
         self._step_start, self._step_seen, self.step_results = None, {}, {}
+
+
+# The driver's anchors (``recipe_apo.methods.driver_state``): one book per driver process, the run's.
+_KEY = "apo"
+
+
+def driver_anchors(init: Optional[float] = None, history: int = 20) -> AnchorBook:
+    """The driver's APO anchors, created on first use with ``init`` (C_0) and ``history`` (m)."""
+    return driver_state.kept(_KEY, lambda: AnchorBook(init=init, history=history))
+
+
+def install_driver_anchors(book: AnchorBook) -> AnchorBook:
+    """Make ``book`` the driver's anchors (a restored checkpoint's)."""
+    return driver_state.keep(_KEY, book)
+
+
+def reset_driver_anchors() -> None:
+    """Forget the driver's anchors: the next APO step starts fresh ones (a new run, a new multirun job)."""
+    driver_state.forget(_KEY)

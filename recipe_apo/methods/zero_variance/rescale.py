@@ -46,8 +46,9 @@ import torch
 
 from recipe_apo.methods.checks import AGG_MODES, check_choice, check_finite, check_no_overflow, check_shapes
 from recipe_apo.methods.errors import BatchInputError, MethodConfigError
-from recipe_apo.methods.groups import group_ids, group_range
+from recipe_apo.methods.group_stats import live_rows
 
+# The recipe's modes; the testbed adds "exact", each mini-batch's own denominators (``runtime``).
 MODES = ("keep", "exclude")
 SEQUENCE_MODES = ("seq-mean-token-sum-norm", "seq-mean-token-mean", "seq-mean-token-sum")
 TOKEN_MODES = ("token-mean",)
@@ -80,20 +81,6 @@ def check_mode(mode: Any, loss_agg_mode: Any, use_kl_in_reward: bool = False) ->
             "set algorithm.zero_variance=keep"
         )
     return mode
-
-
-def live_rows(scores: np.ndarray, valid: np.ndarray, index: Any,
-              outcome_rows: Optional[np.ndarray] = None) -> np.ndarray:
-    """Per response: does its group have at least two distinct rewards among its valid responses?
-
-    Compared by min and max (``groups.group_range``). Padding rows (``valid`` false) are never live. With
-    ``outcome_rows`` (bool per row: the row holds its trajectory's outcome) only those rows' rewards decide, and
-    every valid row of a live group is live.
-    """
-    codes, n_groups = group_ids(index, scores.shape[0])
-    deciding = valid if outcome_rows is None else valid & np.asarray(outcome_rows, dtype=bool)
-    low, high = group_range(codes[deciding], n_groups, scores[deciding])
-    return valid & (high > low)[codes]
 
 
 def zero_variance_scale(

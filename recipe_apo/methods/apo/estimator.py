@@ -4,15 +4,15 @@ Paper symbols and their names here, for response i of prompt group g (the estima
 
 - R_i: ``scores``, the sum of the response's token-level rewards.
 - A_i = R_i - mean_g(R): ``centered``, the group-centered reward with no std normalization (section 4.3).
-- s_i = s(R_i) in [0, 1]: ``success`` (``recipe_apo.methods.success``).
+- s_i = s(R_i) in [0, 1]: ``success`` (``recipe_apo.methods.apo.success``).
 - p_hat_g = mean_g(s): ``p_hat``.
 - y_t = mean of s over the batch (or over one data source's responses): ``y``.
 - C_t: the capability anchor, ``anchor``; eta_t = clip(eta std(H), eta_min, 1) its rate, ``rates``
-  (``recipe_apo.methods.anchor``). C_{t+1} = (1 - eta_t) C_t + eta_t y_t.
+  (``recipe_apo.methods.apo.anchor``). C_{t+1} = (1 - eta_t) C_t + eta_t y_t.
 - Delta_g = p_hat_g - C_t: ``gap``; the group is harder than the model when Delta_g < 0.
 - D_i = -sign(A_i) sign(Delta_g) and Phi_i = lambda_scale exp(D_i |Delta_g|): ``phi``.
 - A_i^eff = Phi_i A_i: the returned advantage, on every valid token, 0 on padding.
-- tau_+ / tau_- and L0 belong to the loss (``recipe_apo.methods.apo_loss``): the soft gate's temperatures,
+- tau_+ / tau_- and L0 belong to the loss (``recipe_apo.methods.apo.loss``): the soft gate's temperatures,
   verl's ``tau_pos`` / ``tau_neg``, and the constant token budget, verl's ``loss_scale_factor``.
 
 Order within a step follows the paper's algorithm summary: the anchor is first updated with this batch's y_t,
@@ -39,12 +39,12 @@ import pandas as pd
 import torch
 
 from recipe_apo.methods import driver_state
-from recipe_apo.methods.anchor import GLOBAL_SCOPE, AnchorBook, CapabilityAnchor
-from recipe_apo.methods.apo_settings import ApoSettings
+from recipe_apo.methods.apo.anchor import GLOBAL_SCOPE, AnchorBook, CapabilityAnchor, driver_anchors
+from recipe_apo.methods.apo.settings import ApoSettings
+from recipe_apo.methods.apo.success import success_of
 from recipe_apo.methods.checks import check_finite, check_no_overflow, check_shapes, output_dtype
 from recipe_apo.methods.errors import BatchInputError
 from recipe_apo.methods.groups import group_ids, group_mean, response_rewards
-from recipe_apo.methods.success import success_of
 from recipe_apo.methods.tensors import from_float64, to_numpy
 
 __all__ = ["apo_outcome_advantage", "compute_apo_advantage"]
@@ -309,6 +309,6 @@ def apo_outcome_advantage(
                 "algorithm.apo.anchor_scope=data_source needs each response's data_source, which verl does not "
                 "pass to estimators: train with `python -m recipe_apo.main` (trainer.v1.trainer_mode=apo_sync)"
             )
-    book = driver_state.driver_anchors(init=settings.anchor_init, history=settings.history)
+    book = driver_anchors(init=settings.anchor_init, history=settings.history)
     advantages, _metrics = compute_apo_advantage(token_level_rewards, response_mask, index, settings, book, scopes)
     return advantages, advantages

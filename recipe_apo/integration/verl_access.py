@@ -1,0 +1,287 @@
+"""Every internal of verl's V1 trainer that the recipe's trainer touches, in one module, each named here.
+
+The adapter (``recipe_apo.integration.trainer``) overrides verl's hand-off methods (``_load_checkpoint``,
+``_save_checkpoint``, ``step``, ``_next_train_batch``, ``_compute_advantage``, ``_update_actor``,
+``_log_rollout_data``) and reaches, through the functions below only, into:
+
+- TransferQueue, where a V1 step's fields live (``tq.kv_batch_get/put/clear``, the batch handle's ``keys``,
+  ``partition_id``, ``tags``, ``fields`` and ``extra_info``), read padded and written nested as verl does;
+- the trainer's ``global_steps``, ``config``, ``tokenizer`` and ``timing_raw`` (``marked_timer``);
+- its workers: ``actor_rollout_wg.set_loss_fn`` (a registered worker method) and ``.compute_log_prob``;
+- its rollout on the validation path, as ``_validate`` runs it: ``agent_loop_manager.generate_sequences``,
+  ``replay_buffer.sample(partition_id="val")``, and in colocated reward mode ``checkpoint_manager.sleep_replicas`` /
+  ``update_weights`` around the private ``_compute_reward_colocate``;
+- the rollout dump's writer, ``_dump_generations`` (``dumping_with``);
+- the dataloader's prompt batches (TensorDicts, ``verl.utils.tensordict_utils``).
+
+verl 0.9.1's line numbers are in ``docs/internals.md``; a verl release that changes one of these is a change here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
+
+import numpy as np
+import torch
+
+from recipe_apo.integration.sampling_loop import COLUMN_PREFIX, INNER_KEY
+from recipe_apo.integration.sampling_loop import NAME as SAMPLING_LOOP
+from recipe_apo.methods.base import Probe, Prompts, StepBatch, Trajectories
+from recipe_apo.methods.errors import BatchInputError, MethodStateError
+
+# The batch fields a runtime may need (``MethodRuntime.needs``) beside uids, scores and the mask, by verl's names.
+FIELDS = {"old_log_probs": "old_log_probs", "entropy": "entropy", "advantages": "advantages"}
+
+
+# ---- TransferQueue ------------------------------------------------------------------------------------------------
+def read(batch: Any, fields: Sequence[str]) -> Any:
+    """The ``fields`` of every row of ``batch``, in ``batch.keys`` order (a TensorDict of nested tensors)."""
+    import transfer_queue as tq
+
+    return tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=list(fields))
+
+
+def write_padded(batch: Any, fields: Mapping[str, torch.Tensor], nested_like: Any) -> None:
+    """Store padded ``(n, T)`` tensors back as nested rows shaped like ``nested_like`` (a nested mask)."""
+    import transfer_queue as tq
+    from tensordict import TensorDict
+    from verl.workers.utils.padding import response_to_nested
+
+    nested = {name: response_to_nested(value, nested_like) for name, value in fields.items()}
+    tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=TensorDict(nested, batch_size=len(batch)))
+
+
+def add_row_columns(batch: Any, columns: Mapping[str, np.ndarray]) -> None:
+    """New per-row float columns in the batch, listed in the handle's ``fields`` (verl's update fetches those)."""
+    import transfer_queue as tq
+    from tensordict import TensorDict
+
+    values = {name: torch.as_tensor(np.asarray(v, dtype=np.float32)) for name, v in columns.items()}
+    written = tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id,
+                              fields=TensorDict(values, batch_size=len(batch)))
+    if batch.fields is not None:
+        batch.fields = list(written.fields)
+
+
+def data_sources(batch: Any) -> np.ndarray:
+    """Each row's ``data_source``; ``BatchInputError`` naming the remedy when the dataset has none."""
+    try:
+        sources = read(batch, ["data_source"])["data_source"]
+    except Exception as exc:  # the storage's own error types vary with its backend
+        raise BatchInputError(
+            f"algorithm.apo.anchor_scope=data_source: the batch has no data_source field ({exc}); "
+            "add data_source to your dataset rows or use anchor_scope=global"
+        ) from exc
+    return np.asarray(sources.tolist() if hasattr(sources, "tolist") else list(sources), dtype=object)
+
+
+def step_batch(batch: Any, trajectories: Trajectories, needs: frozenset) -> tuple[StepBatch, Any]:
+    """The step's rows as a runtime sees them (``recipe_apo.methods.base.StepBatch``), reading from TransferQueue
+    the uids, the reward's scores (``rm_scores``), the mask and what the runtimes need, padded as verl pads them;
+    and the nested mask (``write_padded`` shapes rows like it)."""
+    # The advantages are read after verl's advantage step (``read``), not here.
+    fields = ["uid", "rm_scores", "response_mask",
+              *(FIELDS[n] for n in sorted(needs) if n in FIELDS and n != "advantages")]
+    data = read(batch, fields)
+    padded = {name: data[name].to_padded_tensor(padding=0.0) for name in fields[1:]}
+    out = StepBatch(uids=np.array([str(u) for u in data["uid"]], dtype=object),
+                    token_level_scores=padded["rm_scores"], response_mask=padded["response_mask"],
+                    trajectories=trajectories, old_log_probs=padded.get("old_log_probs"),
+                    entropy=padded.get("entropy"))
+    if "data_sources" in needs:
+        out.data_sources = data_sources(batch)
+    return out, data["response_mask"]
+
+
+# ---- the trainer's own objects --------------------------------------------------------------------------------------
+def global_steps(trainer: Any) -> int:
+    return int(trainer.global_steps)
+
+
+@contextlib.contextmanager
+def timed(trainer: Any, name: str) -> Iterator[None]:
+    """``timing_s/<name>`` in the step's metrics (verl's ``marked_timer`` on the trainer's ``timing_raw``)."""
+    from verl.utils.debug import marked_timer
+
+    with marked_timer(name, trainer.timing_raw):
+        yield
+
+
+def install_column_loss(trainer: Any, columns: Sequence[str]) -> None:
+    """The actor workers' loss becomes verl's ``ppo_loss`` with the micro-batch's ``columns`` handed to the policy
+    loss (``recipe_apo.integration.column_loss``), through verl's registered ``set_loss_fn``."""
+    from recipe_apo.integration.column_loss import ColumnLoss, actor_loss_config
+
+    trainer.actor_rollout_wg.set_loss_fn(ColumnLoss(actor_loss_config(trainer.config), tuple(columns)))
+
+
+def policy_log_probs(trainer: Any, batch: Any) -> torch.Tensor:
+    """The current policy's token log-probs of ``batch``'s responses, padded (one more forward pass of the actor,
+    no entropy, no loss), at the rollout's temperature as verl's old log-probs are."""
+    from verl.workers.utils.padding import response_from_nested
+
+    batch.extra_info.update({"calculate_entropy": False, "compute_loss": False,
+                             "temperature": trainer.config.actor_rollout_ref.rollout.temperature})
+    trainer.actor_rollout_wg.compute_log_prob(batch)
+    data = read(batch, ["log_probs", "response_mask"])
+    return response_from_nested(data["log_probs"], data["response_mask"]).to_padded_tensor(padding=0.0)
+
+
+@contextlib.contextmanager
+def dumping_with(trainer: Any, batch: Any, fields: Mapping[str, list]) -> Iterator[None]:
+    """While held, verl's rollout dump writes ``fields`` (one value per row of ``batch``) as extra columns."""
+    if not fields:
+        yield
+        return
+    position = {key: i for i, key in enumerate(batch.keys)}
+    write = trainer._dump_generations
+
+    def write_with_fields(inputs, outputs, gts, scores, reward_extra_infos_dict, dump_path):
+        # verl sorts the rows by uid before writing; its "uid" list says in which order.
+        order = [position[key] for key in reward_extra_infos_dict["uid"]]
+        extra = {name: [values[i] for i in order] for name, values in fields.items()}
+        return write(inputs, outputs, gts, scores, {**reward_extra_infos_dict, **extra}, dump_path)
+
+    trainer._dump_generations = write_with_fields
+    try:
+        yield
+    finally:
+        del trainer._dump_generations
+
+
+# ---- prompt batches -------------------------------------------------------------------------------------------------
+def prompts_of(batch: Any) -> Prompts:
+    """The dataloader's prompt batch (a TensorDict) as a runtime sees it; its table is built when a runtime reads
+    it (CoDaPO keeps it), and ``source`` is the batch itself (the probe samples it)."""
+    return _LazyPrompts(np.array([str(u) for u in batch["uid"]], dtype=object), batch)
+
+
+class _LazyPrompts(Prompts):
+    def __init__(self, uids: np.ndarray, batch: Any) -> None:
+        super().__init__(uids, {})
+        self.source = batch
+        self._table: Optional[dict] = None
+
+    @property  # type: ignore[override]
+    def columns(self) -> dict[str, Any]:
+        if self._table is None:
+            self._table = prompt_table(self.source)
+        return self._table
+
+    @columns.setter
+    def columns(self, value: dict) -> None:
+        self._table = value or None
+
+
+def prompt_table(batch: Any) -> dict[str, Any]:
+    """A prompt TensorDict as columns: tensors stay tensors, every other field a list of its rows' values (the
+    per-batch metadata, ``global_steps``, is left out: the batch that replays the prompts sets its own)."""
+    from tensordict import NonTensorData
+
+    table = {}
+    for key in batch.keys():
+        if key == "uid":
+            continue
+        value = batch.get(key)
+        if isinstance(value, NonTensorData):
+            continue
+        table[key] = value.clone() if isinstance(value, torch.Tensor) else list(value.tolist())
+    return table
+
+
+def prompt_batch(table: Mapping[str, Any], step: int) -> Any:
+    """A prompt TensorDict from a table of ``prompt_table``'s form, each row a fresh uid (a fresh group)."""
+    from verl.utils import tensordict_utils as tu
+
+    rows = {len(v) for v in table.values()}
+    if len(rows) != 1:
+        raise MethodStateError(f"a prompt table's columns differ in length ({sorted(rows)})")
+    columns = {key: (value if isinstance(value, torch.Tensor) else _rows(value)) for key, value in table.items()}
+    columns["uid"] = np.array([str(uuid.uuid4()) for _ in range(rows.pop())], dtype=object)
+    batch = tu.get_tensordict(columns)
+    tu.assign_non_tensor_data(batch, "global_steps", step)
+    return batch
+
+
+def _rows(values: list) -> np.ndarray:
+    out = np.empty(len(values), dtype=object)
+    out[:] = values
+    return out
+
+
+def route_sampling(batch: Any, settings: Mapping[str, np.ndarray], default_loop: str) -> None:
+    """Every prompt of ``batch`` runs its own agent loop inside ``recipe_sampling`` with its ``settings`` (name ->
+    one value per prompt) as per-request sampling parameters."""
+    from verl.utils import tensordict_utils as tu
+
+    for name, values in settings.items():
+        batch[COLUMN_PREFIX + name] = torch.as_tensor(np.asarray(values, dtype=np.float32))
+    if INNER_KEY not in batch.keys():
+        inner = [str(name) for name in batch["agent_name"]] if "agent_name" in batch.keys() else None
+        tu.assign_non_tensor_stack(batch, INNER_KEY, inner or [default_loop] * len(batch))
+        tu.assign_non_tensor_stack(batch, "agent_name", [SAMPLING_LOOP] * len(batch))
+
+
+# ---- the validation path: a probe ----------------------------------------------------------------------------------
+def probe(trainer: Any, prompts: Prompts, samples: int, temperature: float,
+          answer_key: Callable[[str], str]) -> Probe:
+    """``samples`` responses to each prompt at ``temperature`` on verl's validation path (partition ``val``, as
+    ``_validate`` runs it, so the probe never mixes with training rollouts), scored by the run's reward and
+    cleared; their rewards (prompts, samples), answer keys and response token count."""
+    import transfer_queue as tq
+    from verl.utils import tensordict_utils as tu
+
+    from recipe_apo.integration.multi_output import Sessions
+
+    batch, n = prompts.source, len(prompts)
+    copy = tu.index_select_tensor_dict(batch, torch.arange(n))
+    probe_uids = [str(uuid.uuid4()) for _ in range(n)]
+    tu.assign_non_tensor_stack(copy, "uid", probe_uids)
+    tu.assign_non_tensor_stack(copy, "__rollout_n__", [samples] * n)
+    route_sampling(copy, {"temperature": np.full(n, float(temperature))},
+                   str(trainer.config.actor_rollout_ref.rollout.agent.default_agent_loop))
+    step = global_steps(trainer)
+    tu.assign_non_tensor_data(copy, "global_steps", step)
+    tu.assign_non_tensor_data(copy, "validate", True)
+    tags = [{"is_prompt": True, "status": "pending", "global_steps": step} for _ in range(n)]
+    tq.kv_batch_put(keys=probe_uids, partition_id="val", tags=tags)
+    trainer.agent_loop_manager.generate_sequences(copy)
+    meta, _ = trainer.replay_buffer.sample(global_steps=step, partition_id="val", batch_size=n)
+    try:
+        if trainer.reward_loop_manager.reward_loop_worker_handles is None:
+            trainer.checkpoint_manager.sleep_replicas()
+            meta = trainer._compute_reward_colocate(meta)
+            trainer.checkpoint_manager.update_weights()
+        sessions = Sessions.of(meta.keys)
+        finals = [key for key, final in zip(meta.keys, sessions.is_final) if final]
+        data = tq.kv_batch_get(keys=finals, partition_id=meta.partition_id,
+                               select_fields=["uid", "rm_scores", "responses", "response_mask"])
+        tokens = int(tq.kv_batch_get(keys=meta.keys, partition_id=meta.partition_id,
+                                     select_fields=["response_mask"])["response_mask"].values().sum())
+    finally:
+        tq.kv_clear(keys=meta.keys, partition_id=meta.partition_id)
+    scores = data["rm_scores"].to_padded_tensor(padding=0.0).sum(dim=-1).double().numpy()
+    mask = data["response_mask"].to_padded_tensor(padding=0).bool()
+    responses = data["responses"].to_padded_tensor(padding=0)
+    texts = trainer.tokenizer.batch_decode([row[m].tolist() for row, m in zip(responses, mask)],
+                                           skip_special_tokens=True)
+    owner = {uid: j for j, uid in enumerate(probe_uids)}
+    rows = np.array([owner[str(uid)] for uid in data["uid"]], dtype=np.int64)
+    grouped, keys = by_prompt(rows, scores, [answer_key(text) for text in texts], n, samples)
+    return Probe(grouped, keys, tokens)
+
+
+def by_prompt(rows: np.ndarray, scores: np.ndarray, keys: list[str], n: int, samples: int):
+    """(n, samples) rewards and n lists of keys from per-response arrays (each prompt's responses in their order);
+    a prompt whose every response failed in verl's rollout is refused by name."""
+    counts = np.bincount(rows, minlength=n)
+    if (counts != samples).any():
+        prompt = int(np.flatnonzero(counts != samples)[0])
+        raise MethodStateError(f"the probe: prompt {prompt} of the step came back with {counts[prompt]} of "
+                               f"{samples} responses")
+    order = np.argsort(rows, kind="stable")
+    grouped = scores[order].reshape(n, samples)
+    key_rows = np.array(keys, dtype=object)[order].reshape(n, samples).tolist()
+    return grouped, key_rows

@@ -1,0 +1,62 @@
+"""AGPO with dual statistical feedback (arXiv 2605.20722; ``wandugu/paper_agpo``): ``method=agpo_dual``. A probe of G
+samples per prompt sets the prompt's sampling temperature tau_t and its own PPO clip eps_p from the group's
+statistics.
+
+- ``controllers``: the probe's statistics (sigma_p, kappa, H_v), U and U_bar, tau_t, H_ref and eps_p, KL_bar;
+- ``loss``: ``agpo_clip``, verl's vanilla clip with each row's eps_p;
+- ``vote_keys``: the answer a response votes for in H_v;
+- ``settings``: ``algorithm.agpo``;
+- ``launch``: what the launch refuses (verl's loop must let the probe finish before its prompts' training rollout);
+- ``runtime``: the probe of each step's drawn prompts (through its host), each prompt's temperature, the clip
+  column, the step KL after the update, ``agpo/*`` metrics and ``agpo_state.json``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from recipe_apo.methods.agpo_dual.settings import AgpoSettings
+from recipe_apo.methods.base import Method
+
+LOSS = "agpo_clip"
+# The loss column of each row's eps_p (``loss``) and the per-prompt sampling setting the runtime sets.
+CLIP_COLUMN = "agpo_clip_eps"
+
+
+def uses_agpo(config: Any) -> bool:
+    """A run of ``config`` runs AGPO's controllers: its policy loss is ``agpo_clip``, which needs the clips."""
+    return str(config.actor_rollout_ref.actor.policy_loss.loss_mode) == LOSS
+
+
+METHOD = Method(
+    name="agpo_dual",
+    title="AGPO (dual)",
+    active=uses_agpo,
+    presets=("agpo_dual",),
+    losses={LOSS: "recipe_apo.methods.agpo_dual.loss:compute_policy_loss_agpo_clip"},
+    settings=AgpoSettings,
+    settings_key="agpo",
+    runtime="recipe_apo.methods.agpo_dual.runtime:AgpoRuntime",
+    launch_checks=("recipe_apo.methods.agpo_dual.launch:check_agpo_launch",),
+    loss_columns=(CLIP_COLUMN,),
+    prompt_columns=("temperature",),
+    changes_advantages=False,
+    state_file="agpo_state.json",
+    metrics={
+        "temperature_mean": "tau_t, mean over the step's prompts",
+        "temperature_std": "tau_t, std over the step's prompts",
+        "uncertainty_mean": "U, mean over the step's prompts",
+        "uncertainty_avg": "U_bar after the step",
+        "vote_entropy_mean": "H_v of the probe's answers, mean over prompts",
+        "dispersion_mean": "sigma_p of the probe's rewards, mean over prompts",
+        "probe_success": "mean reward of the probe's responses",
+        "probe_tokens": "response tokens the probe generated (scored, then dropped)",
+        "clip_eps_mean": "eps_p, mean over the step's prompts",
+        "clip_eps_std": "eps_p, std over the step's prompts",
+        "entropy_mean": "H_pi, the old policy's token entropy, mean over prompts",
+        "entropy_ratio_mean": "H_pi / H_ref, mean over prompts",
+        "entropy_ref": "H_ref after the step",
+        "step_kl": "step_KL of the step's updates",
+        "kl_avg": "KL_bar after the step",
+    },
+)

@@ -1,0 +1,58 @@
+"""APO, Adaptive Policy Optimization (the paper, section 4): ``method=apo``.
+
+- ``estimator``: the ``apo`` advantage estimator, A_i^eff = Phi_i A_i against the capability anchor;
+- ``anchor``: C_t and its rate eta_t, one book of anchors per driver process;
+- ``success``: s(R), the success a reward stands for;
+- ``loss``: the ``apo`` policy loss (the soft gate f(r) with tau_+/-, and 1/L0) and its one-sided form
+  ``apo_one_sided``;
+- ``settings``: ``algorithm.apo``;
+- ``launch``: the launch's checks of an APO run;
+- ``runtime``: the anchor over a run (fresh, or the checkpoint's ``apo_state.json``), the per-source anchors'
+  data sources, the ``apo/*`` metrics, Phi_i and C_t in the rollout dump.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from recipe_apo.methods.apo.settings import ApoSettings
+from recipe_apo.methods.base import Method
+
+ESTIMATOR = "apo"
+LOSS = "apo"
+ONE_SIDED_LOSS = "apo_one_sided"
+
+
+def uses_apo(config: Any) -> bool:
+    """A run of ``config`` computes APO's advantages (its anchor runs)."""
+    return str(config.algorithm.adv_estimator) == ESTIMATOR
+
+
+METHOD = Method(
+    name="apo",
+    title="APO",
+    active=uses_apo,
+    presets=("apo",),
+    estimators={ESTIMATOR: "recipe_apo.methods.apo.estimator:apo_outcome_advantage"},
+    losses={LOSS: "recipe_apo.methods.apo.loss:compute_policy_loss_apo",
+            ONE_SIDED_LOSS: "recipe_apo.methods.apo.loss:compute_policy_loss_apo_one_sided"},
+    settings=ApoSettings,
+    settings_key="apo",
+    runtime="recipe_apo.methods.apo.runtime:ApoRuntime",
+    launch_checks=("recipe_apo.methods.apo.launch:check_rewards_and_scope",
+                   "recipe_apo.methods.apo.launch:check_std_normalisation",
+                   "recipe_apo.methods.apo.launch:check_temperatures"),
+    launch_warnings=("recipe_apo.methods.apo.launch:warn_multi_output_loops",),
+    state_file="apo_state.json",
+    plain_verl=True,
+    metrics={
+        "anchor": "C_t, the capability anchor after the step",
+        "anchor_rate": "eta_t, the rate the anchor moved at",
+        "anchor_rate_at_floor": "1 when eta_t was at its floor eta_min (the anchor then moves as a plain EMA)",
+        "batch_success": "y_t, the step's success rate the anchor moved with",
+        "harder_group_share": "share of groups below the anchor (Delta_g < 0)",
+        "uniform_group_share": "share of groups whose centered rewards are all 0",
+        "weight_pos_mean": "mean Phi_i of the positive advantages",
+        "weight_neg_mean": "mean Phi_i of the negative advantages",
+    },
+)

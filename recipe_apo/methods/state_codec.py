@@ -1,0 +1,168 @@
+"""The one format of a method runtime's state in a checkpoint folder: JSON, written atomically, read back checked.
+
+A file holds ``{"kind": <method>, "global_step": <step>, **state}``, ``state`` being the runtime's ``state_dict``:
+plain JSON values, and tensors or numpy arrays (CoDaPO's kept prompts), each written as
+``{"__array__": <dtype>, "shape": [...], "data": [...]}`` and read back as a torch tensor of that dtype and shape.
+Nothing is read back through pickle: a checkpoint folder someone else wrote cannot run code on the machine that
+resumes from it.
+
+Writing goes to a temporary file in the same folder, flushed and fsynced, then renamed, and the folder fsynced:
+a crash mid-write leaves the previous file (or none), never a truncated one. Reading refuses, as a
+``StateFileError`` whose message is one line (the caller adds the path): a missing file, one that is not JSON,
+NaN or infinite numbers, nesting deeper than Python's recursion, another method's state, and arrays whose data
+do not match their shape or dtype. A file without ``kind`` is read as the expected method's: the APO anchor
+files written before the kinds.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from typing import Any
+
+import numpy as np
+import torch
+
+from recipe_apo.methods.errors import MethodStateError
+
+__all__ = ["StateFileError", "read_state", "write_state"]
+
+ARRAY = "__array__"
+_RESERVED = ("kind", "global_step")
+# The dtypes an array may be read back as (by name); anything else is not what this module wrote.
+_DTYPES = {str(dtype).removeprefix("torch."): dtype for dtype in (
+    torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16, torch.int8,
+    torch.uint8, torch.bool)}
+
+
+class StateFileError(MethodStateError):
+    """A state file is missing, unreadable or not the expected method's; the message says which, in one line."""
+
+
+def _encode(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        tensor = value.detach().cpu()
+        dtype = str(tensor.dtype).removeprefix("torch.")
+        if dtype not in _DTYPES:
+            raise TypeError(f"a tensor of dtype {dtype} has no state file form")
+        data = tensor.float() if tensor.dtype == torch.bfloat16 else tensor
+        return {ARRAY: dtype, "shape": list(tensor.shape), "data": data.reshape(-1).tolist()}
+    if isinstance(value, np.ndarray):
+        if value.dtype == object:
+            return [_encode(v) for v in value.tolist()]
+        return _encode(torch.from_numpy(np.ascontiguousarray(value)))
+    if isinstance(value, dict):
+        return {str(k): _encode(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_encode(v) for v in value]
+    if isinstance(value, np.generic):
+        return value.item()
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    raise TypeError(f"a {type(value).__name__} has no state file form (JSON values, tensors and arrays only)")
+
+
+def _decode(value: Any) -> Any:
+    if isinstance(value, dict):
+        if ARRAY in value:
+            return _array(value)
+        return {k: _decode(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_decode(v) for v in value]
+    return value
+
+
+def _array(value: dict) -> torch.Tensor:
+    dtype, shape, data = value.get(ARRAY), value.get("shape"), value.get("data")
+    if dtype not in _DTYPES or not isinstance(shape, list) or not isinstance(data, list):
+        raise StateFileError(f"an array entry is malformed (dtype {dtype!r})")
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape):
+        raise StateFileError(f"an array's shape {shape!r} is not a list of whole numbers")
+    if math.prod(shape) != len(data):
+        raise StateFileError(f"an array of shape {shape} holds {len(data)} values")
+    if not all(isinstance(v, (int, float)) for v in data):  # bool is an int: a bool array's values
+        raise StateFileError("an array holds values that are not numbers")
+    target = _DTYPES[dtype]
+    if target == torch.bool:
+        return torch.tensor(data, dtype=torch.bool).reshape(shape)
+    if not target.is_floating_point and not all(isinstance(v, int) for v in data):
+        raise StateFileError(f"an {dtype} array holds values that are not whole numbers")
+    try:
+        return torch.tensor(data, dtype=target).reshape(shape)
+    except (OverflowError, RuntimeError) as exc:
+        raise StateFileError(f"an {dtype} array holds values out of its range ({type(exc).__name__})") from None
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number a state holds")
+
+
+def write_state(folder: str, name: str, kind: str, step: int, state: dict) -> str:
+    """Write ``state`` of method ``kind`` at ``step`` to ``folder/name`` atomically; return the path."""
+    clash = [key for key in _RESERVED if key in state]
+    if clash:
+        raise ValueError(f"a runtime's state may not use the key {clash[0]!r}")
+    payload = {"kind": kind, "global_step": int(step), **_encode(state)}
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, name)
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=folder)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            os.fchmod(handle.fileno(), 0o644)  # mkstemp's 0600 would differ from verl's other checkpoint files
+            json.dump(payload, handle, indent=1, allow_nan=False)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(folder)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def _fsync_dir(folder: str) -> None:
+    """Make the rename itself durable (POSIX: the directory entry lives in the folder)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def read_state(path: str, kind: str) -> tuple[dict, Any]:
+    """(the state, the step the file says) of method ``kind`` in ``path``; ``StateFileError`` in one line when the
+    file is missing, unreadable or another method's."""
+    if not os.path.exists(path):
+        raise StateFileError("it is missing")
+    try:
+        with open(path, encoding="utf-8") as handle:
+            payload = json.load(handle, parse_constant=_refuse_constant)
+    except (OSError, ValueError, TypeError, RecursionError, OverflowError, UnicodeDecodeError) as exc:
+        # RecursionError: deeply nested JSON; OverflowError: numbers too large for what they stand for.
+        raise StateFileError(f"it cannot be read ({_cause(exc)})") from None
+    if not isinstance(payload, dict):
+        raise StateFileError(f"it cannot be read (a JSON {type(payload).__name__}, not a mapping)")
+    found = payload.get("kind", kind)
+    if found != kind:
+        raise StateFileError(f"it is not {kind}'s state (kind {found!r})")
+    step = payload.get("global_step")
+    try:
+        state = _decode({key: value for key, value in payload.items() if key not in _RESERVED})
+    except RecursionError as exc:
+        raise StateFileError(f"it cannot be read ({_cause(exc)})") from None
+    except StateFileError as exc:
+        raise StateFileError(f"it cannot be read ({exc})") from None
+    return state, step
+
+
+def _cause(exc: BaseException) -> str:
+    """``Type: message`` on one line (a parser's message may span several)."""
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
