@@ -6,6 +6,9 @@ in every Ray worker; the recipe's own entry points import it too (which also cov
 ``VERL_USE_EXTERNAL_PLUGINS=none``). verl swallows a failing plugin import with a DEBUG log; this module therefore
 reports its own failure as an ERROR naming the cause (and re-raises), and warns when the installed verl is not the
 release this plugin is pinned to.
+
+No module of a method imports verl at its top: ``import verl`` loads this plugin, which imports the methods'
+estimators and losses, so a method module that imported verl first would be registered half-initialised.
 """
 
 from __future__ import annotations

@@ -5,4 +5,7 @@ import sys as _sys
 
 # `python -m recipe_apo.testbed` pins the CPU kernels, which the libraries read only when torch loads: before this
 # package's modules load torch (kernels.py; spares the testbed a restart).
-if "recipe_apo.testbed" in _sys.orig_argv: __import__("recipe_apo.testbed.kernels").testbed.kernels.pin_early()  # noqa: E701
+if "recipe_apo.testbed" in _sys.orig_argv:
+    from recipe_apo.testbed import kernels as _kernels
+
+    _kernels.pin_early()

@@ -36,17 +36,26 @@ COLUMNS = [
 ]
 # The table of the generation and the trust region per scenario: (summary key, header, format).
 TRUST_COLUMNS = [
-    ("tokens_generated_avg", "tokens generated / round (with AGPO's probe)", "{:.0f}"),
+    ("tokens_generated_avg", "tokens generated / round (with any probe)", "{:.0f}"),
     ("probe_tokens_avg", "of which probe", "{:.0f}"),
     ("ratio_out_share_avg", "r outside [0.8, 1.2]", "{:.3f}"),
     ("clipfrac_avg", "clipped (pg_clipfrac)", "{:.3f}"),
     ("gate_weight_avg", "APO gate weight", "{:.3f}"),
-    ("agpo_eps_mean_avg", "AGPO eps_p mean", "{:.3f}"),
-    ("agpo_eps_std_avg", "AGPO eps_p std over prompts", "{:.3f}"),
-    ("agpo_tau_mean_avg", "AGPO tau_t mean", "{:.3f}"),
-    ("agpo_tau_std_avg", "AGPO tau_t std over prompts", "{:.3f}"),
-    ("agpo_kl_bar_final", "AGPO KL_bar, last round", "{:.4f}"),
 ]
+# Method metrics of that table (``<method>/<quantity>``, their words from the method's declaration): the mean over
+# the rounds, or the last round's value for an average the method carries.
+TRUST_METRICS = (("agpo_dual/clip_eps_mean", "avg"), ("agpo_dual/clip_eps_std", "avg"),
+                 ("agpo_dual/temperature_mean", "avg"), ("agpo_dual/temperature_std", "avg"),
+                 ("agpo_dual/kl_avg", "final"))
+
+
+def trust_columns() -> list[tuple[str, str, str]]:
+    """``TRUST_COLUMNS`` and the method metrics of ``TRUST_METRICS``, headed with their declared words."""
+    from recipe_apo.methods import catalog
+
+    words = catalog.metric_descriptions()
+    return TRUST_COLUMNS + [(f"{name}_{which}", f"{name}: {words[name]}" + (", last round" if which == "final" else ""),
+                             "{:.4f}" if which == "final" else "{:.3f}") for name, which in TRUST_METRICS]
 HEADERS = {
     "success_final": "final success",
     "success_avg": "success, mean over training",
@@ -232,12 +241,12 @@ def scenario_table(summary: dict[str, Any], metric: str) -> dict[str, Any]:
             "wins": [b for b in labels if b != label and cells[b]["beyond_seed_noise"] and cells[b]["mean"] > 0],
             "losses": [b for b in labels if b != label and cells[b]["beyond_seed_noise"] and cells[b]["mean"] < 0],
         }
-        for key in [c[0] for c in COLUMNS] + ["zv_ratio_dev_mean", "kept_prompts_avg", "resampled_share"] + [
-                c[0] for c in TRUST_COLUMNS]:
+        for key in [c[0] for c in COLUMNS] + [ZV_MEAN, "codapo/kept_prompts_avg", "codapo/resampled_avg"] + [
+                c[0] for c in trust_columns()]:
             if key != metric and stat(label, key) is not None:
                 row[key] = stat(label, key)
-        if "zv_ratio_dev_max" in agg[label]:  # the worst mini-batch of all the seeds' runs
-            row["zv_ratio_dev_max"] = max(run["zv_ratio_dev_max"] for run in summary["runs"][label].values())
+        if ZV_MAX in agg[label]:  # the worst mini-batch of all the seeds' runs
+            row[ZV_MAX] = max(run[ZV_MAX] for run in summary["runs"][label].values())
         rows.append(row)
     return {"rows": rows, "matrix": matrix}
 
@@ -371,7 +380,7 @@ def _trust_table(rows: list[dict[str, Any]]) -> list[str]:
     """Per method, what a round generates and how its trust region acted (means over the rounds, +- SE over
     seeds): the columns some method of the scenario has (a league without AGPO or APO shows none of theirs;
     a summary without the generation keys, none of this table)."""
-    columns = [c for c in TRUST_COLUMNS if any(c[0] in row for row in rows)]
+    columns = [c for c in trust_columns() if any(c[0] in row for row in rows)]
     if not any(key == "tokens_generated_avg" for key, _, _ in columns):
         return []
     lines = [
@@ -387,9 +396,13 @@ def _trust_table(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+# The zero-variance denominator's off-ness per mini-batch (its runtime's metrics, summarised per run).
+ZV_MEAN, ZV_MAX = "zero_variance/ratio_dev_mean_avg", "zero_variance/ratio_dev_max_max"
+
+
 def _zero_variance_table(rows: list[dict[str, Any]]) -> list[str]:
     """The denominator ratios of the methods run with ``algorithm.zero_variance=exclude`` (none: no lines)."""
-    zv = [row for row in rows if "zv_ratio_dev_mean" in row]
+    zv = [row for row in rows if ZV_MEAN in row]
     if not zv:
         return []
     lines = [
@@ -404,7 +417,7 @@ def _zero_variance_table(rows: list[dict[str, Any]]) -> list[str]:
     ]
     for row in zv:
         lines.append(f"| {row['method']} | {_cell(row.get('live_share_avg'), '{:.2f}')} | "
-                     f"{_cell(row['zv_ratio_dev_mean'], '{:.3f}')} | {row['zv_ratio_dev_max']:.3f} |")
+                     f"{_cell(row[ZV_MEAN], '{:.3f}')} | {row[ZV_MAX]:.3f} |")
     return lines
 
 
@@ -412,9 +425,9 @@ def _codapo_lines(rows: list[dict[str, Any]]) -> list[str]:
     """One sentence per CoDaPO method: how often it resampled and how many prompts it kept."""
     lines = []
     for row in rows:
-        if "kept_prompts_avg" in row:
-            lines += ["", f"{row['method']}: {row['resampled_share']['mean']:.2f} of the rounds resampled, "
-                          f"{row['kept_prompts_avg']['mean']:.1f} prompts kept per selection on average."]
+        if "codapo/kept_prompts_avg" in row:
+            lines += ["", f"{row['method']}: {row['codapo/resampled_avg']['mean']:.2f} of the rounds resampled, "
+                          f"{row['codapo/kept_prompts_avg']['mean']:.1f} prompts kept per selection on average."]
     return lines
 
 

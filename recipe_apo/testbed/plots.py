@@ -102,14 +102,18 @@ def _plot_length(plt, summary: dict[str, Any], runs: list[dict[str, Any]], look:
     return fig
 
 
+# APO's metric the anchor plot draws (``recipe_apo.methods.apo``'s declaration).
+ANCHOR = "apo/anchor"
+
+
 def _plot_anchor(plt, summary: dict[str, Any], runs: list[dict[str, Any]], look: dict[str, Any]):
     fig, ax = plt.subplots(figsize=(6.5, 4))
     drew = False
     for label in look["labels"]:
-        rows = [r for r in runs if r["label"] == label and "anchor" in r["history"]]
+        rows = [r for r in runs if r["label"] == label and ANCHOR in r["history"]]
         for i, r in enumerate(rows):
-            x = np.arange(1, len(r["history"]["anchor"]) + 1)
-            ax.plot(x, r["history"]["anchor"], color=look["colors"][label], lw=1.2,
+            x = np.arange(1, len(r["history"][ANCHOR]) + 1)
+            ax.plot(x, r["history"][ANCHOR], color=look["colors"][label], lw=1.2,
                     label=f"{label}: anchor C_t" if i == 0 else None)
             ax.plot(x, r["history"]["batch_success"], color=look["colors"][label], lw=0.5,
                     alpha=0.35, label=f"{label}: batch success y_t" if i == 0 else None)

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from recipe_apo.integration.validation import OWN_AGGREGATION
+from recipe_apo.methods.checks import OWN_AGGREGATION
 from recipe_apo.testbed.settings import PAIRED_METRICS
 from recipe_apo.testbed.train import BUCKETS
 
@@ -59,7 +59,8 @@ def t_critical(df: int, level: float = 0.05) -> float:
     return (low + high) / 2.0
 
 
-# (key, header, format, higher is better?) of the main table, in order.
+# (key, header, format, higher is better?) of the main table, in order; after them each method's metrics
+# (``method_rows``).
 HEADLINE = [
     ("success_avg", "success, mean over training", "{:.3f}", True),
     ("success_early", "success, early", "{:.3f}", True),
@@ -77,23 +78,23 @@ HEADLINE = [
     ("ratio_out_share_avg", "share of tokens with r outside [0.8, 1.2]", "{:.3f}", None),
     ("clipfrac_avg", "share of tokens clipped (pg_clipfrac; PPO-clip losses, at their own clip)", "{:.3f}", None),
     ("gate_weight_avg", "soft gate's mean weight (apo loss)", "{:.3f}", None),
-    ("agpo_tau_mean_avg", "AGPO tau_t, mean over prompts", "{:.3f}", None),
-    ("agpo_tau_std_avg", "AGPO tau_t, std over a round's prompts", "{:.3f}", None),
-    ("agpo_eps_mean_avg", "AGPO clip eps_p, mean over prompts", "{:.3f}", None),
-    ("agpo_eps_std_avg", "AGPO clip eps_p, std over a round's prompts", "{:.3f}", None),
-    ("agpo_u_mean_avg", "AGPO U, mean over prompts", "{:.3f}", None),
-    ("agpo_vote_entropy_avg", "AGPO vote entropy H_v, mean over prompts", "{:.3f}", None),
-    ("agpo_sigma_avg", "AGPO probe reward std sigma_p, mean over prompts", "{:.3f}", None),
-    ("agpo_entropy_ratio_avg", "AGPO H_pi / H_ref, mean over prompts", "{:.3f}", None),
-    ("agpo_kl_bar_final", "AGPO KL_bar after the last round", "{:.4f}", None),
     ("kl_loss_avg", "KL loss to the initial policy (use_kl_loss)", "{:.4f}", None),
-    ("anchor_rate_floor_share", "anchor's rate at eta_min, share of rounds after the first", "{:.2f}", None),
     ("grad_norm_mean", "grad norm before clip, mean", "{:.3f}", None),
     ("grad_norm_max", "grad norm before clip, max", "{:.3f}", None),
-    ("tokens_generated_avg", "tokens generated per round (training responses + AGPO's probe)", "{:.0f}", None),
-    ("probe_tokens_avg", "of which AGPO's probe (scored, then dropped)", "{:.0f}", None),
+    ("tokens_generated_avg", "tokens generated per round (training responses + any probe)", "{:.0f}", None),
+    ("probe_tokens_avg", "of which a method's probe (scored, then dropped)", "{:.0f}", None),
     ("wall_s", "wall time per run (s)", "{:.1f}", None),
 ]
+
+
+def method_rows() -> list[tuple[str, str, str, None]]:
+    """A row per method metric (``<method>/<quantity>``, its declaration's words): its mean over the rounds."""
+    from recipe_apo.methods import catalog
+
+    return [(f"{name}_avg", f"{name}: {text}, mean over rounds", "{:.3f}", None)
+            for name, text in catalog.metric_descriptions().items()]
+
+
 # The metrics compared pair by pair.
 PAIRED = list(PAIRED_METRICS)  # settings.PAIRED_METRICS: league.metric is one of them
 
@@ -139,13 +140,6 @@ def run_summary(run: dict[str, Any], rounds: int, early_fraction: float) -> dict
     out["batch_success_avg"] = _nanmean(history["batch_success"])
     if "live_share" in history:
         out["live_share_avg"] = _nanmean(history["live_share"])
-    # algorithm.zero_variance=exclude: |denominator_ratio - 1| over the mini-batches (0: exact).
-    if "zv_ratio_dev_mean" in history:
-        out["zv_ratio_dev_mean"] = _nanmean(history["zv_ratio_dev_mean"])
-        out["zv_ratio_dev_max"] = float(np.nanmax(history["zv_ratio_dev_max"]))
-    if "resampled" in history:
-        out["resampled_share"] = _nanmean(history["resampled"])
-        out["kept_prompts_avg"] = _nanmean(history["kept_prompts"])
     # The trust region at work: tokens whose ratio left [0.8, 1.2] (measured alike for every loss) and the soft
     # gate's mean weight.
     if "ratio_out_share" in history:
@@ -156,29 +150,44 @@ def run_summary(run: dict[str, Any], rounds: int, early_fraction: float) -> dict
         out["ratio_dev_mean"] = _nanmean(history["ratio_dev_mean"])
     if "actor/pg_clipfrac" in history:
         out["clipfrac_avg"] = _nanmean(history["actor/pg_clipfrac"])
-    # Generation per round: the training responses' tokens and AGPO's probe's (its methods only).
+    # Generation per round: the training responses' tokens and any probe's.
     if "tokens_generated" in history:
         out["tokens_generated_avg"] = _nanmean(history["tokens_generated"])
-        if "agpo_tau_mean" in history:
+        if any(np.asarray(history["probe_tokens"]) > 0):
             out["probe_tokens_avg"] = _nanmean(history["probe_tokens"])
-    # AGPO's controllers (method=agpo_dual): means over the rounds of the per-round values, KL_bar at the end.
-    for key in ("tau_mean", "tau_std", "eps_mean", "eps_std", "u_mean", "vote_entropy", "sigma", "entropy_ratio",
-                "step_kl"):
-        series = history.get(f"agpo_{key}_mean" if key in ("vote_entropy", "sigma", "entropy_ratio")
-                             else f"agpo_{key}")
-        if series is not None:
-            out[f"agpo_{key}_avg"] = _nanmean(series)
-    if "agpo_kl_bar" in history:
-        out["agpo_kl_bar_final"] = float(history["agpo_kl_bar"][-1])
-        out["agpo_u_bar_final"] = float(history["agpo_u_bar"][-1])
     if "actor/kl_loss" in history:
         out["kl_loss_avg"] = _nanmean(history["actor/kl_loss"])
-    # The anchor's rate after the first round, which is the warm start (rate 1) or, with anchor_init, at the floor.
-    if "anchor_rate" in history:
-        out["anchor_rate_avg"] = _nanmean(history["anchor_rate"][1:])
-        out["anchor_rate_floor_share"] = _nanmean(history["anchor_rate_at_floor"][1:])
+    # Each method's metrics (``<method>/<quantity>``): the mean over the rounds where it has a value, the last
+    # value, the largest.
+    for key in method_keys(history):
+        out[f"{key}_avg"] = _nanmean(history[key])
+        out[f"{key}_final"] = float(history[key][-1])
+        finite = np.asarray(history[key], dtype=np.float64)
+        out[f"{key}_max"] = float(finite[np.isfinite(finite)].max()) if np.isfinite(finite).any() else float("nan")
     out["wall_s"] = float(run["wall_s"])
     return out
+
+
+def active_settings(cfg: dict[str, Any]) -> dict[str, Any]:
+    """method name -> its settings (``algorithm.<settings_key>``, None for a method without) of the recipe's methods
+    a run's config activates."""
+    from omegaconf import OmegaConf
+
+    from recipe_apo.methods import catalog
+
+    node = OmegaConf.create(cfg)
+    return {m.name: (cfg["algorithm"].get(m.settings_key) if m.settings_key else None)
+            for m in catalog.active(node)}
+
+
+def method_keys(history: dict[str, Any]) -> list[str]:
+    """The history's method metrics (``<method>/<quantity>`` of a method of the catalog) with a value in some
+    round."""
+    from recipe_apo.methods import catalog
+
+    names = {m.name for m in catalog.methods()}
+    return [key for key in history if key.partition("/")[0] in names
+            and np.isfinite(np.asarray(history[key], dtype=np.float64)).any()]
 
 
 def paired(values_a: list[float], values_b: list[float]) -> dict[str, Any]:
@@ -287,12 +296,10 @@ def build_summary(
             "loss_mode": cfg["actor_rollout_ref"]["actor"]["policy_loss"]["loss_mode"],
             "loss_agg_mode": cfg["actor_rollout_ref"]["actor"]["loss_agg_mode"],
             "loss_scale_factor": cfg["actor_rollout_ref"]["actor"].get("loss_scale_factor"),
-            "apo": cfg["algorithm"].get("apo") if cfg["algorithm"]["adv_estimator"] == "apo" else None,
-            "codapo": cfg["algorithm"].get("codapo") if cfg["algorithm"]["adv_estimator"] == "codapo" else None,
             "zero_variance": cfg["algorithm"].get("zero_variance", "keep"),
             "rollout_n": cfg["actor_rollout_ref"]["rollout"]["n"] * cfg.get("rollout_n_multiplier", 1),
-            "agpo": cfg["algorithm"].get("agpo")
-            if cfg["actor_rollout_ref"]["actor"]["policy_loss"]["loss_mode"] == "agpo_clip" else None,
+            # The recipe's methods the run activates, each with its settings node (``algorithm.<key>``).
+            "active": active_settings(cfg),
         }
         for label, cfg in cfg_by_label.items()
     }
@@ -389,8 +396,6 @@ def _method_row(label: str, m: dict[str, Any]) -> str:
         agg = f"{OWN_AGGREGATION[m['loss_mode']]} (the loss's own; {m['loss_agg_mode']} ignored)"
     zv = ZERO_VARIANCE_WORDS.get(m.get("zero_variance", "keep"), m.get("zero_variance"))
     group = m.get("rollout_n", "-")
-    if m.get("agpo"):
-        group = f"{group} (+ a probe of {m['agpo']['probe_samples']})"
     return f"| {label} | `{m['adv_estimator']}` | {std} | `{m['loss_mode']}` | `{agg}` | {zv} | {group} |"
 
 
@@ -419,8 +424,8 @@ def _means_table(summary: dict[str, Any]) -> list[str]:
         "|---|" + "---|" * len(labels),
     ]
     agg = summary["aggregate"]
-    for key, header, fmt, _ in HEADLINE:
-        if not any(key in agg[name] for name in labels):  # an older summary.json, written without the key
+    for key, header, fmt, _ in HEADLINE + method_rows():
+        if not any(key in agg[name] for name in labels):  # no method of the run has it
             continue
         # A method-specific key (the soft gate's weight) is "-" for the methods without it.
         cells = [mean_and_spread(fmt, agg[name][key]["mean"], agg[name][key]["std"]) if key in agg[name] else "-"
@@ -440,8 +445,8 @@ def _paired_table(summary: dict[str, Any]) -> list[str]:
         "| comparison | metric | per seed | mean +- std | agree | verdict |",
         "|---|---|---|---|---|---|",
     ]
-    headers = {key: header for key, header, _, _ in HEADLINE}
-    formats = {key: fmt for key, _, fmt, _ in HEADLINE}
+    headers = {key: header for key, header, _, _ in HEADLINE + method_rows()}
+    formats = {key: fmt for key, _, fmt, _ in HEADLINE + method_rows()}
     for name, metrics in summary["paired"].items():
         for key, p in metrics.items():
             fmt = formats[key]

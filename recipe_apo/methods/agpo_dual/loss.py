@@ -15,7 +15,6 @@ from __future__ import annotations
 from typing import Any, Optional
 
 import torch
-from verl.trainer.ppo.core_algos import compute_policy_loss_vanilla
 
 from recipe_apo.methods.agpo_dual import CLIP_COLUMN, LOSS
 from recipe_apo.methods.errors import BatchInputError, MethodConfigError
@@ -61,6 +60,8 @@ def compute_policy_loss_agpo_clip(
     rollout_is_weights: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, dict[str, Any]]:
     """verl's vanilla PPO loss with row i clipped to [1 - eps_i, 1 + eps_i], eps the handed ``agpo_clip_eps``."""
+    from verl.trainer.ppo.core_algos import compute_policy_loss_vanilla  # at call time: see recipe_apo.plugin
+
     if config is None:
         raise MethodConfigError(f"loss_mode={NAME} needs the actor config")
     eps = handed_column(CLIP_COLUMN)

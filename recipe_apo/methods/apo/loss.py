@@ -32,7 +32,6 @@ import math
 from typing import Any, Optional
 
 import torch
-from verl.trainer.ppo.core_algos import agg_loss
 
 from recipe_apo.methods.checks import NORM_MODE, check_number
 from recipe_apo.methods.errors import MethodConfigError
@@ -145,6 +144,8 @@ def compute_policy_loss_apo(
     rollout_is_weights: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """verl's policy-loss signature for ``policy_loss.loss_mode=apo``; returns (loss, metrics)."""
+    from verl.trainer.ppo.core_algos import agg_loss  # at call time: see recipe_apo.plugin
+
     tau_pos, tau_neg, aggregation = _settings(config, loss_agg_mode, "apo")
     log_ratio, ratio, advantages, positive, tau = _ratio_and_temperature(old_log_prob, log_prob, advantages,
                                                                         tau_pos, tau_neg)
@@ -170,6 +171,8 @@ def compute_policy_loss_apo_one_sided(
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """verl's policy-loss signature for ``policy_loss.loss_mode=apo_one_sided`` (the module's docstring: g(r));
     returns (loss, metrics), ``apo``'s plus ``actor/apo_gate_active_share`` (the share of tokens gated)."""
+    from verl.trainer.ppo.core_algos import agg_loss  # at call time: see recipe_apo.plugin
+
     tau_pos, tau_neg, aggregation = _settings(config, loss_agg_mode, "apo_one_sided")
     log_ratio, ratio, advantages, positive, tau = _ratio_and_temperature(old_log_prob, log_prob, advantages,
                                                                         tau_pos, tau_neg)

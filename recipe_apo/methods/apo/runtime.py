@@ -109,16 +109,20 @@ class ApoRuntime(MethodRuntime):
 
     def end_step(self, step: int) -> dict[str, float]:
         # verl averages a step's mini-batch metrics; the anchor moved once, with the step's pooled y_t.
-        metrics = {}
-        for scope, (value, rate, y) in self.book().step_results.items():
+        metrics, book = {}, self.book()
+        for scope, (value, rate, y) in book.step_results.items():
             suffix = f"/{scope}" if self.by_source else ""
             metrics.update({f"apo/anchor{suffix}": value, f"apo/anchor_rate{suffix}": rate,
                             f"apo/batch_success{suffix}": y,
-                            f"apo/anchor_rate_at_floor{suffix}": _at_floor(rate, self.settings.eta_min)})
+                            f"apo/anchor_rate_at_floor{suffix}": _at_floor(rate, self.settings.eta_min,
+                                                                           warm=book.prior(scope) is None)})
         return metrics
 
 
-def _at_floor(rate: Optional[float], eta_min: float) -> float:
+def _at_floor(rate: Optional[float], eta_min: float, warm: bool) -> float:
     """1.0 when eta_t sat at its floor (the anchor then moves as a plain exponential average, and eta does
-    nothing: docs/internals.md, "The anchor's rate"), else 0.0; NaN for no rate."""
-    return float(rate == float(eta_min)) if rate is not None and math.isfinite(rate) else float("nan")
+    nothing: docs/internals.md, "The anchor's rate"), else 0.0; NaN for a warm start (its rate is 1 by rule, no
+    rate decision) and for no rate."""
+    if warm or rate is None or not math.isfinite(rate):
+        return float("nan")
+    return float(rate == float(eta_min))
