@@ -56,8 +56,12 @@ def own(names: set[str]) -> set[str]:
 
 def test_the_maths_imports_only_the_maths():
     files = sources("methods")
-    assert {f.stem for f in files} >= {"apo", "anchor", "apo_loss", "apo_settings", "codapo", "success",
-                                       "zero_variance"}
+    # One package per method (the catalog's list), each with its runtime.
+    from recipe_apo.methods import catalog
+
+    packages = {p.name for p in (PACKAGE / "methods").iterdir() if (p / "__init__.py").is_file()}
+    assert packages == set(catalog.PACKAGES)
+    assert all((PACKAGE / "methods" / name / "runtime.py").is_file() for name in catalog.PACKAGES)
     for path in files:
         for name in imports(path):
             assert name.split(".")[0] not in FORBIDDEN_IN_MATHS, f"{path.name} imports {name}"
@@ -161,3 +165,44 @@ def test_no_import_circles_through_imports_inside_functions_either():
     # initialised, or (``python -m``) the entry module a second time under its own name.
     found = circles(import_graph(module_level_only=False))
     assert found == [], "import circles: " + "; ".join(" -> ".join(circle) for circle in found)
+
+
+# The adapters of the methods' runtimes: they drive whatever the catalog activates and name no method.
+ADAPTERS = ("testbed/train.py", "testbed/update.py", "testbed/rollout.py", "integration/trainer.py",
+            "integration/verl_access.py", "integration/checkpoint.py", "integration/rollout_dump.py")
+
+
+def _names_in_code(path: Path) -> list[str]:
+    """Identifiers, attribute names and string constants of a module, its docstrings and comments left out."""
+    tree = ast.parse(path.read_text())
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            out.append(node.id)
+        elif isinstance(node, ast.Attribute):
+            out.append(node.attr)
+        elif isinstance(node, ast.alias):
+            out.append(node.name)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            out.append(node.module)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            out.append(node.value)
+    return out
+
+
+def test_the_adapters_name_no_method():
+    from recipe_apo.methods import catalog
+
+    import re
+
+    words = {*catalog.PACKAGES, "anchor", "agpo", "codapo", "pairing", "kept", "zv"}
+    for relative in ADAPTERS:
+        found = []
+        for name in _names_in_code(PACKAGE / relative):
+            parts = set(re.split(r"[^a-z0-9]+", name.lower().replace("recipe_apo", "").replace("recipe-apo", "")))
+            if parts & words or any(word in name.lower() for word in ("zero_variance", "agpo_dual")):
+                found.append(name)
+        assert found == [], f"{relative} names {sorted(set(found))}"

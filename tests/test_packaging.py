@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -72,3 +73,17 @@ def test_a_built_wheel_composes_the_presets_in_a_fresh_environment(tmp_path):
     assert Path(out.pop("file")).is_relative_to(env)
     assert out == {"grpo": ["grpo", "vanilla"], "drgrpo": ["grpo", "vanilla"], "apo": ["apo", "apo"],
                    "codapo": ["codapo", "vanilla"]}
+
+
+def test_the_vllm_plugin_entry_point_loads_neither_verl_nor_torch():
+    """vLLM loads the recipe's ``vllm.general_plugins`` entry point in every engine and worker process wherever the
+    recipe is installed, GPU runs included: it must import nothing of verl, torch or the methods, and do nothing
+    outside the CPU rehearsal (``recipe_apo/__init__.py`` imports nothing)."""
+    entry = PYPROJECT["project"]["entry-points"]["vllm.general_plugins"]["recipe_apo_cpu"]
+    module, _, function = entry.partition(":")
+    code = (f"import sys; import {module} as m; m.{function}(); "
+            "print(sorted(k for k in sys.modules if k.split('.')[0] in ('verl', 'torch', 'vllm') "
+            "or k.startswith('recipe_apo.methods')))")
+    env = {key: value for key, value in os.environ.items() if key != "VERL_PLATFORM"}  # not in a rehearsal
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
+    assert result.stdout.strip() == "[]"

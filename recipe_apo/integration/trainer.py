@@ -97,6 +97,10 @@ class RecipeHooks:
         self.samples_per_prompt = any(m.prompt_columns for m in self.methods)
         self.needs = frozenset().union(*(r.needs for r in self.runtimes))
 
+    def _readers(self) -> str:
+        """The methods whose runtimes read each row's data source, as an error names them."""
+        return "method " + ", ".join(r.method.name for r in self.runtimes if "data_sources" in r.needs)
+
     def runtime(self, name: str):
         """The run's runtime of the method ``name``, or None."""
         return next((r for r in self.runtimes if r.method.name == name), None)
@@ -156,8 +160,8 @@ class RecipeHooks:
 
     def _compute_advantage(self, batch, metrics: dict):
         sessions, tags = Sessions.of(batch.keys), batch.tags  # verl's write-back returns a handle without tags
-        step_batch, nested_mask = (verl_access.step_batch(batch, sessions, self.needs) if self.runtimes
-                                   else (None, None))
+        step_batch, nested_mask = (verl_access.step_batch(batch, sessions, self.needs, self._readers())
+                                   if self.runtimes else (None, None))
         with contextlib.ExitStack() as stack:
             stack.enter_context(final_output_rule(self.config.algorithm.adv_estimator, sessions))
             for runtime in self.runtimes:
@@ -193,7 +197,7 @@ class RecipeHooks:
         if updating:
             keys, step_batch = getattr(self, "_last_advantage_step", (None, None))
             if keys != list(batch.keys):  # not the batch of the last advantage step: read it afresh
-                step_batch, _ = verl_access.step_batch(batch, Sessions.of(batch.keys), self.needs)
+                step_batch, _ = verl_access.step_batch(batch, Sessions.of(batch.keys), self.needs, self._readers())
             self.host.batch = batch
             for runtime in updating:
                 runtime.after_update(self.global_steps, step_batch, self.host)

@@ -65,19 +65,21 @@ def add_row_columns(batch: Any, columns: Mapping[str, np.ndarray]) -> None:
         batch.fields = list(written.fields)
 
 
-def data_sources(batch: Any) -> np.ndarray:
-    """Each row's ``data_source``; ``BatchInputError`` naming the remedy when the dataset has none."""
+def data_sources(batch: Any, readers: str = "the run") -> np.ndarray:
+    """Each row's ``data_source``; ``BatchInputError`` naming who reads it (``readers``) and the remedy when the
+    dataset has none."""
     try:
         sources = read(batch, ["data_source"])["data_source"]
     except Exception as exc:  # the storage's own error types vary with its backend
         raise BatchInputError(
-            f"algorithm.apo.anchor_scope=data_source: the batch has no data_source field ({exc}); "
-            "add data_source to your dataset rows or use anchor_scope=global"
+            f"{readers} reads each row's data_source, but the batch has no data_source field ({exc}); add "
+            "data_source to your dataset rows or turn off the setting that reads it"
         ) from exc
     return np.asarray(sources.tolist() if hasattr(sources, "tolist") else list(sources), dtype=object)
 
 
-def step_batch(batch: Any, trajectories: Trajectories, needs: frozenset) -> tuple[StepBatch, Any]:
+def step_batch(batch: Any, trajectories: Trajectories, needs: frozenset,
+               readers: str = "the run") -> tuple[StepBatch, Any]:
     """The step's rows as a runtime sees them (``recipe_apo.methods.base.StepBatch``), reading from TransferQueue
     the uids, the reward's scores (``rm_scores``), the mask and what the runtimes need, padded as verl pads them;
     and the nested mask (``write_padded`` shapes rows like it)."""
@@ -91,7 +93,7 @@ def step_batch(batch: Any, trajectories: Trajectories, needs: frozenset) -> tupl
                     trajectories=trajectories, old_log_probs=padded.get("old_log_probs"),
                     entropy=padded.get("entropy"))
     if "data_sources" in needs:
-        out.data_sources = data_sources(batch)
+        out.data_sources = data_sources(batch, readers)
     return out, data["response_mask"]
 
 

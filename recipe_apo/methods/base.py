@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 __all__ = ["Host", "Launch", "Method", "MethodRuntime", "Probe", "Prompts", "StepBatch", "StepOutput",
-           "Trajectories"]
+           "Trajectories", "load", "setting"]
 
 
 @dataclass(frozen=True)
@@ -312,6 +312,20 @@ class Method:
 
     def warnings(self) -> Sequence[Callable[[Launch], Optional[str]]]:
         return [load(spec) for spec in self.launch_warnings]
+
+
+def setting(config: Any, dotted: str, default: Any = None) -> Any:
+    """``config.<dotted>`` of a config node or mapping, or ``default`` where a level is missing (a predicate reads
+    configs of every shape: the trainer's, the testbed's, a test's few keys)."""
+    node = config
+    for part in dotted.split("."):
+        getter = getattr(node, "get", None)
+        if not callable(getter):
+            return default
+        node = getter(part, None)
+        if node is None:
+            return default
+    return node
 
 
 def load(spec: str) -> Any:

@@ -18,13 +18,16 @@ import torch
 from recipe_apo.methods.errors import BatchInputError
 
 __all__ = [
-    "AGG_MODES", "NORM_MODE", "OWN_AGGREGATION", "check_choice", "check_finite", "check_flag", "check_integer",
-    "check_no_overflow", "check_number", "check_shapes", "effective_agg_mode", "output_dtype",
+    "AGG_MODES", "NORM_MODE", "OWN_AGGREGATION", "RATIO_BAND", "check_choice", "check_finite", "check_flag",
+    "check_integer", "check_no_overflow", "check_number", "check_shapes", "effective_agg_mode", "output_dtype",
 ]
 
 NORM_MODE = "seq-mean-token-sum-norm"
 # verl 0.9.1's loss aggregations (core_algos.agg_loss), in its own order: the one list the recipe checks against.
 AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", NORM_MODE)
+# The ratio band of the "ratio outside band" metrics (the APO gate's, the testbed's): GRPO's default clip range, so
+# the share reads like its clip fraction.
+RATIO_BAND = 0.2
 # Policy losses of verl 0.9.1 that aggregate their own way, whatever loss_agg_mode says. geo_mean never calls
 # agg_loss: its torch.mean over sequences is seq-mean-token-mean's shape, but per micro-batch.
 OWN_AGGREGATION = {"sapo": "seq-mean-token-mean", "geo_mean": "seq-mean-token-mean"}

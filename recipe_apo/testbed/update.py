@@ -18,7 +18,7 @@ from typing import Any, Iterator, Mapping, Optional, Sequence
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from recipe_apo.methods.apo.loss import RATIO_BAND
+from recipe_apo.methods.checks import RATIO_BAND
 from recipe_apo.methods.checks import effective_agg_mode as _effective
 from recipe_apo.methods.loss_inputs import handed_columns
 from recipe_apo.testbed.errors import TestbedSettingError

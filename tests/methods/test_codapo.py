@@ -11,26 +11,16 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tensordict import TensorDict
 
 from recipe_apo.errors import RecipeError
-from recipe_apo.integration.resampling import (
-    STATE_FILE,
-    PromptResampler,
-    ResamplingStateError,
-    StepPairing,
-    first_of_pair,
-)
 from recipe_apo.methods.codapo.estimator import (
-    MAX_REPEAT_COUNT,
-    MAX_WEIGHT_OFFSET,
-    CodapoConfigError,
-    CodapoSettings,
     codapo_outcome_advantage,
     compute_codapo_advantage,
     resample_order,
     select_prompts,
 )
+from recipe_apo.methods.codapo.runtime import ResamplingStateError, StepPairing, first_of_pair
+from recipe_apo.methods.codapo.settings import MAX_REPEAT_COUNT, MAX_WEIGHT_OFFSET, CodapoConfigError, CodapoSettings
 from recipe_apo.methods.driver_state import handed, handed_log_probs, last_result
 from recipe_apo.methods.errors import BatchInputError
 
@@ -211,59 +201,6 @@ def test_the_step_pairing_keeps_and_repeats_positions_for_the_step_after_only():
     assert pairing.second_order(4, step=6).tolist() == [0, 0, 1, 1]
 
 
-def loader_batch(n: int):
-    """A dataloader batch as verl's V1 trainer builds it (tu.get_tensordict of the collated rows plus uids)."""
-    from verl.utils import tensordict_utils as tu
-
-    raw_prompt = np.empty(n, dtype=object)  # one chat (a list of messages) per row
-    raw_prompt[:] = [[{"role": "user", "content": f"q{i}"}] for i in range(n)]
-    rows = {
-        "raw_prompt": raw_prompt,
-        "data_source": np.array([f"src{i % 2}" for i in range(n)], dtype=object),
-        "reward_model": np.array([{"ground_truth": str(i)} for i in range(n)], dtype=object),
-        "uid": np.array([f"u{i}" for i in range(n)], dtype=object),
-    }
-    return tu.get_tensordict(rows)
-
-
-def test_the_resampler_builds_the_even_step_from_the_kept_prompts_and_survives_a_checkpoint(tmp_path):
-    sampler = PromptResampler(CodapoSettings())
-    sampler.start_pair(loader_batch(4), step=3)
-    # Weights per response (2 per prompt); prompts u1 and u3 reach the 0.75 quantile of [0.1, 0.8, 0.1, 0.8].
-    sampler.add_weights(np.array(["u0", "u0", "u1", "u1"], dtype=object), np.array([0.1, 0.1, 0.8, 0.8]))
-    sampler.add_weights(np.array(["u2", "u2", "u3", "u3"], dtype=object), np.array([0.1, 0.1, 0.8, 0.8]))
-    sampler.save(str(tmp_path), step=3)
-    restored = PromptResampler(CodapoSettings())
-    restored.load(str(tmp_path), step=3)
-    for each in (sampler, restored):
-        batch = each.second_batch(4, step=4)
-        assert [p[0]["content"] for p in batch["raw_prompt"]] == ["q1", "q1", "q1", "q1"]
-        assert len(set(batch["uid"])) == 4 and not set(batch["uid"]) & {"u0", "u1", "u2", "u3"}
-    # 8 slots: q1 x 4, q3 x 4, with their own fields.
-    sampler = PromptResampler(CodapoSettings())
-    sampler.load(str(tmp_path), step=3)
-    batch = sampler.second_batch(8, step=4)
-    assert [p[0]["content"] for p in batch["raw_prompt"]] == ["q1"] * 4 + ["q3"] * 4
-    assert list(batch["data_source"]) == ["src1"] * 8
-    assert [r["ground_truth"] for r in batch["reward_model"]] == ["1"] * 4 + ["3"] * 4
-
-
-def test_the_resampler_refuses_a_missing_state_or_the_wrong_step(tmp_path):
-    sampler = PromptResampler(CodapoSettings())
-    with pytest.raises(ResamplingStateError, match=f"{STATE_FILE} is missing: step 5 is the first"):
-        sampler.load(str(tmp_path), step=5)
-    sampler.load(str(tmp_path), step=6)  # an even step's checkpoint needs nothing
-    sampler.start_pair(loader_batch(2), step=5)
-    with pytest.raises(ResamplingStateError, match="no weighted step"):
-        sampler.second_batch(2, step=6)
-    sampler.add_weights(np.array(["u0", "u1"], dtype=object), np.array([0.2, 0.3]))
-    with pytest.raises(ResamplingStateError, match="step 8 needs the prompts kept at step 7"):
-        sampler.second_batch(2, step=8)
-    sampler.save(str(tmp_path), step=5)
-    with pytest.raises(ResamplingStateError, match="not the kept prompts of step 7"):
-        PromptResampler(CodapoSettings()).load(str(tmp_path), step=7)
-
-
 # ---- hostile inputs: overflow, broken log-probs, huge repeat counts, quoted booleans ----------------
 def test_settings_that_could_overflow_or_exhaust_memory_are_refused_naming_the_key():
     for node, message in [
@@ -424,36 +361,3 @@ def test_the_resampled_order_uses_memory_of_the_batch_whatever_the_repeat_count(
     expected = naive_resample_order(kept, batch_size, min(repeat_count, batch_size))
     assert order.tolist() == expected
     assert peak < 64 * 1024  # a few arrays of batch_size int64s; 10**7 copies of 8 prompts took 580 MB before
-
-
-def test_a_broken_codapo_state_stops_the_resume_naming_the_file_and_the_way_out(tmp_path):
-    path = tmp_path / STATE_FILE
-    cases = {
-        "missing": None,
-        "not a pickle": b"\x00\x01garbage\n\nmore",
-        "truncated": None,  # filled below from a good file
-        "kept is not a batch": {"version": 1, "step": 5, "kept": ["q1", "q2"]},
-        "no kept prompt": {"version": 1, "step": 5, "kept": TensorDict({}, batch_size=[0])},
-        "a list": [1, 2, 3],
-    }
-    sampler = PromptResampler(CodapoSettings())
-    sampler.start_pair(loader_batch(2), step=5)
-    sampler.add_weights(np.array(["u0", "u1"], dtype=object), np.array([0.2, 0.3]))
-    sampler.save(str(tmp_path), step=5)
-    good = path.read_bytes()
-    for case, content in cases.items():
-        if path.exists():
-            path.unlink()
-        if case == "truncated":
-            path.write_bytes(good[: len(good) // 2])
-        elif isinstance(content, bytes):
-            path.write_bytes(content)
-        elif content is not None:
-            torch.save(content, path)
-        fresh = PromptResampler(CodapoSettings())
-        with pytest.raises(ResamplingStateError) as info:
-            fresh.load(str(tmp_path), step=5)
-        message = str(info.value)
-        assert message.startswith(str(path)), case
-        assert "algorithm.codapo.resample=false" in message and "\n" not in message, (case, message)
-        assert fresh.kept is None and fresh.kept_step is None  # nothing restored

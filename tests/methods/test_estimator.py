@@ -14,10 +14,9 @@ from verl import DataProto
 from verl.trainer.ppo import core_algos
 from verl.trainer.ppo.ray_trainer import compute_advantage
 
-from recipe_apo.methods.apo.anchor import AnchorBook, CapabilityAnchor
+from recipe_apo.methods.apo.anchor import AnchorBook, CapabilityAnchor, driver_anchors, reset_driver_anchors
 from recipe_apo.methods.apo.estimator import compute_apo_advantage
 from recipe_apo.methods.apo.settings import ApoConfigError, ApoSettings
-from recipe_apo.methods.apo.anchor import driver_anchors, reset_driver_anchors
 from recipe_apo.methods.driver_state import last_result
 from recipe_apo.methods.errors import BatchInputError
 

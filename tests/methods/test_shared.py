@@ -9,9 +9,11 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from recipe_apo.errors import RecipeError
-from recipe_apo.methods import apo, checks, driver_state, groups, settings
+from recipe_apo.methods import checks, driver_state, groups, settings
+from recipe_apo.methods.apo import estimator as apo
+from recipe_apo.methods.apo.anchor import driver_anchors, reset_driver_anchors
 from recipe_apo.methods.apo.settings import ApoConfigError, ApoSettings
-from recipe_apo.methods.codapo.estimator import CodapoConfigError, CodapoSettings
+from recipe_apo.methods.codapo.settings import CodapoConfigError, CodapoSettings
 from recipe_apo.methods.errors import BatchInputError, MethodConfigError
 
 
@@ -89,8 +91,11 @@ def test_the_driver_state_restores_what_it_replaced():
     log_probs = torch.zeros(2, 3)
     with driver_state.handed(scopes=["a", "b"], old_log_probs=log_probs):
         assert driver_state.handed_scopes().tolist() == ["a", "b"] and driver_state.handed_log_probs() is log_probs
+        # Each runtime holds its own inputs: an inner hand-off of other inputs keeps what the outer one gave.
+        with driver_state.handed(scopes=["c", "d"]):
+            assert driver_state.handed_scopes().tolist() == ["c", "d"] and driver_state.handed_log_probs() is log_probs
         with driver_state.handed():
-            assert driver_state.handed_scopes() is None
+            assert driver_state.handed_scopes().tolist() == ["a", "b"]
         assert driver_state.handed_scopes().tolist() == ["a", "b"]
     assert driver_state.handed_scopes() is None and driver_state.handed_log_probs() is None
 

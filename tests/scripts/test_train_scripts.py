@@ -55,8 +55,7 @@ def validate(config):
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import validate_config
 
-    from recipe_apo.integration.agpo_launch import route_agent_loops
-    from recipe_apo.integration.validation import validate_recipe_config
+    from recipe_apo.integration.validation import route_agent_loops, validate_recipe_config
 
     route_agent_loops(config)  # as the launch does (recipe_apo.main.prepare)
     validate_recipe_config(config)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from recipe_apo.methods.agpo_dual.settings import AgpoSettings
-from recipe_apo.methods.base import Method
+from recipe_apo.methods.base import Method, setting
 
 LOSS = "agpo_clip"
 # The loss column of each row's eps_p (``loss``) and the per-prompt sampling setting the runtime sets.
@@ -25,7 +25,7 @@ CLIP_COLUMN = "agpo_clip_eps"
 
 def uses_agpo(config: Any) -> bool:
     """A run of ``config`` runs AGPO's controllers: its policy loss is ``agpo_clip``, which needs the clips."""
-    return str(config.actor_rollout_ref.actor.policy_loss.loss_mode) == LOSS
+    return str(setting(config, "actor_rollout_ref.actor.policy_loss.loss_mode")) == LOSS
 
 
 METHOD = Method(

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from recipe_apo.methods.apo.settings import ApoSettings
-from recipe_apo.methods.base import Method
+from recipe_apo.methods.base import Method, setting
 
 ESTIMATOR = "apo"
 LOSS = "apo"
@@ -25,7 +25,7 @@ ONE_SIDED_LOSS = "apo_one_sided"
 
 def uses_apo(config: Any) -> bool:
     """A run of ``config`` computes APO's advantages (its anchor runs)."""
-    return str(config.algorithm.adv_estimator) == ESTIMATOR
+    return str(setting(config, "algorithm.adv_estimator")) == ESTIMATOR
 
 
 METHOD = Method(

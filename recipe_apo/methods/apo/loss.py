@@ -33,14 +33,11 @@ from typing import Any, Optional
 
 import torch
 
-from recipe_apo.methods.checks import NORM_MODE, check_number
+from recipe_apo.methods.checks import NORM_MODE, RATIO_BAND, check_number
 from recipe_apo.methods.errors import MethodConfigError
 
 # The log-ratio clamp of verl's own policy losses.
 LOG_RATIO_CLAMP = 20.0
-# Ratio band of the `ratio outside band` metric: GRPO's default clip range, so the share reads like its clip
-# fraction.
-RATIO_BAND = 0.2
 # w(r) = 4 s (1 - s) < 0.5  <=>  |tau (r - 1)| > ln((1 + sqrt(1/2)) / (1 - sqrt(1/2))).
 _LOW_WEIGHT_LOGIT = math.log((1.0 + math.sqrt(0.5)) / (1.0 - math.sqrt(0.5)))
 

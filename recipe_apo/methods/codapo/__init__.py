@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from recipe_apo.methods.base import Method
+from recipe_apo.methods.base import Method, setting
 from recipe_apo.methods.codapo.settings import CodapoSettings
 
 ESTIMATOR = "codapo"
@@ -21,7 +21,7 @@ ESTIMATOR = "codapo"
 
 def uses_codapo(config: Any) -> bool:
     """A run of ``config`` computes CoDaPO's advantages."""
-    return str(config.algorithm.adv_estimator) == ESTIMATOR
+    return str(setting(config, "algorithm.adv_estimator")) == ESTIMATOR
 
 
 METHOD = Method(

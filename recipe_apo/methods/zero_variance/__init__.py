@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from recipe_apo.methods.base import Method
+from recipe_apo.methods.base import Method, setting
 
 # "exact" is the testbed's reference, which verl's actor cannot run (its denominators are the mini-batch's).
 ACTIVE_MODES = ("exclude", "exact")
@@ -20,7 +20,7 @@ ACTIVE_MODES = ("exclude", "exact")
 
 def uses_zero_variance(config: Any) -> bool:
     """A run of ``config`` takes the groups whose rewards are all equal out of the loss's denominator."""
-    return str(config.algorithm.get("zero_variance", "keep")) in ACTIVE_MODES
+    return str(setting(config, "algorithm.zero_variance", "keep")) in ACTIVE_MODES
 
 
 METHOD = Method(
