@@ -52,11 +52,13 @@ def register() -> None:
     import verl
     from verl.trainer.ppo import core_algos
 
-    for name, spec in catalog.estimators().items():
-        _register(core_algos.ADV_ESTIMATOR_REGISTRY, core_algos.register_adv_est, name, load(spec),
-                  "advantage estimator")
-    for name, spec in catalog.losses().items():
-        _register(core_algos.POLICY_LOSS_REGISTRY, core_algos.register_policy_loss, name, load(spec), "policy loss")
+    # Everything loaded before anything is registered: a failure registers nothing.
+    estimators = {name: load(spec) for name, spec in catalog.estimators().items()}
+    losses = {name: load(spec) for name, spec in catalog.losses().items()}
+    for name, fn in estimators.items():
+        _register(core_algos.ADV_ESTIMATOR_REGISTRY, core_algos.register_adv_est, name, fn, "advantage estimator")
+    for name, fn in losses.items():
+        _register(core_algos.POLICY_LOSS_REGISTRY, core_algos.register_policy_loss, name, fn, "policy loss")
     warning = verl_version_warning(getattr(verl, "__version__", None))
     if warning:
         logger.warning(warning)

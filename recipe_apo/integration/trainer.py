@@ -207,14 +207,16 @@ class RecipeHooks:
         """The audit's and the methods' dump columns; a source that fails loses its own (a diagnostic must not
         stop training), said once per run and source."""
         fields = {}
-        for name, source in (("the audit", self.audit_fields), ("the methods", self.dump_columns.for_rows)):
+        sources = (("the audit's", lambda: self.audit_fields(batch)),
+                   ("the methods'", lambda: self.dump_columns.for_rows(batch.keys)))
+        for name, source in sources:
             try:
-                fields.update(source(batch) if source is self.audit_fields else source(batch.keys))
+                fields.update(source())
             except Exception as exc:
                 warned = self.__dict__.setdefault("_dump_fields_failed", set())
                 if name not in warned:
                     warned.add(name)
-                    print(f"recipe-apo: warning: rollout dump without {name}' fields "
+                    print(f"recipe-apo: warning: rollout dump without {name} fields "
                           f"({type(exc).__name__}: {exc}); said once per run", flush=True)
         return fields
 

@@ -19,7 +19,7 @@ def _bare_trainer(config):
 
     trainer = object.__new__(ApoSyncTrainer)
     trainer.config = config
-    trainer._start_hooks(config)
+    trainer._start_runtimes(config)
     trainer.global_steps = 0
     return trainer
 

@@ -1,9 +1,7 @@
 """method=agpo_dual in verl's loop, what runs without Ray: its launch checks, the agent loop it samples through,
-its checkpointed state, the probe's grouping, the batch-clip loss wrapper."""
+the probe's grouping, the loss-column wrapper (its checkpointed state: test_state_files.py)."""
 
 from __future__ import annotations
-
-import json
 
 import numpy as np
 import pytest
@@ -11,13 +9,14 @@ import torch
 from helpers.composing import compose_recipe
 from omegaconf import OmegaConf, open_dict
 
-from recipe_apo.integration.agpo_launch import AGENT_LOOPS, TEMPERED_LOOP, TEMPERED_TARGET, route_agent_loops
-from recipe_apo.integration.hooks.agpo import STATE_FILE, AgpoHook, AgpoStateError, load_state, save_state
 from recipe_apo.integration.modes import recipe_mode
-from recipe_apo.integration.validation import RecipeConfigError, validate_recipe_config
-from recipe_apo.methods.agpo_dual.controllers import AgpoState
-from recipe_apo.methods.errors import MethodStateError
+from recipe_apo.integration.sampling_loop import AGENT_LOOPS
+from recipe_apo.integration.sampling_loop import NAME as SAMPLING_LOOP
+from recipe_apo.integration.sampling_loop import TARGET as SAMPLING_TARGET
+from recipe_apo.integration.validation import RecipeConfigError, route_agent_loops, validate_recipe_config
+from recipe_apo.integration.verl_access import by_prompt
 from recipe_apo.methods.agpo_dual.vote_keys import VoteKeyError, load_vote_key, math_vote_key
+from recipe_apo.methods.errors import MethodStateError
 
 BASE = ("method=agpo_dual", "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.n=8")
 # separate_async's own rollout pool, which its checks (before AGPO's) ask for.
@@ -46,9 +45,9 @@ def test_the_preset_passes_in_sync_mode_with_the_recipes_agent_loops():
     assert config.actor_rollout_ref.rollout.agent.agent_loop_config_path == AGENT_LOOPS
     validate_recipe_config(config)
     entries = OmegaConf.load(AGENT_LOOPS)
-    assert [(e.name, e._target_) for e in entries] == [(TEMPERED_LOOP, TEMPERED_TARGET)]
+    assert [(e.name, e._target_) for e in entries] == [(SAMPLING_LOOP, SAMPLING_TARGET)]
     rehearsal_loops = OmegaConf.load(AGENT_LOOPS.replace("integration", "cpu"))
-    assert (TEMPERED_LOOP, TEMPERED_TARGET) in [(e.name, e._target_) for e in rehearsal_loops]
+    assert (SAMPLING_LOOP, SAMPLING_TARGET) in [(e.name, e._target_) for e in rehearsal_loops]
 
 
 @pytest.mark.parametrize("mode", ["colocate_async", "separate_async"])
@@ -72,7 +71,7 @@ def test_what_the_loop_cannot_host_is_refused_in_one_line(tmp_path):
     own.write_text("- name: mine\n  _target_: some.Loop\n")
     assert refusal(f"actor_rollout_ref.rollout.agent.agent_loop_config_path={own}") == (
         f"actor_rollout_ref.rollout.agent.agent_loop_config_path={own} does not register the agent loop "
-        f"agpo_tempered that method=agpo_dual samples through: add the entry of {AGENT_LOOPS} to it")
+        f"recipe_sampling that agpo_dual samples through: add the entry of {AGENT_LOOPS} to it")
     assert refusal("algorithm.agpo.probe_samples=0") == (
         "algorithm.agpo.probe_samples must be an integer in [1, 4096], got 0")
     assert refusal("+algorithm.agpo.probe_sample=4").startswith("unknown setting algorithm.agpo.probe_sample;")
@@ -80,9 +79,9 @@ def test_what_the_loop_cannot_host_is_refused_in_one_line(tmp_path):
         "algorithm.agpo.vote_key='os.path:nothing' cannot be loaded (AttributeError")
 
 
-def test_a_users_own_loop_file_listing_the_tempered_loop_passes(tmp_path):
+def test_a_users_own_loop_file_listing_the_sampling_loop_passes(tmp_path):
     own = tmp_path / "loops.yaml"
-    own.write_text(f"- name: mine\n  _target_: some.Loop\n- name: {TEMPERED_LOOP}\n  _target_: {TEMPERED_TARGET}\n")
+    own.write_text(f"- name: mine\n  _target_: some.Loop\n- name: {SAMPLING_LOOP}\n  _target_: {SAMPLING_TARGET}\n")
     config = launch(f"actor_rollout_ref.rollout.agent.agent_loop_config_path={own}")
     assert config.actor_rollout_ref.rollout.agent.agent_loop_config_path == str(own)
     validate_recipe_config(config)
@@ -94,45 +93,16 @@ def test_other_methods_keep_their_agent_loop_setting():
     assert config.actor_rollout_ref.rollout.agent.agent_loop_config_path is None
 
 
-# ---- the controllers' state in a checkpoint --------------------------------------------------------------------
-def test_the_state_file_round_trips_bit_for_bit(tmp_path):
-    state = AgpoState(uncertainty_avg=0.1 + 0.2, entropy_ref=1 / 3, kl_avg=np.nextafter(0.02, 1.0))
-    path = save_state(str(tmp_path), 7, state)
-    assert json.loads(open(path).read())["global_step"] == 7
-    assert load_state(str(tmp_path)).state_dict() == state.state_dict()
-
-
-@pytest.mark.parametrize("content, cause", [
-    (None, "it is missing"),
-    ("{", "it cannot be read (JSONDecodeError"),
-    (json.dumps({"global_step": 3, "anchors": {}}), "it is not AGPO's controller state (kind None)"),
-    (json.dumps({"kind": "agpo_dual", "global_step": 3, "uncertainty_avg": 1.0}),
-     "it cannot be read (AgpoStateError: AGPO state must hold exactly"),
-    (json.dumps({"kind": "agpo_dual", "uncertainty_avg": 1.0, "entropy_ref": 1.0, "kl_avg": float("inf")}),
-     "it cannot be read (AgpoStateError: AGPO state kl_avg must be a finite number >= 0"),
-])
-def test_a_missing_or_foreign_state_file_stops_the_resume_in_one_line(tmp_path, content, cause):
-    if content is not None:
-        (tmp_path / STATE_FILE).write_text(content)
-    with pytest.raises(AgpoStateError) as info:
-        load_state(str(tmp_path))
-    message = str(info.value)
-    assert message.startswith(f"cannot resume AGPO's controllers from {tmp_path / STATE_FILE}: ")
-    assert cause.split(" (")[0] in message and "\n" not in message
-    assert isinstance(info.value, MethodStateError)
-
-
 # ---- the probe's responses by prompt ----------------------------------------------------------------------------
 def test_the_probes_responses_are_grouped_by_prompt_in_their_order():
     rows = np.array([1, 0, 1, 0, 0, 1])
     scores = np.array([1.0, 0.0, 0.5, 1.0, 0.25, 0.0])
     keys = ["a", "b", "c", "d", "e", "f"]
-    grouped, by_prompt = AgpoHook._by_prompt(rows, scores, keys, 2, 3)
+    grouped, keys_by_prompt = by_prompt(rows, scores, keys, 2, 3)
     assert grouped.tolist() == [[0.0, 1.0, 0.25], [1.0, 0.5, 0.0]]
-    assert by_prompt == [["b", "d", "e"], ["a", "c", "f"]]
-    with pytest.raises(MethodStateError, match="prompt 1 of the step came back with 2 of "
-                                               "algorithm.agpo.probe_samples=3 responses"):
-        AgpoHook._by_prompt(rows[:5], scores[:5], keys[:5], 2, 3)
+    assert keys_by_prompt == [["b", "d", "e"], ["a", "c", "f"]]
+    with pytest.raises(MethodStateError, match="the probe: prompt 1 of the step came back with 2 of 3 responses"):
+        by_prompt(rows[:5], scores[:5], keys[:5], 2, 3)
 
 
 # ---- the answer key, pluggable ----------------------------------------------------------------------------------
@@ -146,25 +116,26 @@ def test_the_vote_key_defaults_to_the_math_rule_and_loads_a_function_by_name():
 
 
 # ---- the loss in the actor's workers ----------------------------------------------------------------------------
-def test_the_batch_clip_loss_hands_the_micro_batchs_column_to_verls_ppo_loss(monkeypatch):
+def test_the_column_loss_hands_the_micro_batchs_columns_to_verls_ppo_loss(monkeypatch):
     from tensordict import TensorDict
 
-    from recipe_apo.integration import batch_clip_loss
-    from recipe_apo.methods.agpo_dual.loss import handed_clip
+    from recipe_apo.integration.column_loss import ColumnLoss
     from recipe_apo.methods.errors import BatchInputError
+    from recipe_apo.methods.loss_inputs import handed_column
 
     seen = []
     monkeypatch.setattr("verl.workers.utils.losses.ppo_loss",
-                        lambda config, out, data, group: seen.append((config, handed_clip().tolist())) or "loss")
-    wrapper = batch_clip_loss.BatchClipLoss("config")
+                        lambda config, out, data, group: seen.append((config, handed_column("agpo_clip_eps").tolist()))
+                        or "loss")
+    wrapper = ColumnLoss("config", ["agpo_clip_eps"])
     data = TensorDict({"agpo_clip_eps": torch.tensor([0.1, 0.3])}, batch_size=2)
     assert wrapper({}, data) == "loss" and seen == [("config", pytest.approx([0.1, 0.3]))]
-    assert handed_clip() is None
+    assert handed_column("agpo_clip_eps") is None
     with pytest.raises(BatchInputError, match="the actor's micro-batch has no agpo_clip_eps column"):
         wrapper({}, TensorDict({}, batch_size=2))
 
 
-# ---- the tempered agent loop ------------------------------------------------------------------------------------
+# ---- the sampling agent loop ------------------------------------------------------------------------------------
 class RecordingLoop:
     """An inner agent loop that records how it was built and what it was asked."""
 
@@ -178,44 +149,27 @@ class RecordingLoop:
         return "output"
 
 
-def test_the_tempered_loop_runs_the_prompts_own_loop_at_its_temperature(monkeypatch):
+def test_the_sampling_loop_runs_the_prompts_own_loop_at_its_temperature(monkeypatch):
     import asyncio
 
     from verl.experimental.agent_loop import agent_loop
 
-    from recipe_apo.integration.tempered_loop import TemperedAgentLoop
+    from recipe_apo.integration.sampling_loop import SamplingAgentLoop
 
     monkeypatch.setitem(agent_loop._agent_loop_registry, "recording", {"_target_": f"{__name__}.RecordingLoop"})
-    loop = TemperedAgentLoop.__new__(TemperedAgentLoop)  # built by verl with its workers' objects
+    loop = SamplingAgentLoop.__new__(SamplingAgentLoop)  # built by verl with its workers' objects
     loop._init = {"tokenizer": "tok"}
     loop.rollout_config = OmegaConf.create({"top_p": 0.9, "top_k": 20, "agent": {"default_agent_loop": "recording"}})
     RecordingLoop.calls = []
     params = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "logprobs": True}
-    out = asyncio.run(loop.run(params, agpo_temperature=torch.tensor(1.25), agpo_agent_name="recording",
+    out = asyncio.run(loop.run(params, recipe_sampling_temperature=torch.tensor(1.25), recipe_agent_name="recording",
                                raw_prompt=["q"]))
-    out_default = asyncio.run(loop.run(params, agpo_temperature=0.75, raw_prompt=["r"]))
+    out_default = asyncio.run(loop.run(params, recipe_sampling_temperature=0.75, raw_prompt=["r"]))
     assert out == out_default == "output"
     (init, first, kwargs), (_, second, kwargs_default) = RecordingLoop.calls
     assert init == {"tokenizer": "tok"}
     assert first == {"temperature": 1.25, "top_p": 0.9, "top_k": 20, "logprobs": True}
     assert second["temperature"] == 0.75 and kwargs == {"raw_prompt": ["q"]} and kwargs_default == {"raw_prompt": ["r"]}
     assert params["temperature"] == 1.0  # the worker's shared parameters are left as they were
-    with pytest.raises(ValueError, match="the prompt's agent loop 'agpo_tempered' is not a registered agent loop"):
-        asyncio.run(loop.run(params, agpo_agent_name="agpo_tempered"))
-
-
-def test_a_resume_without_the_state_file_stops_before_the_first_step(tmp_path):
-    from types import SimpleNamespace
-
-    config = launch("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2")
-    OmegaConf.resolve(config)
-    installed = []
-    trainer = SimpleNamespace(actor_rollout_wg=SimpleNamespace(set_loss_fn=installed.append), global_steps=2)
-    hook = AgpoHook(trainer, config)
-    with pytest.raises(AgpoStateError, match="it is missing"):
-        hook.restored(str(tmp_path), 2)
-    assert hook.state.state_dict() == AgpoState().state_dict()
-    save_state(str(tmp_path), 2, AgpoState(uncertainty_avg=0.5, entropy_ref=0.25, kl_avg=0.125))
-    hook.restored(str(tmp_path), 2)
-    assert hook.state.state_dict() == {"uncertainty_avg": 0.5, "entropy_ref": 0.25, "kl_avg": 0.125}
-    assert [type(fn).__name__ for fn in installed] == ["BatchClipLoss", "BatchClipLoss"]
+    with pytest.raises(ValueError, match="the prompt's agent loop 'recipe_sampling' is not a registered agent loop"):
+        asyncio.run(loop.run(params, recipe_agent_name="recipe_sampling"))

@@ -30,7 +30,7 @@ def test_the_plain_verl_checkpoint_callback_by_its_documented_name():
         "algorithm": {"adv_estimator": "grpo"},
     })
     callback = build_checkpoint_callback(config)
-    assert type(callback) is AnchorCheckpointCallback and not callback.active
+    assert type(callback) is AnchorCheckpointCallback and callback.runtimes == []
 
 
 def test_importing_the_recipes_trainer_registers_its_trainer_mode():

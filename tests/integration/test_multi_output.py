@@ -21,8 +21,7 @@ from tensordict.tensorclass import NonTensorStack
 from transfer_queue import KVBatchMeta
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
-from recipe_apo.integration.hooks import AnchorHook, CodapoHook
-from recipe_apo.integration.hooks.base import DumpFieldsError
+from recipe_apo.integration.rollout_dump import DumpFieldsError
 from recipe_apo.integration.multi_output import Sessions
 from recipe_apo.methods.apo.anchor import driver_anchors, reset_driver_anchors
 from recipe_apo.methods.driver_state import handed
@@ -124,11 +123,11 @@ def test_apo_anchor_moves_with_the_share_of_successful_trajectories_and_advantag
     # The dump: every row its trajectory's Phi_i and C_t, in the dump's own row order.
     phi = by_trajectory({"a_0": math.exp(-1 / 6), "a_1": math.exp(1 / 6), "b_0": math.exp(-1 / 6),
                          "b_1": math.exp(1 / 6), "c_0": 1.0, "c_1": 1.0})
-    dumped = trainer.hook(AnchorHook).dump_fields(batch)
+    dumped = trainer.dump_columns.for_rows(batch.keys)
     assert dumped["apo_phi"] == pytest.approx([phi[key.split("-", 1)[1]] for key in batch.keys], rel=1e-12)
     assert dumped["apo_anchor"] == pytest.approx([1 / 3] * len(ROWS), abs=1e-15)
     reverse = handle(batch.keys[::-1])
-    assert trainer.hook(AnchorHook).dump_fields(reverse)["apo_phi"] == dumped["apo_phi"][::-1]
+    assert trainer.dump_columns.for_rows(reverse.keys)["apo_phi"] == dumped["apo_phi"][::-1]
     reset_driver_anchors()
 
 
@@ -181,7 +180,7 @@ def test_codapo_weights_groups_by_trajectories_with_the_final_outputs_log_probs_
         "codapo/confidence_mean": (math.exp(-0.3) + math.exp(-0.6) + math.exp(-0.1)) / 3,
     }, rel=1e-6)
     weight = by_trajectory({"a_0": w_a, "a_1": w_a, "b_0": w_b, "b_1": w_b, "c_0": 0.1, "c_1": 0.1})
-    dumped = trainer.hook(CodapoHook).dump_fields(batch)["codapo_weight"]
+    dumped = trainer.dump_columns.for_rows(batch.keys)["codapo_weight"]
     assert dumped == pytest.approx([weight[key.split("-", 1)[1]] for key in batch.keys], rel=1e-6)
 
 
@@ -258,32 +257,28 @@ def test_single_output_batches_get_verls_own_advantages_bit_for_bit(transfer_que
 def test_a_dump_of_rows_the_advantage_step_did_not_see_is_refused_not_silently_left_out(
         transfer_queue, tmp_path, recipe_config, bare_trainer, capsys):
     """Two advantage steps in one training step (``trainer.v1.sync.parameter_sync_step=2``) are dumped together;
-    rows from no advantage step of the step raise, and the trainer's dump names the hook and keeps the others'."""
+    rows from no advantage step of the step raise, and the trainer's dump names the methods' columns as missing and
+    keeps the audit's."""
     reset_driver_anchors()
     trainer = bare_trainer(recipe_config(tmp_path))
     trainer.global_steps = 3
     first = trainer._compute_advantage(put_rows("sync1-"), {})
     second = trainer._compute_advantage(put_rows("sync2-", SINGLE), {})
     together = handle(second.keys + first.keys)
-    dumped = trainer.hook(AnchorHook).dump_fields(together)["apo_phi"]
+    dumped = trainer.dump_columns.for_rows(together.keys)["apo_phi"]
     assert len(dumped) == len(ROWS) + len(SINGLE)
-    assert dumped[len(SINGLE):] == trainer.hook(AnchorHook).dump_fields(first)["apo_phi"]
+    assert dumped[len(SINGLE):] == trainer.dump_columns.for_rows(first.keys)["apo_phi"]
     stray = handle(first.keys + ["other_0_0"])
     with pytest.raises(DumpFieldsError, match=r"apo_phi, apo_anchor: 1 of 11 dumped rows .* 'other_0_0'"):
-        trainer.hook(AnchorHook).dump_fields(stray)
+        trainer.dump_columns.for_rows(stray.keys)
 
-    class Other:
-        def dump_fields(self, batch):
-            return {"other": [0.0] * len(batch.keys)}
-
-    trainer.hooks = [trainer.hook(AnchorHook), Other()]
+    trainer.audit_fields = lambda batch: {"other": [0.0] * len(batch.keys)}
     assert list(trainer._dump_fields(stray)) == ["other"]
     trainer._dump_fields(stray)
-    assert capsys.readouterr().out.count("rollout dump without AnchorHook's fields (DumpFieldsError") == 1
+    assert capsys.readouterr().out.count("rollout dump without the methods' fields (DumpFieldsError") == 1
     # A new training step starts afresh: the earlier step's values are not dumped for it.
-    trainer.global_steps = 4
-    trainer.hook(AnchorHook).around_advantage(first, Sessions.of(first.keys))
-    assert trainer.hook(AnchorHook).dump_fields(first) == {}
+    trainer.dump_columns.add(4, [], {})
+    assert trainer.dump_columns.for_rows(first.keys) == {}
     reset_driver_anchors()
 
 

@@ -54,10 +54,12 @@ def test_settings_are_the_composed_presets():
     assert presets.settings("grpo") == presets.MethodSettings("grpo", True, "vanilla", "seq-mean-token-mean")
     assert presets.settings("drgrpo") == presets.MethodSettings("grpo", False, "vanilla", "seq-mean-token-sum-norm")
     assert presets.settings("apo") == presets.MethodSettings("apo", False, "apo", "seq-mean-token-sum-norm")
-    assert presets.settings("codapo") == presets.MethodSettings("codapo", True, "vanilla", "token-mean")
+    assert presets.settings("codapo") == presets.MethodSettings("codapo", True, "vanilla", "token-mean",
+                                                                needs="the old policy's log-probs")
     assert presets.settings("agpo_dual") == presets.MethodSettings("grpo", True, "agpo_clip", "seq-mean-token-mean")
-    assert [presets.settings(n).needs for n in presets.names()] == [None, None, None, "the old policy's log-probs",
-                                                                    None]
+    # AGPO's dual feedback gives GRPO's advantages (its runtime changes none): the demo and the audit show one.
+    assert presets.settings("agpo_dual").advantages == presets.settings("grpo").advantages
+    assert presets.settings("apo").advantages != presets.settings("drgrpo").advantages
 
 
 def test_the_declaration_line():
@@ -147,7 +149,7 @@ def test_an_extra_preset_appears_everywhere(extra_preset, capsys, monkeypatch):
     assert runs == [list(order), [EXTRA, "apo"]]
 
     # The audit replays it, in its place, by its title.
-    assert [m.name for m in replay.preset_methods()] == ["GRPO", "Dr. GRPO", "RLOO", "APO", "AGPO (dual)"]
+    assert [m.name for m in replay.preset_methods()] == ["GRPO", "Dr. GRPO", "RLOO", "APO"]
     assert replay.method_named("RLOO").adv_estimator == "rloo"
 
     # The testbed runs it by default, in the league too.
@@ -161,11 +163,11 @@ def test_an_extra_preset_appears_everywhere(extra_preset, capsys, monkeypatch):
     demo()
     out = capsys.readouterr().out
     header = next(line.split() for line in out.splitlines() if line.startswith("prompt"))
-    assert header[-7:] == ["GRPO", "Dr.", "GRPO", "RLOO", "APO", "AGPO", "(dual)"]
+    assert header[-5:] == ["GRPO", "Dr.", "GRPO", "RLOO", "APO"]
     rows = [line.split() for line in out.splitlines() if line.startswith(("hard prompt", "easy prompt"))]
-    # RLOO: 1 - mean of the other three (0) = 1; 0 - 1/3. AGPO's advantages are GRPO's.
-    assert rows[0][-5:] == ["1.500", "0.750", "1.000", "1.445", "1.500"]
-    assert rows[1][-5:] == ["-0.500", "-0.250", "-0.333", "-0.292", "-0.500"]
+    # RLOO: 1 - mean of the other three (0) = 1; 0 - 1/3. AGPO's advantages are GRPO's: no column of its own.
+    assert rows[0][-4:] == ["1.500", "0.750", "1.000", "1.445"]
+    assert rows[1][-4:] == ["-0.500", "-0.250", "-0.333", "-0.292"]
     assert "codapo    not on this batch: its estimator also needs the old policy's log-probs" in out
 
     # The launch scripts' check, which lists the preset files from bash.

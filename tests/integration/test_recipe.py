@@ -175,8 +175,9 @@ def test_kl_in_reward_is_fine_with_a_threshold_success_and_data_sources_with_the
          "actor_rollout_ref.actor.loss_agg_mode=tokenmean is not one of verl's modes: token-mean, token-sum"),
         (["method=grpo", "algorithm.zero_variance=exclude", "algorithm.use_kl_in_reward=true"],
          "algorithm.zero_variance=exclude with algorithm.use_kl_in_reward=true"),
+        # CoDaPO's own check of the KL reward comes first (the methods' checks run in catalog order).
         (["method=codapo", "algorithm.zero_variance=exclude", "algorithm.use_kl_in_reward=true"],
-         "algorithm.zero_variance=exclude with algorithm.use_kl_in_reward=true"),
+         "algorithm.use_kl_in_reward=true with algorithm.adv_estimator=codapo"),
     ],
 )
 def test_invalid_settings_fail_validation_naming_the_key(overrides, key):
@@ -375,10 +376,12 @@ def test_plugin_check_prints_the_three_presets_advantages(capsys):
     main()
     out = capsys.readouterr().out
     rows = [line.split() for line in out.splitlines() if line.startswith(("hard prompt", "easy prompt"))]
-    # GRPO: (1 - 0.25) / std([1,0,0,0]) = 1.5; Dr. GRPO: 0.75; APO: 0.75 * 1.5 * exp(0.25) = 1.445; AGPO's
-    # advantages are GRPO's (its controllers act on the sampling and the clip).
-    assert rows[0][-4:] == ["1.500", "0.750", "1.445", "1.500"]
-    assert rows[7][-4:] == ["-1.500", "-0.750", "-1.445", "-1.500"]
+    # GRPO: (1 - 0.25) / std([1,0,0,0]) = 1.5; Dr. GRPO: 0.75; APO: 0.75 * 1.5 * exp(0.25) = 1.445. AGPO's
+    # advantages are GRPO's (its controllers act on the sampling and the clip): no column repeats another.
+    assert rows[0][-3:] == ["1.500", "0.750", "1.445"]
+    assert rows[7][-3:] == ["-1.500", "-0.750", "-1.445"]
+    assert "agpo_dual not on this batch: the same advantages as GRPO" in " ".join(out.split())
+    assert "codapo not on this batch: its estimator also needs the old policy's log-probs" in " ".join(out.split())
     assert "python -m recipe_apo.main method=apo" in out
 
 

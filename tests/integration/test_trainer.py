@@ -18,15 +18,14 @@ from tensordict.tensorclass import NonTensorStack
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils.tracking import Tracking
 
-from recipe_apo.integration.checkpoint import STATE_FILE
 from recipe_apo.integration.cluster import check_apo_on_every_node
-from recipe_apo.integration.hooks import AnchorHook
 from recipe_apo.integration.trainer import ApoSyncTrainer
 from recipe_apo.methods.apo.anchor import AnchorBook
 from recipe_apo.methods.apo.estimator import compute_apo_advantage
 from recipe_apo.methods.apo.anchor import driver_anchors, reset_driver_anchors
 from recipe_apo.methods.driver_state import last_result
 
+STATE_FILE = "apo_state.json"  # APO's state file (recipe_apo.methods.apo's declaration)
 REWARDS = [1.0, 1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.0]
 LENGTHS = [3, 2, 4, 1, 2, 5, 3, 2]
 UIDS = ["e1", "e1", "e2", "e2", "h1", "h1", "h2", "h2"]
@@ -75,7 +74,7 @@ def test_advantage_step_uses_one_anchor_per_data_source_and_logs_its_metrics(tra
         token_rewards[i, n - 1] = reward
         mask[i, :n] = 1
     expected, expected_metrics = compute_apo_advantage(
-        token_rewards, mask, np.array(UIDS, dtype=object), trainer.hook(AnchorHook).settings, AnchorBook(),
+        token_rewards, mask, np.array(UIDS, dtype=object), trainer.runtime("apo").settings, AnchorBook(),
         np.array(SOURCES))
     torch.testing.assert_close(got, expected[:, 0])
     assert metrics["apo/anchor/easy"] == 0.75 and metrics["apo/anchor/hard"] == 0.25
@@ -167,7 +166,7 @@ def test_init_keeps_verls_sync_mode_and_starts_a_fresh_anchor(tmp_path, monkeypa
                         lambda self, config: seen.setdefault("mode", config.trainer.v1.trainer_mode))
     driver_anchors(init=0.7).anchor()
     trainer = ApoSyncTrainer(recipe_config(tmp_path))
-    assert seen["mode"] == "sync" and trainer.hook(AnchorHook) is not None
+    assert seen["mode"] == "sync" and trainer.runtime("apo") is not None
     assert driver_anchors().anchor().value is None  # the previous run's anchor is gone
 
 
@@ -222,27 +221,29 @@ def test_node_check_names_a_node_without_the_plugin(transfer_queue, monkeypatch)
 @pytest.mark.parametrize("broken", ["missing", "corrupt"])
 def test_a_codapo_resume_without_its_kept_prompts_is_said_as_one_line_naming_the_file_and_the_way_out(
         tmp_path, monkeypatch, capsys, broken, recipe_config, bare_trainer):
-    """The trainer's restore of an odd step whose codapo_state.pt is missing or corrupt, raised in the task
+    """The trainer's restore of an odd step whose codapo_state.json is missing or corrupt, raised in the task
     runner and carried through Ray's wrappers as ``python -m recipe_apo.main`` meets it: exit 1, one last line."""
     import verl.trainer.main_ppo as main_ppo
     from ray.exceptions import RayTaskError
 
     from recipe_apo import main as recipe_main
-    from recipe_apo.integration.errors import ResamplingStateError
-    from recipe_apo.integration.resampling import STATE_FILE as CODAPO_STATE
+    from recipe_apo.methods.codapo.runtime import ResamplingStateError
+
+    codapo_state = "codapo_state.json"
 
     config = recipe_config(tmp_path, "trainer.resume_mode=resume_path",
                            f"trainer.resume_from_path={tmp_path}/ckpt/global_step_3", method="codapo")
     folder = tmp_path / "ckpt" / "global_step_3"
     folder.mkdir(parents=True)
     if broken == "corrupt":
-        (folder / CODAPO_STATE).write_bytes(b"PK\x03\x04 not a checkpoint\n")
+        (folder / codapo_state).write_bytes(b"PK\x03\x04 not a checkpoint\n")
     trainer = bare_trainer(config)
     monkeypatch.setattr(PPOTrainerSync, "_load_checkpoint", lambda self: setattr(self, "global_steps", 3))
     with pytest.raises(ResamplingStateError) as info:
         trainer._load_checkpoint()
     message = str(info.value)
-    assert message.startswith(f"{folder / CODAPO_STATE} ") and "\n" not in message
+    assert message.startswith(f"cannot resume CoDaPO's kept prompts from {folder / codapo_state}: ")
+    assert "\n" not in message
     assert "algorithm.codapo.resample=false" in message
 
     remote = RayTaskError("TaskRunner.run", "Traceback ...", info.value).as_instanceof_cause()
@@ -304,7 +305,7 @@ def test_the_anchor_moves_once_per_training_step_and_logs_the_steps_update(tmp_p
 
 
 def test_the_dump_gives_each_row_verls_staleness():
-    from recipe_apo.integration.hooks.audit_dump import policy_lags
+    from recipe_apo.integration.rollout_dump import policy_lags
 
     # Step 5 trains with the policy of version 4: a row generated on version 4 is on-policy; one generated
     # across versions 2 to 3 (a partial rollout resumed after an update) lags 1 at best and 2 at worst.
@@ -330,7 +331,7 @@ def test_each_async_trainer_hands_verl_its_mode_and_runs_the_recipes_hooks(tmp_p
     monkeypatch.setattr(verl_cls, "__init__",
                         lambda self, config: seen.setdefault("mode", config.trainer.v1.trainer_mode))
     trainer = trainer_cls(recipe_config(tmp_path, f"trainer.v1.trainer_mode=apo_{mode}"))
-    assert seen["mode"] == mode and trainer.hook(AnchorHook) is not None
+    assert seen["mode"] == mode and trainer.runtime("apo") is not None
     for point in ("step", "_compute_advantage", "_save_checkpoint", "_load_checkpoint", "_next_train_batch",
                   "_log_rollout_data"):
         # verl's async classes do not override these (they come from PPOTrainer): the recipe's wrap them.
