@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 from omegaconf import DictConfig, open_dict
 from verl.trainer.ppo.v1.trainer_base import register_trainer
@@ -62,8 +62,7 @@ class TrainerHost:
         self.trainer = trainer
         self.batch = None  # the batch handle of the update under way (``after_update``)
 
-    def probe(self, prompts: Prompts, samples: int, temperature: float, answer_key: Callable[[str], str],
-              custom_key: Optional[str] = None) -> Probe:
+    def probe(self, prompts: Prompts, samples: int, temperature: float, answer_key: Callable[[str], str]) -> Probe:
         with verl_access.timed(self.trainer, "recipe_probe"):  # timing_s/recipe_probe: not in verl's gen
             return verl_access.probe(self.trainer, prompts, samples, temperature, answer_key)
 

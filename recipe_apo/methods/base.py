@@ -157,11 +157,10 @@ class Probe:
 class Host(Protocol):
     """What a runtime asks of the adapter that drives it: what only a trainer or a testbed can do."""
 
-    def probe(self, prompts: Prompts, samples: int, temperature: float, answer_key: Callable[[str], str],
-              custom_key: Optional[str] = None) -> Probe:
+    def probe(self, prompts: Prompts, samples: int, temperature: float, answer_key: Callable[[str], str]) -> Probe:
         """``samples`` responses to each of ``prompts`` at ``temperature``, scored and dropped afterwards; each
         response's answer key is ``answer_key`` of its text. A host whose task has answers of its own (the
-        testbed) uses those, and refuses a rule the user set (``custom_key``, the setting as ``key=value``)."""
+        testbed) uses those, and refuses a run whose runtime has a ``custom_answer_key``."""
 
     def policy_log_probs(self, batch: StepBatch) -> torch.Tensor:
         """The current (just updated) policy's token log-probs of ``batch``'s responses, (rows, length)."""
@@ -192,6 +191,9 @@ class MethodRuntime:
     method: "Method"
     # The batch fields it reads beyond uids, scores and the mask: ``old_log_probs``, ``entropy``, ``data_sources``.
     needs: frozenset = frozenset()
+    # A rule from a response's text to its answer that the user set (the setting, ``key=value``; None: the method's
+    # default): a host whose task has answers of its own (the testbed) refuses the run.
+    custom_answer_key: Optional[str] = None
 
     def __init__(self, config: Any) -> None:
         self.config = config

@@ -54,10 +54,13 @@ def check_method(cfg: DictConfig) -> None:
                                   f"{' '.join(str(exc).split())}") from exc
     check_temperature(cfg)
     try:
-        for method in catalog.active(cfg):
-            method.build_runtime(cfg)
+        runtimes = [r for r in (m.build_runtime(cfg) for m in catalog.active(cfg)) if r is not None]
     except MethodConfigError as exc:
         raise TestbedSettingError(" ".join(str(exc).split())) from None
+    for runtime in runtimes:
+        if runtime.custom_answer_key is not None:
+            raise TestbedSettingError(f"{runtime.custom_answer_key}: must be null in the testbed: its tasks give "
+                                      "their own answer keys (task.vote_key)")
     make_task(cfg)  # the task's own checks (min_len <= max_len, room in L0)
 
 

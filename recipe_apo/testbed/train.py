@@ -182,11 +182,7 @@ class TestbedHost:
         self.batch: Optional[dict[str, Any]] = None
         self.probe_tokens = 0.0
 
-    def probe(self, prompts: Prompts, samples: int, temperature: float, answer_key: Any,
-              custom_key: Optional[str] = None) -> Probe:
-        if custom_key is not None:
-            raise TestbedSettingError(f"{custom_key}: the testbed's tasks give their own answer keys (task.vote_key); "
-                                      "leave it null")
+    def probe(self, prompts: Prompts, samples: int, temperature: float, answer_key: Any) -> Probe:
         task, n = self.run.task, len(prompts)
         base = torch.full((n,), float(temperature))
         probe = rollout(self.sampler, task, prompts.columns["prompts"], prompts.columns["k"], samples, self.generator,

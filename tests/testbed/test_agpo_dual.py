@@ -1,4 +1,4 @@
-"""AGPO with dual statistical feedback in the testbed (``method=agpo_dual``, recipe_apo/testbed/agpo.py): each
+"""AGPO with dual statistical feedback in the testbed (``method=agpo_dual``, its runtime driven by the testbed): each
 prompt's temperature reaches the sampler, each prompt's clip reaches its loss rows, the KL loss is verl's, a
 round's probe, temperatures, clips and KL_bar recomputed by independent formulas, the answer keys of both tasks,
 the league's equal-generation entries, and determinism."""
@@ -138,7 +138,8 @@ def _hand_update(overrides, clip_eps, old_shift, ref_shift=None, lengths=(2, 3, 
     current = policy.log_probs(batch["prompts"], batch["responses"]).detach()
     ref = None if ref_shift is None else current - ref_shift
     metrics = ppo_update(policy, torch.optim.SGD(policy.parameters(), lr=0.0), actor, batch, mask.clone(),
-                         current - old_shift, torch.Generator().manual_seed(0), clip_eps=clip_eps, ref_log_prob=ref)
+                         current - old_shift, torch.Generator().manual_seed(0),
+                         loss_columns={"agpo_clip_eps": clip_eps}, ref_log_prob=ref)
     return metrics, policy.theta.grad.clone(), mask
 
 
@@ -199,10 +200,13 @@ def test_a_round_probes_tempers_clips_and_moves_kl_bar_as_the_formulas_say(hydra
     setup = prepare_seed(cfg, 0)
     run = MethodRun(cfg, setup)
     seen = {}
-    probe, clips = run.agpo.probe, run.agpo.clips
-    run.agpo.probe = lambda *a: seen.setdefault("tau", probe(*a))
-    run.agpo.clips = lambda *a: seen.setdefault("eps_rows", clips(*a))
+    (agpo,) = [r for r in run.runtimes if r.method.name == "agpo_dual"]
+    drew, after = agpo.drew_prompts, agpo.after_advantage
+    agpo.drew_prompts = lambda *a: seen.setdefault("settings", drew(*a))
+    agpo.after_advantage = lambda *a: seen.setdefault("out", after(*a))
     run.train_round(0, on_round=lambda r, batch, old, adv: seen.update(batch=batch, old=old))
+    seen["tau"] = torch.from_numpy(seen["settings"]["temperature"]).to(torch.float32)
+    seen["eps_rows"] = torch.from_numpy(seen["out"].loss_columns["agpo_clip_eps"])
     batch, old = seen["batch"], seen["old"]
 
     # The probe: G samples per prompt at base_temperature from the round's policy, on the probe's own stream.
@@ -224,7 +228,7 @@ def test_a_round_probes_tempers_clips_and_moves_kl_bar_as_the_formulas_say(hydra
         tau.append(min(max(s.base_temperature * (1 + s.temperature_gain * c), s.min_temperature),
                        s.max_temperature))
     np.testing.assert_allclose(seen["tau"].numpy(), tau, rtol=0, atol=1e-6)
-    assert run.agpo.state.uncertainty_avg == pytest.approx(u_bar, abs=1e-6)  # the source rounds to float32
+    assert agpo.state.uncertainty_avg == pytest.approx(u_bar, abs=1e-6)  # the source rounds to float32
 
     # The training responses: drawn at each prompt's tau on the sampling stream every method reads.
     again = rollout(start, run.task, prompts, k, G, generator(0, _SAMPLING), seen["tau"])
@@ -253,19 +257,20 @@ def test_a_round_probes_tempers_clips_and_moves_kl_bar_as_the_formulas_say(hydra
         dim=(1, 2))
     step = float(diff.clamp(min=0).mean())
     assert step > 0
-    assert run.agpo.state.kl_avg == pytest.approx(0.1 * step, rel=1e-5)
-    assert run.history["agpo_kl_bar"] == [pytest.approx(0.1 * step, rel=1e-5)]
+    assert agpo.state.kl_avg == pytest.approx(0.1 * step, rel=1e-5)
+    assert run.history["agpo_dual/kl_avg"] == [pytest.approx(0.1 * step, rel=1e-5)]
     # The round's record: the probe's tokens counted in what it generated.
     probe_tokens = float(probed["response_mask"].sum())
     assert run.history["probe_tokens"] == [probe_tokens]
     assert run.history["tokens_generated"] == [probe_tokens + float(mask.sum())]
-    assert run.history["agpo_tau_mean"] == [pytest.approx(float(np.mean(tau)), abs=1e-6)]
-    assert run.history["agpo_eps_std"] == [pytest.approx(float(np.std(eps)), abs=1e-5)]
+    assert run.history["agpo_dual/probe_tokens"] == [probe_tokens]
+    assert run.history["agpo_dual/temperature_mean"] == [pytest.approx(float(np.mean(tau)), abs=1e-6)]
+    assert run.history["agpo_dual/clip_eps_std"] == [pytest.approx(float(np.std(eps)), abs=1e-5)]
 
     # The next round reads KL_bar in its clips and moves it again.
     run.train_round(1)
-    kl = run.history["agpo_kl_bar"]
-    assert kl[1] == pytest.approx(0.9 * kl[0] + 0.1 * run.history["agpo_step_kl"][1], rel=1e-9)
+    kl = run.history["agpo_dual/kl_avg"]
+    assert kl[1] == pytest.approx(0.9 * kl[0] + 0.1 * run.history["agpo_dual/step_kl"][1], rel=1e-9)
 
 
 def test_an_agpo_run_is_deterministic_for_a_seed_and_records_its_metrics(hydra_ctx):
@@ -278,15 +283,18 @@ def test_an_agpo_run_is_deterministic_for_a_seed_and_records_its_metrics(hydra_c
     assert json.dumps(first["history"]) == json.dumps(again["history"])
     assert first["evals"] == again["evals"]
     h = first["history"]
-    for key in ("agpo_tau_mean", "agpo_tau_std", "agpo_eps_mean", "agpo_eps_std", "agpo_u_mean", "agpo_u_bar",
-                "agpo_vote_entropy_mean", "agpo_sigma_mean", "agpo_entropy_ratio_mean", "agpo_kl_bar",
-                "agpo_step_kl", "probe_tokens", "actor/kl_loss", "actor/agpo_clip_eps_mean"):
+    from recipe_apo.methods import catalog
+
+    # Every metric AGPO declares, every round, finite (a round without one would record NaN).
+    for key in [catalog.method("agpo_dual").metric(q) for q in catalog.method("agpo_dual").metrics] + [
+            "probe_tokens", "actor/kl_loss", "actor/agpo_clip_eps_mean"]:
         assert len(h[key]) == 4 and all(math.isfinite(v) for v in h[key]), key
-    assert all(0.5 <= t <= 1.5 for t in h["agpo_tau_mean"]) and all(0.05 <= e <= 0.4 for e in h["agpo_eps_mean"])
+    assert all(0.5 <= t <= 1.5 for t in h["agpo_dual/temperature_mean"])
+    assert all(0.05 <= e <= 0.4 for e in h["agpo_dual/clip_eps_mean"])
     # Another method of the seed reads the same sampling stream: its first round's prompts and start agree.
     grpo = run_method(_compose([*TINY_MODSUM[:-1], "method=grpo"]), "grpo", setup)
     assert grpo["evals"]["overall"][0] == first["evals"]["overall"][0]
-    assert "agpo_tau_mean" not in grpo["history"] and grpo["history"]["probe_tokens"] == [0.0] * 4
+    assert "agpo_dual/temperature_mean" not in grpo["history"] and grpo["history"]["probe_tokens"] == [0.0] * 4
 
 
 # --- the answer keys ---------------------------------------------------------------------------------------------
@@ -333,10 +341,12 @@ def test_the_temperature_and_the_answer_key_are_checked_before_training(hydra_ct
     check_method(_compose(["method=agpo_dual", "algorithm.agpo.base_temperature=0.8"]))  # follows the preset
     with pytest.raises(TestbedSettingError, match=r"rollout.temperature=0.7: must be 1.0: the testbed samples"):
         check_method(_compose(["method=grpo", "actor_rollout_ref.rollout.temperature=0.7"]))
-    with pytest.raises(TestbedSettingError, match=r"rollout.temperature=0.7: must be algorithm.agpo.base_temperature"):
+    with pytest.raises(TestbedSettingError, match=r"rollout.temperature=0.7 with algorithm.agpo.base_temperature=1.0: "
+                                                  "method=agpo_dual needs them equal"):
         check_method(_compose(["method=agpo_dual", "actor_rollout_ref.rollout.temperature=0.7"]))
-    with pytest.raises(TestbedSettingError, match=r"algorithm.agpo.vote_key=m:f: must be null in the testbed"):
-        check_method(_compose(["method=agpo_dual", "algorithm.agpo.vote_key=m:f"]))
+    with pytest.raises(TestbedSettingError, match=r"algorithm.agpo.vote_key=os.path:basename: must be null in the "
+                                                  "testbed"):
+        check_method(_compose(["method=agpo_dual", "algorithm.agpo.vote_key=os.path:basename"]))
     with pytest.raises(TestbedSettingError, match=r"kl_loss_type=k9: not a KL estimator verl computes"):
         check_method(_compose(["method=agpo_dual", "actor_rollout_ref.actor.kl_loss_type=k9"]))
     with pytest.raises(ValueError, match=r"algorithm.agpo.clip_min"):
@@ -359,5 +369,5 @@ def test_the_2n_entries_double_the_scenarios_group_and_agpo_probes_with_it(hydra
     assert cfgs["agpo_dual"].algorithm.agpo.probe_samples == 3
     run = MethodRun(cfgs["grpo_2n"], prepare_seed(cfgs["grpo"], 0))
     assert (run.group, run.actor.rollout_n) == (6, 6)
-    batch, _ = run.sample_round(run.setup.train_prompts[0], run.setup.train_k[0])
+    batch, _, _ = run.sample_round(1, run.setup.train_prompts[0], run.setup.train_k[0])
     assert batch["responses"].shape[0] == 6 * run.setup.train_prompts.shape[1]

@@ -66,10 +66,11 @@ def test_smoke_every_method_writes_its_files_with_finite_numbers(tiny_run):
     assert on_disk["methods"]["apo"]["loss_mode"] == "apo"
     assert (on_disk["methods"]["codapo"]["adv_estimator"], on_disk["methods"]["codapo"]["loss_agg_mode"]) == (
         "codapo", "token-mean")
-    assert on_disk["methods"]["codapo"]["codapo"] == dataclasses.asdict(CodapoSettings())
+    assert on_disk["methods"]["codapo"]["active"] == {"codapo": dataclasses.asdict(CodapoSettings())}
     assert on_disk["methods"]["agpo_dual"]["loss_mode"] == "agpo_clip"
-    assert on_disk["methods"]["agpo_dual"]["agpo"]["probe_samples"] == on_disk["config"]["actor_rollout_ref"][
-        "rollout"]["n"]
+    assert on_disk["methods"]["agpo_dual"]["active"]["agpo_dual"]["probe_samples"] == on_disk["config"][
+        "actor_rollout_ref"]["rollout"]["n"]
+    assert on_disk["methods"]["grpo"]["active"] == {}
     assert {label: m["rollout_n"] for label, m in on_disk["methods"].items()} == dict.fromkeys(on_disk["methods"], 4)
     # The probe's tokens are counted in what AGPO generates, and only AGPO has them.
     agpo = on_disk["runs"]["agpo_dual"]["0"]
@@ -113,26 +114,26 @@ def test_apo_run_records_its_anchor(tiny_run):
     out, _ = tiny_run
     history = json.loads((out / "history.json").read_text())
     apo = [r for r in history if r["label"] == "apo"]
-    assert apo and all(len(r["history"]["anchor"]) == 4 for r in apo)
-    assert all(0.0 <= c <= 1.0 for r in apo for c in r["history"]["anchor"])
-    assert not any("anchor" in r["history"] for r in history if r["label"] != "apo")
+    assert apo and all(len(r["history"]["apo/anchor"]) == 4 for r in apo)
+    assert all(0.0 <= c <= 1.0 for r in apo for c in r["history"]["apo/anchor"])
+    assert not any("apo/anchor" in r["history"] for r in history if r["label"] != "apo")
 
 
 def test_the_share_of_rounds_with_the_anchors_rate_at_its_floor(tiny_run):
     """eta_t = clip(eta std(H), eta_min, 1): a round is at the floor when its rate is eta_min exactly. The first
-    round is the warm start (rate 1, no anchor_init) and the second at the floor (H holds C_1 alone); the
-    summary's share counts the rounds after the first."""
+    round is the warm start (rate 1, no anchor_init: no rate decision, NaN) and the second at the floor (H holds C_1
+    alone); the summary's share counts the rounds after the first."""
     out, _ = tiny_run
     history = json.loads((out / "history.json").read_text())
     summary = json.loads((out / "summary.json").read_text())
-    eta_min = summary["methods"]["apo"]["apo"]["eta_min"]
+    eta_min = summary["methods"]["apo"]["active"]["apo"]["eta_min"]
     for record in (r for r in history if r["label"] == "apo"):
-        rates, at_floor = record["history"]["anchor_rate"], record["history"]["anchor_rate_at_floor"]
-        assert at_floor == [float(rate == eta_min) for rate in rates]
+        rates, at_floor = record["history"]["apo/anchor_rate"], record["history"]["apo/anchor_rate_at_floor"]
+        assert math.isnan(at_floor[0]) and at_floor[1:] == [float(rate == eta_min) for rate in rates[1:]]
         assert (rates[0], at_floor[1]) == (1.0, 1.0)
         run = summary["runs"]["apo"][str(record["seed"])]
-        assert run["anchor_rate_floor_share"] == pytest.approx(sum(at_floor[1:]) / (len(at_floor) - 1))
-        assert run["anchor_rate_avg"] == pytest.approx(sum(rates[1:]) / (len(rates) - 1))
+        assert run["apo/anchor_rate_at_floor_avg"] == pytest.approx(sum(at_floor[1:]) / (len(at_floor) - 1))
+        assert run["apo/anchor_rate_avg"] == pytest.approx(sum(rates) / len(rates))
 
 
 def test_same_seed_gives_identical_numbers(hydra_ctx, tmp_path, tiny_run):
@@ -397,7 +398,7 @@ def test_codapo_run_resamples_the_kept_prompts_of_each_pairs_first_round(hydra_c
 
     cfg, setup, rounds, run = _codapo_rounds([])
     P, G = cfg.data.train_batch_size, cfg.actor_rollout_ref.rollout.n
-    assert len(rounds) == 4 and run["history"]["resampled"] == [0.0, 1.0, 0.0, 1.0]
+    assert len(rounds) == 4 and run["history"]["codapo/resampled"] == [0.0, 1.0, 0.0, 1.0]
     for r, data in enumerate(rounds):
         batch = data["batch"]
         # The estimator got the old log-probs: its advantages are CoDaPO's on this round's data, recomputed.
@@ -412,7 +413,7 @@ def test_codapo_run_resamples_the_kept_prompts_of_each_pairs_first_round(hydra_c
             # The kept prompts, by hand: per-group weight >= its 0.75 quantile (linear interpolation).
             group_weight = weights[::G]
             kept = np.flatnonzero(group_weight >= np.quantile(group_weight, 0.75))
-            assert run["history"]["kept_prompts"][r] == len(kept)
+            assert run["history"]["codapo/kept_prompts"][r] == len(kept)
             expected = np.tile(np.repeat(kept, 4), P)[:P]
             nxt = rounds[r + 1]["batch"]
             assert torch.equal(nxt["prompts"][::G], prompts[torch.from_numpy(expected)])
@@ -420,15 +421,16 @@ def test_codapo_run_resamples_the_kept_prompts_of_each_pairs_first_round(hydra_c
             # Four copies in place: [a, a, a, a, b, b, b, b].
             assert torch.equal(nxt["prompts"][::G][0:4], prompts[int(kept[0])].expand(4, -1))
         else:
-            assert math.isnan(run["history"]["kept_prompts"][r])
+            assert math.isnan(run["history"]["codapo/kept_prompts"][r])
 
 
-def test_the_testbed_pairs_rounds_as_the_trainers_resampler_pairs_steps(hydra_ctx):
-    # Round r is the trainer's step r + 1: given the first round's prompts and weights, the trainer's
-    # PromptResampler builds the second round's prompts the testbed trained on, copy for copy.
+def test_the_testbed_pairs_rounds_as_the_trainer_pairs_steps(hydra_ctx):
+    # Round r is the trainer's step r + 1: given the first round's prompts (a verl prompt batch) and weights, the
+    # CoDaPO runtime in the trainer's hands builds the second round's prompts the testbed trained on, copy for copy.
     from verl.utils import tensordict_utils as tu
 
-    from recipe_apo.integration.resampling import PromptResampler
+    from recipe_apo.integration import verl_access
+    from recipe_apo.methods import catalog
     from recipe_apo.methods.codapo.estimator import compute_codapo_advantage
 
     cfg, setup, rounds, run = _codapo_rounds(["rounds=2"])
@@ -436,12 +438,16 @@ def test_the_testbed_pairs_rounds_as_the_trainers_resampler_pairs_steps(hydra_ct
     first, second = rounds[0]["batch"], rounds[1]["batch"]
     _, weights, _ = compute_codapo_advantage(first["token_level_rewards"], first["response_mask"],
                                              rounds[0]["old_log_prob"], first["uid"], True, 0.1)
-    resampler = PromptResampler(CodapoSettings.from_algorithm_config(cfg.algorithm))
-    resampler.start_pair(tu.get_tensordict({"prompts": first["prompts"][::G], "k": first["k"][::G],
-                                            "uid": np.asarray(first["uid"][::G], dtype=object)}), step=1)
-    resampler.add_weights(first["uid"], weights)
-    trainer_batch = resampler.second_batch(P, step=2)
-    assert len(resampler.kept) == run["history"]["kept_prompts"][0]
+    codapo = catalog.method("codapo").build_runtime(cfg)
+    codapo.begin_step(1)
+    prompts = tu.get_tensordict({"prompts": first["prompts"][::G], "k": first["k"][::G],
+                                 "uid": np.asarray(first["uid"][::G], dtype=object)})
+    codapo.drew_prompts(1, verl_access.prompts_of(prompts), host=None)
+    codapo.pairing.add_weights(first["uid"], weights)
+    kept = codapo.end_step(1)["codapo/kept_prompts"]
+    codapo.begin_step(2)
+    trainer_batch = verl_access.prompt_batch(codapo.replace_prompts(2, P), 2)
+    assert kept == run["history"]["codapo/kept_prompts"][0]
     assert torch.equal(trainer_batch["prompts"], second["prompts"][::G])
     assert torch.equal(trainer_batch["k"], second["k"][::G])
 
@@ -451,7 +457,7 @@ def test_codapo_without_resampling_reads_the_prompt_stream_like_the_others(hydra
     G = cfg.actor_rollout_ref.rollout.n
     for r, data in enumerate(rounds):
         assert torch.equal(data["batch"]["prompts"][::G], setup.train_prompts[r])
-    assert run["history"]["resampled"] == [0.0] * 4
+    assert run["history"]["codapo/resampled"] == [0.0] * 4
 
 
 # --- algorithm.zero_variance: exclude (what verl gets) against exact (the definition) -------------------------
@@ -482,26 +488,33 @@ def _hand_batch(lengths, rewards, advantages, width=4):
 
 
 def _update(hydra_ctx_overrides, batch, advantages, zero_variance):
-    """One ppo_update on the hand batch at ratio 1 (old = current log-probs), learning rate 0; returns the
+    """One ppo_update on the hand batch at ratio 1 (old = current log-probs), learning rate 0, the zero-variance
+    denominator's runtime driven as the testbed drives it; returns the update's metrics with the runtime's step
     metrics, the per-mini-batch trace and the last mini-batch's gradient."""
     from hydra import compose
 
-    from recipe_apo.methods.zero_variance.rescale import exclude_zero_variance, live_rows
-    from recipe_apo.testbed.update import actor_config, effective_agg_mode, ppo_update
+    from recipe_apo.methods import catalog
+    from recipe_apo.methods.base import StepBatch, Trajectories
+    from recipe_apo.testbed.update import actor_config, ppo_update
 
     cfg = compose(config_name="testbed", overrides=["method=grpo", "actor_rollout_ref.rollout.n=2",
-                                                    "actor_rollout_ref.actor.grad_clip=1e9"] + hydra_ctx_overrides)
+                                                    "actor_rollout_ref.actor.grad_clip=1e9",
+                                                    f"algorithm.zero_variance={zero_variance}"] + hydra_ctx_overrides)
     actor = actor_config(cfg.actor_rollout_ref.actor, 2)
     policy = _TablePolicy(*batch["response_mask"].shape)
     old = policy.log_probs(batch["prompts"], batch["responses"]).detach()
-    scores = batch["token_level_rewards"].sum(-1).double().numpy()
-    live = live_rows(scores, batch["response_mask"].sum(-1).numpy() > 0, batch["uid"])
-    if zero_variance == "exclude":
-        advantages, _ = exclude_zero_variance(advantages, batch["token_level_rewards"], batch["response_mask"],
-                                              batch["uid"], effective_agg_mode(actor))
+    runtimes = [m.build_runtime(cfg) for m in catalog.active(cfg)]
+    step = StepBatch(batch["uid"], batch["token_level_rewards"], batch["response_mask"],
+                     Trajectories.single(len(batch["uid"])), advantages=advantages)
+    for runtime in runtimes:
+        runtime.begin_step(1)
+        out = runtime.after_advantage(1, step)
+        step.advantages = out.advantages if out.advantages is not None else step.advantages
     trace = []
-    metrics = ppo_update(policy, torch.optim.SGD(policy.parameters(), lr=0.0), actor, batch, advantages, old,
-                         torch.Generator().manual_seed(0), zero_variance=zero_variance, live=live, trace=trace)
+    metrics = ppo_update(policy, torch.optim.SGD(policy.parameters(), lr=0.0), actor, batch, step.advantages, old,
+                         torch.Generator().manual_seed(0), runtimes=runtimes, trace=trace)
+    for runtime in runtimes:
+        metrics.update(runtime.end_step(1))
     return metrics, trace, policy.theta.grad.clone()
 
 
@@ -526,7 +539,7 @@ def test_zero_variance_exclude_is_exact_with_one_mini_batch(hydra_ctx, agg, exac
     assert results["keep"][0]["pg_loss"] == pytest.approx(keep, abs=1e-6)
     torch.testing.assert_close(results["exclude"][2], results["exact"][2], rtol=0, atol=1e-6)
     assert results["exclude"][1][0]["denominator_ratio"] == pytest.approx(1.0)
-    assert results["exclude"][0]["zv_ratio_dev_mean"] == pytest.approx(0.0, abs=1e-12)
+    assert results["exclude"][0]["zero_variance/ratio_dev_mean"] == pytest.approx(0.0, abs=1e-12)
 
 
 # Live share per mini-batch (of 2 groups of 2) against the round's: the loss of exclude over that of exact.
@@ -555,8 +568,8 @@ def test_zero_variance_exclude_is_off_by_the_live_share_ratio_per_mini_batch(hyd
     # The recorded ratio is what the loss is off by: exclude's mini-batch loss over exact's.
     assert [a["loss"] / b["loss"] for a, b in zip(exclude_trace, exact_trace)] == pytest.approx(ratios, abs=1e-6)
     deviations = [abs(r - 1) for r in ratios]
-    assert exclude["zv_ratio_dev_mean"] == pytest.approx(sum(deviations) / len(deviations), abs=1e-12)
-    assert exclude["zv_ratio_dev_max"] == pytest.approx(max(deviations), abs=1e-12)
+    assert exclude["zero_variance/ratio_dev_mean"] == pytest.approx(sum(deviations) / len(deviations), abs=1e-12)
+    assert exclude["zero_variance/ratio_dev_max"] == pytest.approx(max(deviations), abs=1e-12)
 
 
 def test_zero_variance_in_a_testbed_run(hydra_ctx, tmp_path):
@@ -573,13 +586,14 @@ def test_zero_variance_in_a_testbed_run(hydra_ctx, tmp_path):
     runs = {run["label"]: run["history"] for run in json.loads((tmp_path / "history.json").read_text())}
     assert runs["exclude"]["pg_loss"][0] == pytest.approx(runs["exact"]["pg_loss"][0], abs=1e-6)
     assert runs["exclude"]["grad_norm"][0] == pytest.approx(runs["exact"]["grad_norm"][0], rel=1e-5)
-    assert runs["exclude"]["zv_ratio_dev_max"] == [pytest.approx(0.0, abs=1e-12)]
+    assert runs["exclude"]["zero_variance/ratio_dev_max"] == [pytest.approx(0.0, abs=1e-12)]
     assert 0 < runs["exclude"]["live_share"][0] < 1  # a round with live and dead groups
-    assert runs["exclude"]["zv_scale"][0] == pytest.approx(1.0 / runs["exclude"]["live_share"][0])
+    assert runs["exclude"]["zero_variance/scale"][0] == pytest.approx(1.0 / runs["exclude"]["live_share"][0])
     # keep divides by every response: its loss is the live share of exclude's.
     assert runs["keep"]["pg_loss"][0] == pytest.approx(runs["exclude"]["pg_loss"][0] * runs["keep"]["live_share"][0],
                                                        abs=1e-6)
-    assert "zv_ratio_dev_mean" not in runs["keep"] and "zv_ratio_dev_mean" not in runs["exact"]
+    assert "zero_variance/ratio_dev_mean" not in runs["keep"]
+    assert math.isnan(runs["exact"]["zero_variance/ratio_dev_mean"][0])  # declared, and not exclude's to have
 
 
 def test_zero_variance_settings_are_checked_before_training(hydra_ctx, tmp_path):

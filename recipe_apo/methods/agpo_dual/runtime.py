@@ -48,9 +48,8 @@ class AgpoRuntime(MethodRuntime):
         self.settings = AgpoSettings.from_algorithm_config(config.algorithm)
         check_temperature(config, self.settings)
         self.vote_key = load_vote_key(self.settings.vote_key)
-        # A rule the user set, which a host whose task has answers of its own (the testbed) must refuse.
         key = self.settings.vote_key
-        self.custom_key = None if key is None else f"algorithm.agpo.vote_key={key}"
+        self.custom_answer_key = None if key is None else f"algorithm.agpo.vote_key={key}"
         self.state = AgpoState()
         self.begin_step(0)
 
@@ -80,8 +79,7 @@ class AgpoRuntime(MethodRuntime):
 
     def drew_prompts(self, step: int, prompts: Prompts, host: Host) -> dict[str, np.ndarray]:
         settings = self.settings
-        probe = host.probe(prompts, settings.probe_samples, float(settings.base_temperature), self.vote_key,
-                           self.custom_key)
+        probe = host.probe(prompts, settings.probe_samples, float(settings.base_temperature), self.vote_key)
         stats = ProbeStats.of(probe.rewards, probe.keys, settings.dispersion)
         uncertainty = stats.uncertainty(settings)
         temperature, _ = self.state.temperatures(uncertainty, settings)
