@@ -194,9 +194,9 @@ def _names_in_code(path: Path) -> list[str]:
 
 
 def test_the_adapters_name_no_method():
-    from recipe_apo.methods import catalog
-
     import re
+
+    from recipe_apo.methods import catalog
 
     words = {*catalog.PACKAGES, "anchor", "agpo", "codapo", "pairing", "kept", "zv"}
     for relative in ADAPTERS:

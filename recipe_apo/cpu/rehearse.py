@@ -83,12 +83,14 @@ RUN_OVERRIDES = (
 
 # The stages of a step as verl times them (timing_s/<stage>), in the order they run.
 STAGES = ("gen", "old_log_prob", "adv", "update_actor", "update_weights", "save_checkpoint")
-# method=agpo_dual's own stages (its probe's generation, its step KL's forward pass), shown when a run has them.
-AGPO_STAGES = ("agpo_probe", "agpo_step_kl")
-APO_METRICS = ("apo/anchor", "apo/batch_success", "apo/weight_pos_mean", "apo/weight_neg_mean",
-               "actor/apo_gate_weight")
-# method=agpo_dual's controllers at the last step: the prompts' mean temperature and clip, and KL_bar.
-AGPO_METRICS = ("agpo/temperature_mean", "agpo/clip_eps_mean", "agpo/kl_avg")
+# What a method's runtime asks of the trainer beyond verl's stages (a probe's generation, a forward pass of the
+# updated policy: recipe_apo.integration.trainer.TrainerHost), shown when a run has them.
+HOST_STAGES = ("recipe_probe", "recipe_policy_log_probs")
+# The last step's method metrics the table shows (``<method>/<quantity>``, as the trainer logs them): APO's anchor
+# and weights, its gate; AGPO's mean temperature and clip, and KL_bar.
+METHOD_METRICS = ("apo/anchor", "apo/batch_success", "apo/weight_pos_mean", "apo/weight_neg_mean",
+                  "actor/apo_gate_weight", "agpo_dual/temperature_mean", "agpo_dual/clip_eps_mean",
+                  "agpo_dual/kl_avg")
 
 
 def tiny_overrides(paths: dict) -> list[str]:
@@ -218,7 +220,7 @@ def summarize(method: str, runs: Iterable[list[dict]], checkpoints: str) -> Meth
     runs = [run for run in runs if run]
     steady = [row for run in runs for row in (run[1:] if len(run) > 1 else run)]
     step_seconds = {}
-    for stage in ("step", *STAGES, *AGPO_STAGES):
+    for stage in ("step", *STAGES, *HOST_STAGES):
         values = [row[f"timing_s/{stage}"] for row in steady if f"timing_s/{stage}" in row]
         if values:
             step_seconds[stage] = statistics.fmean(values)
@@ -227,14 +229,14 @@ def summarize(method: str, runs: Iterable[list[dict]], checkpoints: str) -> Meth
 
 
 def format_table(summaries: Sequence[MethodSummary]) -> str:
-    stages = [s for s in ("step", "gen", "old_log_prob", "adv", "update_actor", *AGPO_STAGES) if
+    stages = [s for s in ("step", "gen", "old_log_prob", "adv", "update_actor", *HOST_STAGES) if
               any(s in m.step_seconds for m in summaries)]
-    head = ["method", "steps", *(f"s/{s}" for s in stages), *APO_METRICS, *AGPO_METRICS]
+    head = ["method", "steps", *(f"s/{s}" for s in stages), *METHOD_METRICS]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for m in summaries:
         cells = [m.method, str(m.steps), *(f"{m.step_seconds[s]:.3f}" if s in m.step_seconds else "-"
                                             for s in stages)]
-        cells += [f"{m.last[k]:.4f}" if k in m.last else "-" for k in (*APO_METRICS, *AGPO_METRICS)]
+        cells += [f"{m.last[k]:.4f}" if k in m.last else "-" for k in METHOD_METRICS]
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
     lines += [f"- {m.method} checkpoints: {m.checkpoints}" for m in summaries]

@@ -1,20 +1,10 @@
 """The verl integration's errors, each a ``RecipeError`` whose message names the setting or file at fault."""
 
 from recipe_apo.errors import RecipeError
-from recipe_apo.methods.errors import MethodStateError
 
 
 class RecipeConfigError(RecipeError, ValueError):
     """A setting the recipe refuses before Ray starts (the launch exits with code 2 and this one line)."""
-
-
-class AnchorStateError(MethodStateError):
-    """A resume cannot restore the APO anchor; the message names the file, the cause and the override."""
-
-
-class ResamplingStateError(RecipeError, RuntimeError):
-    """A checkpoint lacks the kept prompts its resumed step needs, or holds a file that is not them; the message
-    names the file and the way out."""
 
 
 class NodeCheckError(RecipeError, RuntimeError):

@@ -306,9 +306,11 @@ def test_the_recipes_error_is_found_behind_rays_wrappers():
 
 def _recipe_errors():
     from recipe_apo.audit.dumps import AuditError
-    from recipe_apo.integration.errors import AnchorStateError, NodeCheckError, RecipeConfigError, ResamplingStateError
+    from recipe_apo.integration.errors import NodeCheckError, RecipeConfigError
+    from recipe_apo.methods.apo.runtime import AnchorStateError
     from recipe_apo.methods.apo.settings import ApoConfigError
-    from recipe_apo.methods.codapo.estimator import CodapoConfigError
+    from recipe_apo.methods.codapo.runtime import ResamplingStateError
+    from recipe_apo.methods.codapo.settings import CodapoConfigError
     from recipe_apo.reward.pool import WorkerError
     from recipe_apo.reward.settings import RewardConfigError
 

@@ -21,8 +21,8 @@ from tensordict.tensorclass import NonTensorStack
 from transfer_queue import KVBatchMeta
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
-from recipe_apo.integration.rollout_dump import DumpFieldsError
 from recipe_apo.integration.multi_output import Sessions
+from recipe_apo.integration.rollout_dump import DumpFieldsError
 from recipe_apo.methods.apo.anchor import driver_anchors, reset_driver_anchors
 from recipe_apo.methods.driver_state import handed
 

@@ -20,9 +20,8 @@ from verl.utils.tracking import Tracking
 
 from recipe_apo.integration.cluster import check_apo_on_every_node
 from recipe_apo.integration.trainer import ApoSyncTrainer
-from recipe_apo.methods.apo.anchor import AnchorBook
+from recipe_apo.methods.apo.anchor import AnchorBook, driver_anchors, reset_driver_anchors
 from recipe_apo.methods.apo.estimator import compute_apo_advantage
-from recipe_apo.methods.apo.anchor import driver_anchors, reset_driver_anchors
 from recipe_apo.methods.driver_state import last_result
 
 STATE_FILE = "apo_state.json"  # APO's state file (recipe_apo.methods.apo's declaration)
