@@ -12,8 +12,9 @@ import pytest
 from helpers.rehearsal_runs import checkpoint_root, dump, run, tail, train_then_resume
 
 from recipe_apo.cpu import rehearse
-from recipe_apo.integration.hooks.agpo import STATE_FILE
-from recipe_apo.methods.agpo_dual.controllers import AgpoSettings
+from recipe_apo.methods.agpo_dual.settings import AgpoSettings
+
+STATE_FILE = "agpo_state.json"  # AGPO's state file (recipe_apo.methods.agpo_dual's declaration)
 
 pytestmark = pytest.mark.e2e
 ARGS = ("trainer.save_freq=1", "trainer.val_before_train=false")
@@ -41,7 +42,7 @@ def test_every_checkpoint_holds_the_controllers_as_that_step_logged_them(agpo_ru
         assert state["kind"] == "agpo_dual" and state["global_step"] == step
         logged = rows[step]
         assert (state["uncertainty_avg"], state["entropy_ref"], state["kl_avg"]) == (
-            logged["agpo/uncertainty_avg"], logged["agpo/entropy_ref"], logged["agpo/kl_avg"])
+            logged["agpo_dual/uncertainty_avg"], logged["agpo_dual/entropy_ref"], logged["agpo_dual/kl_avg"])
 
 
 def test_the_resume_moves_kl_bar_on_from_exactly_the_saved_state(agpo_runs):
@@ -49,9 +50,9 @@ def test_the_resume_moves_kl_bar_on_from_exactly_the_saved_state(agpo_runs):
     rows = {row["step"]: row for row in agpo_runs["rows"]}
     kl = 0.0
     for step in (1, 2, 3):  # step 3 ran in the resumed process, from global_step_2's file
-        kl = rate * rows[step]["agpo/step_kl"] + (1.0 - rate) * kl
-        assert rows[step]["agpo/kl_avg"] == kl
-    assert rows[1]["agpo/step_kl"] > 0.0
+        kl = rate * rows[step]["agpo_dual/step_kl"] + (1.0 - rate) * kl
+        assert rows[step]["agpo_dual/kl_avg"] == kl
+    assert rows[1]["agpo_dual/step_kl"] > 0.0
 
 
 def test_each_prompt_is_sampled_at_its_temperature_and_clipped_at_its_eps(agpo_runs):
@@ -65,11 +66,11 @@ def test_each_prompt_is_sampled_at_its_temperature_and_clipped_at_its_eps(agpo_r
             assert {r["agpo_temperature"] for r in g} == {g[0]["agpo_temperature"]}
             assert {r["agpo_clip_eps"] for r in g} == {g[0]["agpo_clip_eps"]}
         assert ((tau >= 0.5) & (tau <= 1.5)).all() and ((eps >= 0.05) & (eps <= 0.4)).all()
-        assert rows[step]["agpo/temperature_mean"] == pytest.approx(tau.mean(), rel=1e-6)
-        assert rows[step]["agpo/clip_eps_mean"] == pytest.approx(eps.mean(), rel=1e-6)
+        assert rows[step]["agpo_dual/temperature_mean"] == pytest.approx(tau.mean(), rel=1e-6)
+        assert rows[step]["agpo_dual/clip_eps_mean"] == pytest.approx(eps.mean(), rel=1e-6)
         # the loss saw the same clips: its token-weighted mean lies within the prompts' range
         assert eps.min() - 1e-6 <= rows[step]["actor/agpo_clip_eps_mean"] <= eps.max() + 1e-6
-        assert rows[step]["agpo/probe_tokens"] >= 4 * AgpoSettings().probe_samples  # a token at least each
+        assert rows[step]["agpo_dual/probe_tokens"] >= 4 * AgpoSettings().probe_samples  # a token at least each
     # the run's first prompt is the controller's start: c = 0, tau = tau_base (verl's dump sorts prompts by uid)
     assert 1.0 in {g[0]["agpo_temperature"] for g in by_prompt(agpo_runs["dumps"][1]).values()}
 

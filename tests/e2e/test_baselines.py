@@ -15,7 +15,8 @@ import pytest
 from helpers.rehearsal_runs import checkpoint_root, dump, run, tail
 
 from recipe_apo.cpu import rehearse
-from recipe_apo.integration.checkpoint import STATE_FILE
+
+STATE_FILE = "apo_state.json"  # APO's state file (recipe_apo.methods.apo's declaration)
 
 # ---- the baseline, as the paper scripts run it: truncated responses score 0, rollouts recorded ---------------
 # A cap of 3 tokens: a two-token answer (a 2-letter reversal, a sum of two digits) ends with <|im_end|> inside it, a

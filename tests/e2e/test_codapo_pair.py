@@ -1,13 +1,12 @@
 """method=codapo with the zero-variance denominator, 2 data-parallel workers and dynamic batch sizes: three steps,
 the second of them trained on the first's kept prompts, each step's checkpoint saved. (A resume in the middle of a
-pair, from the checkpoint folder the trainer's save wrote, and one whose ``codapo_state.pt`` is corrupt or missing,
+pair, from the checkpoint folder the trainer's save wrote, and one whose ``codapo_state.json`` is corrupt or missing,
 are tested one level down, through the trainer's restore and Ray's wrappers: tests/integration/test_trainer.py.)"""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 from helpers.rehearsal_runs import checkpoint_root, dump, run, tail
 
 from recipe_apo.cpu import rehearse
@@ -49,8 +48,10 @@ def groups_of(rows: list[dict]) -> dict[str, list[dict]]:
 def test_codapo_trains_the_even_step_on_the_kept_prompts_and_saves_them_with_the_odd_steps(codapo_runs):
     from collections import Counter
 
-    from recipe_apo.integration.resampling import STATE_FILE as CODAPO_STATE
     from recipe_apo.methods.codapo.estimator import resample_order, select_prompts
+    from recipe_apo.methods.state_codec import read_state
+
+    CODAPO_STATE = "codapo_state.json"  # noqa: N806  (CoDaPO's state file: recipe_apo.methods.codapo)
 
     ckpt, dumps = codapo_runs["ckpt"], codapo_runs["dumps"]
     assert [row["step"] for row in codapo_runs["metrics"]] == [1, 2, 3]
@@ -62,8 +63,8 @@ def test_codapo_trains_the_even_step_on_the_kept_prompts_and_saves_them_with_the
     kept = select_prompts(uids, [prompt_uid(row) for row in dumps[1]], [row["codapo_weight"] for row in dumps[1]],
                           0.75)
     kept_inputs = sorted(step1[uids[i]][0]["input"] for i in kept)
-    state = torch.load(ckpt / "global_step_1" / CODAPO_STATE, weights_only=False)
-    assert state["step"] == 1
+    state, saved_step = read_state(str(ckpt / "global_step_1" / CODAPO_STATE), "codapo")
+    assert state["step"] == saved_step == 1
     saved = [chat[0]["content"] for chat in state["kept"]["raw_prompt"]]
     assert len(saved) == len(kept_inputs) and all(any(f"\n{q}\n" in text for text in kept_inputs) for q in saved)
     # Step 2: the kept prompts repeated 4 times in place, cut to the 4 prompts of a step, each copy its own group.

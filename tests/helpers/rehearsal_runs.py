@@ -12,7 +12,8 @@ from pathlib import Path
 
 from helpers.paths import ROOT
 from recipe_apo.cpu import rehearse
-from recipe_apo.integration.checkpoint import STATE_FILE
+
+STATE_FILE = "apo_state.json"  # APO's state file (recipe_apo.methods.apo's declaration)
 
 README = ROOT / "README.md"
 SOURCES = ("tiny_add", "tiny_reverse")

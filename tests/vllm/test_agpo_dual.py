@@ -33,8 +33,8 @@ def agpo_runs(tiny, tmp_path_factory):
 def test_agpo_trains_a_step_on_vllms_samples_with_its_controllers(agpo_runs):
     for run_ in agpo_runs.values():
         row = run_["row"]
-        assert row["step"] == 1 and row["agpo/probe_tokens"] > 0 and row["agpo/step_kl"] >= 0.0
-        assert 0.05 <= row["agpo/clip_eps_mean"] <= 0.4
+        assert row["step"] == 1 and row["agpo_dual/probe_tokens"] > 0 and row["agpo_dual/step_kl"] >= 0.0
+        assert 0.05 <= row["agpo_dual/clip_eps_mean"] <= 0.4
 
 
 def test_vllm_samples_each_prompt_at_its_own_temperature(agpo_runs):
