@@ -12,22 +12,17 @@ call of any agent loop (single-turn, the rehearsal's two-turn loops, tool loops)
 (``rollout.top_p/top_k``) also when verl runs the prompt on its validation path (where AGPO's probe runs).
 
 verl registers agent loops from ``rollout.agent.agent_loop_config_path``: this folder's ``agent_loops.yaml`` names
-this loop, and the launch points the setting at it when a method needs it (``recipe_apo.integration.launch``).
+this loop, and the launch points the setting at it when a method needs it (``recipe_apo.integration.validation``).
+Its names are ``recipe_apo.integration.sampling``'s, which imports no verl (the launch reads them).
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput
 
-NAME = "recipe_sampling"
-TARGET = "recipe_apo.integration.sampling_loop.SamplingAgentLoop"
-AGENT_LOOPS = str(Path(__file__).with_name("agent_loops.yaml"))
-# The batch columns: the prompt's own agent loop, and each sampling setting (``COLUMN_PREFIX + name``).
-INNER_KEY = "recipe_agent_name"
-COLUMN_PREFIX = "recipe_sampling_"
+from recipe_apo.integration.sampling import COLUMN_PREFIX, INNER_KEY, NAME
 
 
 class SamplingAgentLoop(AgentLoopBase):

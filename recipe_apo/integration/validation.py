@@ -14,9 +14,9 @@ from recipe_apo.integration.engine_watch import EngineWatch
 from recipe_apo.integration.errors import RecipeConfigError
 from recipe_apo.integration.flags import check_flags
 from recipe_apo.integration.modes import is_recipe_trainer, verl_mode
-from recipe_apo.integration.sampling_loop import AGENT_LOOPS
-from recipe_apo.integration.sampling_loop import NAME as SAMPLING_LOOP
-from recipe_apo.integration.sampling_loop import TARGET as SAMPLING_TARGET
+from recipe_apo.integration.sampling import AGENT_LOOPS
+from recipe_apo.integration.sampling import NAME as SAMPLING_LOOP
+from recipe_apo.integration.sampling import TARGET as SAMPLING_TARGET
 from recipe_apo.integration.verl_settings import check_token_budgets, check_trainer_mode, check_v1_settings
 from recipe_apo.methods import catalog
 from recipe_apo.methods.base import Launch

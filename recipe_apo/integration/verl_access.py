@@ -26,8 +26,8 @@ from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 import numpy as np
 import torch
 
-from recipe_apo.integration.sampling_loop import COLUMN_PREFIX, INNER_KEY
-from recipe_apo.integration.sampling_loop import NAME as SAMPLING_LOOP
+from recipe_apo.integration.sampling import COLUMN_PREFIX, INNER_KEY
+from recipe_apo.integration.sampling import NAME as SAMPLING_LOOP
 from recipe_apo.methods.base import Probe, Prompts, StepBatch, Trajectories
 from recipe_apo.methods.errors import BatchInputError, MethodStateError
 

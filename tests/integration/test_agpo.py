@@ -10,9 +10,9 @@ from helpers.composing import compose_recipe
 from omegaconf import OmegaConf, open_dict
 
 from recipe_apo.integration.modes import recipe_mode
-from recipe_apo.integration.sampling_loop import AGENT_LOOPS
-from recipe_apo.integration.sampling_loop import NAME as SAMPLING_LOOP
-from recipe_apo.integration.sampling_loop import TARGET as SAMPLING_TARGET
+from recipe_apo.integration.sampling import AGENT_LOOPS
+from recipe_apo.integration.sampling import NAME as SAMPLING_LOOP
+from recipe_apo.integration.sampling import TARGET as SAMPLING_TARGET
 from recipe_apo.integration.validation import RecipeConfigError, route_agent_loops, validate_recipe_config
 from recipe_apo.integration.verl_access import by_prompt
 from recipe_apo.methods.agpo_dual.vote_keys import VoteKeyError, load_vote_key, math_vote_key
