@@ -14,9 +14,11 @@ import numpy as np
 import pytest
 import torch
 from helpers.rehearsal_runs import SOURCES, checkpoint_root, dump, run, state, tail
+from omegaconf import OmegaConf
 
 from recipe_apo.cpu import rehearse
-from recipe_apo.integration.checkpoint import load_anchor_state
+from recipe_apo.integration.checkpoint import restore_state
+from recipe_apo.methods import catalog
 from recipe_apo.methods.apo.anchor import AnchorBook
 from recipe_apo.methods.apo.settings import ApoSettings
 
@@ -116,7 +118,8 @@ def test_nan_reward_stops_the_run_with_the_estimators_error_and_keeps_the_last_c
     assert "recipe-apo: error: token_level_rewards: 4 of 16 responses have NaN/inf rewards" in output
     assert not (ckpt / "global_step_5").exists()
     assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "4"
-    assert load_anchor_state(str(ckpt / "global_step_4"), ApoSettings(anchor_scope="data_source"))
+    config = OmegaConf.create({"algorithm": {"adv_estimator": "apo", "apo": {"anchor_scope": "data_source"}}})
+    assert restore_state(catalog.method("apo").build_runtime(config), str(ckpt / "global_step_4"), 4)
     for rank in range(WORKERS):
         weights = torch.load(ckpt / "global_step_4" / "actor" / f"model_world_size_{WORKERS}_rank_{rank}.pt",
                              weights_only=False)
