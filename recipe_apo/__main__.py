@@ -15,6 +15,7 @@ import torch
 from omegaconf import OmegaConf
 
 from recipe_apo.integration import presets
+from recipe_apo.methods.apo import uses_apo
 from recipe_apo.methods.apo.anchor import GLOBAL_SCOPE, driver_anchors, reset_driver_anchors
 
 TRAIN_COMMAND = r"""python -m recipe_apo.main method=apo \
@@ -96,7 +97,7 @@ def main() -> None:
     for method, config in configs.items():
         reset_driver_anchors()
         columns[method] = advantages(config.algorithm, token_rewards, mask, uids)
-        if config.algorithm.adv_estimator == "apo":
+        if uses_apo(config):
             anchor = driver_anchors().anchor(GLOBAL_SCOPE).value
     reset_driver_anchors()
 
@@ -109,7 +110,7 @@ def main() -> None:
               f"aggregation {actor.loss_agg_mode}")
     for preset, why in skipped:
         print(f"  {preset.name:<{width}} not on this batch: {why}")
-    apo = next((c.algorithm.apo for c in configs.values() if c.algorithm.adv_estimator == "apo"), None)
+    apo = next((c.algorithm.apo for c in configs.values() if uses_apo(c)), None)
     about_apo = "" if apo is None else f", APO anchor C_t = {anchor:.2f} (lambda_scale = {apo.lambda_scale})"
     print(f"\nOne batch, G = 4 responses per prompt, binary rewards{about_apo}.")
     print("Advantage of each response (the loss multiplies it into every token):\n")

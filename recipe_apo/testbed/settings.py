@@ -241,30 +241,26 @@ class LabelMap(Kind):
 
 
 class MethodSettings(Kind):
-    """``algorithm.apo`` / ``algorithm.codapo`` / ``algorithm.agpo``: the recipe's own settings class checks it (its
-    errors name the key; an unknown key is refused there too)."""
+    """``algorithm.<key>`` of a method of the catalog: its settings dataclass checks it (its errors name the key; an
+    unknown key is refused there too)."""
 
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.allowed = f"a mapping of algorithm.{name}'s settings"
+    def __init__(self, method: Any) -> None:
+        self.method = method
+        self.allowed = f"a mapping of algorithm.{method.settings_key}'s settings"
 
     def ok(self, value: Any) -> bool:
         return isinstance(value, dict)
 
     def check(self, key: str, value: Any) -> None:
         super().check(key, value)
-        if self.name == "apo":
-            from recipe_apo.methods.apo.settings import ApoSettings
+        self.method.read_settings({self.method.settings_key: value})
 
-            ApoSettings.from_algorithm_config({"apo": value})
-        elif self.name == "agpo":
-            from recipe_apo.methods.agpo_dual.controllers import AgpoSettings
 
-            AgpoSettings.from_algorithm_config({"agpo": value})
-        else:
-            from recipe_apo.methods.codapo.estimator import CodapoSettings
+def _method_settings() -> dict[str, Kind]:
+    """``algorithm.<key>`` for every method of the catalog that has settings."""
+    from recipe_apo.methods import catalog
 
-            CodapoSettings.from_algorithm_config({"codapo": value})
+    return {f"algorithm.{m.settings_key}": MethodSettings(m) for m in catalog.methods() if m.settings is not None}
 
 
 _OVERRIDES = Overrides()
@@ -300,9 +296,7 @@ SETTINGS: dict[str, Kind] = {
     "eval.bucket_samples": Whole(1, 10_000),
     "data.train_batch_size": Whole(1, 65_536),
     "data.max_response_length": Whole(2, 10_000),
-    "algorithm.apo": MethodSettings("apo"),
-    "algorithm.codapo": MethodSettings("codapo"),
-    "algorithm.agpo": MethodSettings("agpo"),
+    **_method_settings(),
     "algorithm.adv_estimator": Text(),
     "algorithm.norm_adv_by_std_in_grpo": Flag(),
     "algorithm.gamma": Real(0, 1),
