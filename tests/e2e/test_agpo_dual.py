@@ -1,6 +1,7 @@
-"""method=agpo_dual through verl's whole loop on the CPU (the ``hf`` rollout): two steps, each checkpointed, then a
-resume for a third. The probe, the per-prompt temperature, the per-prompt clip in the loss and the controllers'
-state across the resume."""
+"""method=agpo_dual through verl's whole loop on the CPU (the ``hf`` rollout): a step with every prompt at tau_base
+(``temperature_gain=0``: the control), checkpointed, then a resume for two more at the preset's temperatures, each
+checkpointed. The probe, the per-prompt temperature, the per-prompt clip in the loss and the controllers' state
+across the resume; one Ray session less than a control run of its own."""
 
 from __future__ import annotations
 
@@ -9,20 +10,22 @@ from collections import defaultdict
 
 import numpy as np
 import pytest
-from helpers.rehearsal_runs import checkpoint_root, dump, run, tail, train_then_resume
+from helpers.rehearsal_runs import dump, train_then_resume
 
-from recipe_apo.cpu import rehearse
 from recipe_apo.methods.agpo_dual.settings import AgpoSettings
 
 STATE_FILE = "agpo_state.json"  # AGPO's state file (recipe_apo.methods.agpo_dual's declaration)
 
 pytestmark = pytest.mark.e2e
-ARGS = ("trainer.save_freq=1", "trainer.val_before_train=false")
+ARGS = ("trainer.save_freq=1", "trainer.val_before_train=false", "trainer.experiment_name=agpo")
+# The first run: one step with every prompt sampled at tau_base (the rollout's log-probs then are the actor's).
+FLAT = ("algorithm.agpo.temperature_gain=0.0",)
 
 
 @pytest.fixture(scope="module")
 def agpo_runs(tiny, tmp_path_factory):
-    runs = train_then_resume(tiny, tmp_path_factory.mktemp("agpo"), ARGS, steps=2, method="agpo_dual")
+    runs = train_then_resume(tiny, tmp_path_factory.mktemp("agpo"), ARGS, steps=1, method="agpo_dual",
+                             first_only=FLAT, resumed_steps=2)
     runs["states"] = {s: json.loads((runs["ckpt"] / f"global_step_{s}" / STATE_FILE).read_text()) for s in (1, 2, 3)}
     runs["dumps"] = {s: dump(runs["ckpt"] / "rollouts" / f"{s}.jsonl") for s in (1, 2, 3)}
     return runs
@@ -49,7 +52,7 @@ def test_the_resume_moves_kl_bar_on_from_exactly_the_saved_state(agpo_runs):
     rate = AgpoSettings().average_rate
     rows = {row["step"]: row for row in agpo_runs["rows"]}
     kl = 0.0
-    for step in (1, 2, 3):  # step 3 ran in the resumed process, from global_step_2's file
+    for step in (1, 2, 3):  # steps 2 and 3 ran in the resumed process, from global_step_1's file
         kl = rate * rows[step]["agpo_dual/step_kl"] + (1.0 - rate) * kl
         assert rows[step]["agpo_dual/kl_avg"] == kl
     assert rows[1]["agpo_dual/step_kl"] > 0.0
@@ -80,25 +83,13 @@ def test_the_kl_penalty_runs_against_the_reference_model(agpo_runs):
     assert rows[1]["actor/kl_coef"] == 0.03 and all("actor/kl_loss" in rows[s] for s in (1, 2, 3))
 
 
-@pytest.fixture(scope="module")
-def flat_run(tiny, tmp_path_factory):
-    """One step with temperature_gain=0: every prompt sampled at tau_base."""
-    workdir = tmp_path_factory.mktemp("agpo-flat")
-    result = run(rehearse.recipe_command(["agpo_dual"], tiny, *ARGS, "trainer.total_training_steps=1",
-                                         "algorithm.agpo.temperature_gain=0.0"), workdir, "flat", workdir / "metrics")
-    assert result.returncode == 0, tail(result)
-    (experiment,) = rehearse.experiment_names(result.log)
-    (row,) = rehearse.read_metrics(rehearse.metrics_file(workdir / "metrics", experiment))
-    return {"row": row, "dump": dump(checkpoint_root(workdir, experiment) / "rollouts" / "1.jsonl")}
-
-
-def test_the_rollout_samples_at_each_prompts_temperature(agpo_runs, flat_run):
+def test_the_rollout_samples_at_each_prompts_temperature(agpo_runs):
     """The rollout's log-probs are of the distribution it sampled from (softmax(logits / tau)), the actor's at
-    tau_base: they agree to float error when every prompt is sampled at tau_base, and part when the prompts'
-    temperatures differ from it, as they do by default."""
-    assert {r["agpo_temperature"] for r in flat_run["dump"]} == {1.0}
-    assert flat_run["row"]["training/rollout_probs_diff_max"] <= 1e-4
+    tau_base: they agree to float error when every prompt is sampled at tau_base (step 1, temperature_gain=0), and
+    part when the prompts' temperatures differ from it, as they do by default (steps 2 and 3)."""
     rows = {row["step"]: row for row in agpo_runs["rows"]}
-    for step in (1, 2, 3):
+    assert {r["agpo_temperature"] for r in agpo_runs["dumps"][1]} == {1.0}
+    assert rows[1]["training/rollout_probs_diff_max"] <= 1e-4
+    for step in (2, 3):
         assert {r["agpo_temperature"] for r in agpo_runs["dumps"][step]} != {1.0}
         assert rows[step]["training/rollout_probs_diff_max"] > 1e-3, step
