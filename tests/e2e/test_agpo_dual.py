@@ -1,7 +1,13 @@
-"""method=agpo_dual through verl's whole loop on the CPU (the ``hf`` rollout): a step with every prompt at tau_base
-(``temperature_gain=0``: the control), checkpointed, then a resume for two more at the preset's temperatures, each
-checkpointed. The probe, the per-prompt temperature, the per-prompt clip in the loss and the controllers' state
-across the resume; one Ray session less than a control run of its own."""
+"""method=agpo_dual through verl's whole loop on the CPU (the ``hf`` rollout): two steps in one Ray session, each
+checkpointed. The probe, the per-prompt temperature, the per-prompt clip in the loss and the controllers' state in
+every checkpoint.
+
+What this file leaves to others, each a Ray session (about 60 CPU-seconds on 2 cores) it does not start: the resume
+is one code path for every method's runtime (``integration/checkpoint.py``), run in the real loop by APO's
+(tests/e2e/test_apo_resume.py), with AGPO's controllers round-tripped bit for bit one level down
+(tests/integration/test_state_files.py); the control at tau_base (the hf rollout's log-probs are the actor's) is
+APO's run on the same rollout, and AGPO's own, a Hydra multirun with ``temperature_gain=0``, is in the vLLM suite
+(tests/vllm/test_agpo_dual.py)."""
 
 from __future__ import annotations
 
@@ -10,25 +16,28 @@ from collections import defaultdict
 
 import numpy as np
 import pytest
-from helpers.rehearsal_runs import dump, train_then_resume
+from helpers.rehearsal_runs import checkpoint_root, dump, run, tail
 
+from recipe_apo.cpu import rehearse
 from recipe_apo.methods.agpo_dual.settings import AgpoSettings
 
 STATE_FILE = "agpo_state.json"  # AGPO's state file (recipe_apo.methods.agpo_dual's declaration)
 
 pytestmark = pytest.mark.e2e
-ARGS = ("trainer.save_freq=1", "trainer.val_before_train=false", "trainer.experiment_name=agpo")
-# The first run: one step with every prompt sampled at tau_base (the rollout's log-probs then are the actor's).
-FLAT = ("algorithm.agpo.temperature_gain=0.0",)
+STEPS = (1, 2)
+ARGS = ("trainer.save_freq=1", "trainer.val_before_train=false", f"trainer.total_training_steps={len(STEPS)}")
 
 
 @pytest.fixture(scope="module")
 def agpo_runs(tiny, tmp_path_factory):
-    runs = train_then_resume(tiny, tmp_path_factory.mktemp("agpo"), ARGS, steps=1, method="agpo_dual",
-                             first_only=FLAT, resumed_steps=2)
-    runs["states"] = {s: json.loads((runs["ckpt"] / f"global_step_{s}" / STATE_FILE).read_text()) for s in (1, 2, 3)}
-    runs["dumps"] = {s: dump(runs["ckpt"] / "rollouts" / f"{s}.jsonl") for s in (1, 2, 3)}
-    return runs
+    workdir = tmp_path_factory.mktemp("agpo")
+    result = run(rehearse.recipe_command(["agpo_dual"], tiny, *ARGS), workdir, "agpo", workdir / "metrics")
+    assert result.returncode == 0, tail(result)
+    (experiment,) = rehearse.experiment_names(result.log)
+    ckpt = checkpoint_root(workdir, experiment)
+    return {"rows": rehearse.read_metrics(rehearse.metrics_file(workdir / "metrics", experiment)),
+            "states": {s: json.loads((ckpt / f"global_step_{s}" / STATE_FILE).read_text()) for s in STEPS},
+            "dumps": {s: dump(ckpt / "rollouts" / f"{s}.jsonl") for s in STEPS}}
 
 
 def by_prompt(rows):
@@ -40,7 +49,7 @@ def by_prompt(rows):
 
 def test_every_checkpoint_holds_the_controllers_as_that_step_logged_them(agpo_runs):
     rows = {row["step"]: row for row in agpo_runs["rows"]}
-    assert sorted(rows) == [1, 2, 3]
+    assert sorted(rows) == list(STEPS)
     for step, state in agpo_runs["states"].items():
         assert state["kind"] == "agpo_dual" and state["global_step"] == step
         logged = rows[step]
@@ -48,11 +57,11 @@ def test_every_checkpoint_holds_the_controllers_as_that_step_logged_them(agpo_ru
             logged["agpo_dual/uncertainty_avg"], logged["agpo_dual/entropy_ref"], logged["agpo_dual/kl_avg"])
 
 
-def test_the_resume_moves_kl_bar_on_from_exactly_the_saved_state(agpo_runs):
+def test_kl_bar_moves_once_a_step_by_the_steps_kl(agpo_runs):
     rate = AgpoSettings().average_rate
     rows = {row["step"]: row for row in agpo_runs["rows"]}
     kl = 0.0
-    for step in (1, 2, 3):  # steps 2 and 3 ran in the resumed process, from global_step_1's file
+    for step in STEPS:
         kl = rate * rows[step]["agpo_dual/step_kl"] + (1.0 - rate) * kl
         assert rows[step]["agpo_dual/kl_avg"] == kl
     assert rows[1]["agpo_dual/step_kl"] > 0.0
@@ -80,16 +89,14 @@ def test_each_prompt_is_sampled_at_its_temperature_and_clipped_at_its_eps(agpo_r
 
 def test_the_kl_penalty_runs_against_the_reference_model(agpo_runs):
     rows = {row["step"]: row for row in agpo_runs["rows"]}
-    assert rows[1]["actor/kl_coef"] == 0.03 and all("actor/kl_loss" in rows[s] for s in (1, 2, 3))
+    assert rows[1]["actor/kl_coef"] == 0.03 and all("actor/kl_loss" in rows[s] for s in STEPS)
 
 
 def test_the_rollout_samples_at_each_prompts_temperature(agpo_runs):
     """The rollout's log-probs are of the distribution it sampled from (softmax(logits / tau)), the actor's at
-    tau_base: they agree to float error when every prompt is sampled at tau_base (step 1, temperature_gain=0), and
-    part when the prompts' temperatures differ from it, as they do by default (steps 2 and 3)."""
+    tau_base: they part when the prompts' temperatures differ from it, as they do by default. (They agree to float
+    error at tau_base: APO's run on this rollout, tests/e2e/test_apo_resume.py.)"""
     rows = {row["step"]: row for row in agpo_runs["rows"]}
-    assert {r["agpo_temperature"] for r in agpo_runs["dumps"][1]} == {1.0}
-    assert rows[1]["training/rollout_probs_diff_max"] <= 1e-4
-    for step in (2, 3):
+    for step in STEPS:
         assert {r["agpo_temperature"] for r in agpo_runs["dumps"][step]} != {1.0}
         assert rows[step]["training/rollout_probs_diff_max"] > 1e-3, step

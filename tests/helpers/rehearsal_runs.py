@@ -45,16 +45,14 @@ def dump(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def train_then_resume(paths: dict, workdir: Path, args, steps: int, engine: str = "hf", method: str = "apo",
-                      first_only=(), resumed_steps: int = 1) -> dict:
-    """One method=``method`` command run for ``steps`` steps, then the same command for ``resumed_steps`` more (a
-    resume): the checkpoint folder, the first run's log and both runs' metric rows, in step order. ``first_only``:
-    overrides of the first run alone (the experiment's name then set in ``args``, so that the resume finds it)."""
+def train_then_resume(paths: dict, workdir: Path, args, steps: int, engine: str = "hf") -> dict:
+    """One method=apo command run for ``steps`` steps, then the same command for one more (a resume): the
+    checkpoint folder, the first run's log and both runs' metric rows, in step order."""
     from recipe_apo.cpu import rehearse
 
     runs = {}
-    for name, total, extra in (("first", steps, tuple(first_only)), ("second", steps + resumed_steps, ())):
-        result = run(rehearse.recipe_command([method], paths, *args, *extra, f"trainer.total_training_steps={total}",
+    for name, total in (("first", steps), ("second", steps + 1)):
+        result = run(rehearse.recipe_command(["apo"], paths, *args, f"trainer.total_training_steps={total}",
                                              engine=engine), workdir, name, workdir / "metrics" / name)
         assert result.returncode == 0, tail(result)
         runs[name] = result
