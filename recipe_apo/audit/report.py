@@ -12,7 +12,10 @@ from recipe_apo.audit.analysis import CELLS
 from recipe_apo.audit.dumps import MAX_LENGTH, AuditError, cut_short
 from recipe_apo.integration.replay import methods
 
-METHOD_NAMES = tuple(m.name for m in methods())
+
+def method_names() -> tuple[str, ...]:
+    """The replayed methods' titles, in the columns' order (composed on first use, not at import)."""
+    return tuple(m.name for m in methods())
 
 
 def _f(value: Optional[float], fmt: str = ".3f") -> str:
@@ -76,6 +79,7 @@ def _dead_section(results: Sequence[dict[str, Any]]) -> list[str]:
 
 def _difficulty_section(results: Sequence[dict[str, Any]]) -> list[str]:
     """One table per run; each table, this section's last, ends in a blank line."""
+    names = method_names()
     lines = ["", "## 2. Difficulty (Proposition 1)", "",
              "Mean positive signal S+ = sum_i max(A_i, 0) and negative signal S- = sum_i max(-A_i, 0) per group, "
              "by the group's success rate p_hat = k/G, beside p(1-p)(G-1), Dr. GRPO's E[S+] over groups of a "
@@ -86,10 +90,10 @@ def _difficulty_section(results: Sequence[dict[str, Any]]) -> list[str]:
              "negative signal of groups above it.", ""]
     for r in results:
         lines += [f"**{r['name']}**", "",
-                  "| G | p_hat | groups | p(1-p)(G-1) | " + " | ".join(f"{m} S+ / S-" for m in METHOD_NAMES) + " |",
-                  "|---:|---:|---:|---:|" + "---:|" * len(METHOD_NAMES)]
+                  "| G | p_hat | groups | p(1-p)(G-1) | " + " | ".join(f"{m} S+ / S-" for m in names) + " |",
+                  "|---:|---:|---:|---:|" + "---:|" * len(names)]
         for row in r["difficulty"]:
-            cells = " | ".join(f"{row[m]['positive']:.3f} / {row[m]['negative']:.3f}" for m in METHOD_NAMES)
+            cells = " | ".join(f"{row[m]['positive']:.3f} / {row[m]['negative']:.3f}" for m in names)
             lines.append(f"| {row['G']} | {row['k']}/{row['G']} | {row['groups']} | {row['closed_form']:.3f} | "
                          f"{cells} |")
         lines.append("")
@@ -112,6 +116,7 @@ def _length_section(results: Sequence[dict[str, Any]]) -> list[str]:
 
 def _mass_section(results: Sequence[dict[str, Any]]) -> list[str]:
     """The length section's second table: where each method's update goes."""
+    names = method_names()
     lines = ["", "Share of each method's update (update mass |A_i| x |o_i| x per-token weight, summed over the "
                  "run) carried by correct and wrong responses no longer than the step's median length (short) "
                  "or longer (long). With 1/|o_i| every response carries |A_i| whatever its length; with 1/L0 a "
@@ -119,19 +124,20 @@ def _mass_section(results: Sequence[dict[str, Any]]) -> list[str]:
              "| run | method | short correct | long correct | short wrong | long wrong |",
              "|---|---|---:|---:|---:|---:|"]
     for r in results:
-        for m in METHOD_NAMES:
+        for m in names:
             mass = r["mass"][m]
             lines.append(f"| {r['name']} | {m} | " + " | ".join(_pct(mass[c]) for c in CELLS) + " |")
     return lines
 
 
 def _scale_section(results: Sequence[dict[str, Any]]) -> list[str]:
+    names = method_names()
     lines = ["", "## 4. Scale", "",
              "|A_i| over every response of the run: APO's soft gate is what bounds the effective update of its "
              "larger advantages.", "",
              "| run | method | mean abs(A) | 99th percentile | max |", "|---|---|---:|---:|---:|"]
     for r in results:
-        for m in METHOD_NAMES:
+        for m in names:
             s = r["scale"][m]
             lines.append(f"| {r['name']} | {m} | {s['mean']:.3f} | {s['p99']:.3f} | {s['max']:.3f} |")
     return lines
@@ -139,6 +145,7 @@ def _scale_section(results: Sequence[dict[str, Any]]) -> list[str]:
 
 def _staleness_section(results: Sequence[dict[str, Any]]) -> list[str]:
     """Only for runs whose dump carries verl's policy lag; no section when none does."""
+    names = method_names()
     stale = [r for r in results if "staleness" in r]
     if not stale:
         return []
@@ -147,44 +154,46 @@ def _staleness_section(results: Sequence[dict[str, Any]]) -> list[str]:
              "weight versions (the dump's policy_lag), the share of responses at each lag and of each "
              "method's update mass. (The soft gate's and the clip's weights act per token in the actor and "
              "are not in the dump: verl logs their step means, e.g. actor/apo_gate_weight.)", "",
-             "| run | policy lag | responses | " + " | ".join(f"{m} update mass" for m in METHOD_NAMES) + " |",
-             "|---|---:|---:|" + "---:|" * len(METHOD_NAMES)]
+             "| run | policy lag | responses | " + " | ".join(f"{m} update mass" for m in names) + " |",
+             "|---|---:|---:|" + "---:|" * len(names)]
     for r in stale:
         for lag, share in r["staleness"]["response_share"].items():
-            masses = [_pct(r["staleness"]["mass"][m].get(lag, 0.0)) for m in METHOD_NAMES]
+            masses = [_pct(r["staleness"]["mass"][m].get(lag, 0.0)) for m in names]
             lines.append(f"| {r['name']} | {lag} | {_pct(share)} | " + " | ".join(masses) + " |")
     return lines
 
 
 def _logged_section(results: Sequence[dict[str, Any]]) -> list[str]:
     """Only for runs whose dump carries the advantages they trained with; no section when none does."""
+    names = method_names()
     logged = [r for r in results if "logged" in r]
     if not logged:
         return []
     lines = ["", "## The runs' own advantages", "",
              "The dump carries the advantages each run trained with (the recipe's trainer writes them). The "
              "replay that reproduces them tells the run's method and that the replay is faithful.", "",
-             "| run | matches | " + " | ".join(f"max abs difference to {m}" for m in METHOD_NAMES) + " |",
-             "|---|---|" + "---:|" * len(METHOD_NAMES)]
+             "| run | matches | " + " | ".join(f"max abs difference to {m}" for m in names) + " |",
+             "|---|---|" + "---:|" * len(names)]
     for r in logged:
         gaps = r["logged"]["max_abs_difference"]
         lines.append(f"| {r['name']} | {', '.join(r['logged']['matches']) or 'none'} | "
-                     + " | ".join(f"{gaps[m]:.2g}" for m in METHOD_NAMES) + " |")
+                     + " | ".join(f"{gaps[m]:.2g}" for m in names) + " |")
     return lines
 
 
 def pooled_difficulty(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Mean S+ per method by (G, k), over the groups of every run (weighted by their counts)."""
+    names = method_names()
     cells: dict[tuple[int, int], dict[str, Any]] = {}
     for r in results:
         for row in r["difficulty"]:
             cell = cells.setdefault((row["G"], row["k"]), {"p_hat": row["p_hat"], "closed_form": row["closed_form"],
-                                                           "groups": 0, **dict.fromkeys(METHOD_NAMES, 0.0)})
+                                                           "groups": 0, **dict.fromkeys(names, 0.0)})
             cell["groups"] += row["groups"]
-            for m in METHOD_NAMES:
+            for m in names:
                 cell[m] += row[m]["positive"] * row["groups"]
     for cell in cells.values():
-        for m in METHOD_NAMES:
+        for m in names:
             cell[m] /= cell["groups"]
     return [cells[key] for key in sorted(cells)]
 
@@ -202,6 +211,7 @@ def plot_audit(results: Sequence[dict[str, Any]], path: Any) -> None:
 
 
 def _plot(plt: Any, results: Sequence[dict[str, Any]], path: Any) -> None:
+    names = method_names()
     fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
     (dead_ax, signal_ax), (length_ax, mass_ax) = axes
     for i, r in enumerate(results):
@@ -212,7 +222,7 @@ def _plot(plt: Any, results: Sequence[dict[str, Any]], path: Any) -> None:
         length_ax.plot(steps, right, color=f"C{i}", marker="o", ms=3, label=f"{r['name']}: correct")
         length_ax.plot(steps, wrong, color=f"C{i}", ls="--", marker="x", ms=3, label=f"{r['name']}: incorrect")
     rows = pooled_difficulty(results)
-    for j, m in enumerate(METHOD_NAMES):
+    for j, m in enumerate(names):
         signal_ax.plot([row["p_hat"] for row in rows], [row[m] for row in rows], color=f"C{j}", marker="o", ms=3,
                        label=m)
     signal_ax.plot([row["p_hat"] for row in rows], [row["closed_form"] for row in rows], "k--", lw=1,
@@ -224,14 +234,14 @@ def _plot(plt: Any, results: Sequence[dict[str, Any]], path: Any) -> None:
     length_ax.set(title="3a. response length", xlabel="step", ylabel=f"length ({results[0]['length_unit']})")
     width = 0.8 / max(len(results), 1)
     for i, r in enumerate(results):
-        for j, m in enumerate(METHOD_NAMES):
+        for j, m in enumerate(names):
             mass = r["mass"][m]
             x = j + (i - (len(results) - 1) / 2) * width
             mass_ax.bar(x - width / 4, mass["short_correct"], width / 2, color=f"C{i}", alpha=0.9,
                         label=f"{r['name']}: short correct" if j == 0 else None)
             mass_ax.bar(x + width / 4, mass["long_wrong"], width / 2, color=f"C{i}", alpha=0.45, hatch="//",
                         label=f"{r['name']}: long wrong" if j == 0 else None)
-    mass_ax.set_xticks(range(len(METHOD_NAMES)), METHOD_NAMES)
+    mass_ax.set_xticks(range(len(names)), names)
     mass_ax.set(title="3b. share of the update: short correct, long wrong", ylabel="share of update mass",
                 ylim=(0, 1))
     for ax in axes.flat:
