@@ -8,6 +8,7 @@ imports torch, transformers and verl)."""
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 from helpers.paths import ROOT
@@ -26,6 +27,13 @@ def run(command, workdir: Path, name: str, metrics: Path, env_extra=None) -> reh
     env = {**rehearse.rehearsal_env(metrics), **(env_extra or {})}
     return rehearse.run_logged(command, workdir / f"{name}.log", cwd=workdir, env=env, label=name,
                                timeout=RUN_TIMEOUT_S)
+
+
+def readme_plain_verl_command() -> list[str]:
+    """README's plain-verl command (``python -m verl.trainer.main_ppo ...``) as its arguments, ``$HOME`` kept."""
+    text = README.read_text()
+    start = text.index("python -m verl.trainer.main_ppo \\")
+    return shlex.split(text[start:text.index("```", start)].replace("\\\n", " "))
 
 
 def tail(result: rehearse.RunResult, lines: int = 40) -> str:

@@ -33,6 +33,31 @@ def test_the_plain_verl_checkpoint_callback_by_its_documented_name():
     assert type(callback) is AnchorCheckpointCallback and callback.runtimes == []
 
 
+def test_readme_plain_verl_command_is_apo():
+    from helpers.rehearsal_runs import readme_plain_verl_command
+
+    arguments = readme_plain_verl_command()
+    assert "algorithm.adv_estimator=apo" in arguments
+    assert "actor_rollout_ref.actor.policy_loss.loss_mode=apo" in arguments
+    assert "trainer.checkpoint_callback_class=recipe_apo.integration.checkpoint.AnchorCheckpointCallback" in arguments
+
+
+def test_readme_plain_verl_command_composes_with_verls_own_config_and_keeps_the_anchor(tmp_path):
+    """Every key the command sets is one of verl's (Hydra refuses others), and verl's callback builder gives the
+    callback that saves APO's anchor. The command trains, in the whole loop: tests/vllm/test_plain_verl.py."""
+    from helpers.rehearsal_runs import readme_plain_verl_command
+    from hydra import compose, initialize_config_module
+
+    arguments = [argument.replace("$HOME", "/home/user") for argument in readme_plain_verl_command()[3:]]
+    with initialize_config_module(config_module="verl.trainer.config", version_base=None):
+        config = compose("ppo_trainer", overrides=[*arguments, f"trainer.default_local_dir={tmp_path}"])
+    assert (config.algorithm.adv_estimator, config.actor_rollout_ref.actor.policy_loss.loss_mode) == ("apo", "apo")
+    assert config.algorithm.apo.lambda_scale == 1.5
+    callback = build_checkpoint_callback(config)
+    assert type(callback).__name__ == "AnchorCheckpointCallback"
+    assert [runtime.method.name for runtime in callback.runtimes] == ["apo"]
+
+
 def test_importing_the_recipes_trainer_registers_its_trainer_mode():
     from verl.trainer.ppo.v1 import get_trainer_cls
 
