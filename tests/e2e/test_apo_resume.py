@@ -1,11 +1,14 @@
-"""method=apo end to end, in the shape of a GPU run: 2 data-parallel FSDP workers (dynamic batch sizes,
-per-data-source anchors, verl's KL loss against the reference model), 3 steps; then a resume that continues the
-saved anchors and meets a NaN reward at step 5; the rollout dump and the audit on it. One fixture for all of it:
-every Ray session costs about 75 CPU-seconds of start-up on 2 cores.
+"""method=apo end to end: per-data-source anchors, verl's KL loss against the reference model, dynamic batch
+sizes, 3 steps; then a resume that continues the saved anchors and meets a NaN reward at step 5; the rollout dump
+and the audit on it. One fixture for all of it: every Ray session costs about 60 CPU-seconds of start-up on 2 cores.
 
-That the update is the same with 1 and 2 workers, and with any cut into micro-batches, is checked one level down,
-through verl's FSDP2 engine for every preset (tests/e2e/test_gradient_invariance.py); that the estimator does not
-depend on the order verl balances rows into, by property tests (tests/methods/test_estimator.py).
+One FSDP worker: a second costs a third more CPU a session (two more processes and gloo), and what two workers
+change is the loss's, not the anchor's. The whole loop on 2 data-parallel workers with dynamic batch sizes is
+CoDaPO's (tests/e2e/test_codapo_pair.py; APO's in make test-vllm: tests/vllm/test_two_nodes.py and
+test_async_data_parallel.py); that APO's update is the same with 1 and 2 workers, and with any cut into
+micro-batches, is checked one level down, through verl's FSDP2 engine for every preset
+(tests/e2e/test_gradient_invariance.py); that the estimator does not depend on the order verl balances rows into,
+by property tests (tests/methods/test_estimator.py).
 """
 
 from __future__ import annotations
@@ -36,11 +39,11 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw
 '''
 
 
-# ---- method=apo with 2 FSDP workers, per-data-source anchors and KL, 3 steps; then a resume -----------------------
-# A token budget per worker below a step's tokens per worker: verl cuts each mini-batch into several micro-batches
-# of different sizes (prompts of the tiny dataset plus responses: about 16 tokens a sequence, 8 a worker).
+# ---- method=apo with per-data-source anchors and KL, 3 steps; then a resume --------------------------------------
+# A token budget below a step's tokens: verl cuts each mini-batch into several micro-batches of different sizes
+# (prompts of the tiny dataset plus responses: about 16 tokens a sequence, 16 sequences a step).
 TOKEN_BUDGET = 80  # = data.max_prompt_length + data.max_response_length: the longest sequence must fit
-WORKERS = 2
+WORKERS = 1
 APO_ARGS = ("algorithm.apo.anchor_scope=data_source", "data.shuffle=false", "trainer.save_freq=1",
             "actor_rollout_ref.actor.use_kl_loss=true", "algorithm.apo.lambda_scale=1.1",
             "actor_rollout_ref.actor.use_dynamic_bsz=true",
@@ -169,9 +172,9 @@ def test_kl_loss_runs_against_the_reference_model(apo_runs):
     assert moved, "none of steps 1 to 3 had a group with a signal: nothing to check the KL term against"
 
 
-def test_every_worker_cut_its_mini_batch_by_the_token_budget(apo_runs):
+def test_the_worker_cut_its_mini_batch_by_the_token_budget(apo_runs):
     for row in apo_runs["metrics_first"]:
-        # verl's per-worker token counts: each above the budget, so each mini-batch went in >= 2 micro-batches.
+        # verl's per-worker token count: above the budget, so each mini-batch went in >= 2 micro-batches.
         assert row["global_seqlen/min"] > TOKEN_BUDGET, row["global_seqlen/min"]
 
 
