@@ -6,7 +6,7 @@ a checkpoint each, then the same command resumes to step 4.
 The stale step: verl's colocate_async generates ``num_warmup_batches`` batches before the first update; with 2,
 the second batch comes from the step-0 weights and is trained at step 2, one weight version late. That lands
 whatever the machine's speed (vLLM cannot be paced as the hf backend can, so aborted requests resumed across an
-update are left to tests/e2e/test_agentic_async_apo.py)."""
+update are left to tests/vllm/test_agentic_async_apo.py, on the hf backend)."""
 
 from __future__ import annotations
 

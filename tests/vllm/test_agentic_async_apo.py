@@ -7,7 +7,10 @@ The recipe's trainer for the mode (apo_colocate_async) gives APO verl's final-ou
 trajectory, its final output: the anchor's batch success the share of successful trajectories, every output of a
 trajectory its advantage), saves the anchor with every checkpoint, and dumps each response's staleness. The restore
 is the sync trainer's own (the same ``_load_checkpoint`` hook, tests/integration/test_trainer.py), resumed in the
-real loop by tests/e2e/test_apo_resume.py."""
+real loop by tests/e2e/test_apo_resume.py.
+
+It runs on the ``hf`` backend, which can be paced (vLLM cannot): it is in tests/vllm, which make test-vllm runs, for
+make test's time budget; make test runs verl's colocate_async trainer with Dr. GRPO (tests/e2e/test_baselines.py)."""
 
 from __future__ import annotations
 
