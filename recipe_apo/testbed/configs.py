@@ -1,15 +1,17 @@
 """One composed config per compared method, through Hydra: ``testbed.yaml`` + the command line + the method's
 entry in ``methods`` (which picks a preset of the recipe's own ``method`` group, conf/method/*.yaml).
 
-The defaults of ``methods`` (every preset, labelled by its name) and ``league.methods`` (every preset's label)
-come from the presets themselves (``recipe_apo.integration.presets``): importing this module stores them in
-Hydra's ConfigStore as ``testbed_presets``, which ``testbed.yaml``'s defaults list takes before its own keys, so
-``testbed.yaml`` and the command line still set, add to (``+methods.sapo=[...]``) or drop from
-(``~methods.drgrpo``) them.
+Importing this module stores the testbed's settings (``settings.Testbed``, at their declared defaults) in Hydra's
+ConfigStore as ``testbed_settings``, which ``testbed.yaml``'s defaults list takes before its own keys, and each
+task's (``settings.TASK_CLASSES``) as an option of the ``task`` group. The defaults of ``methods`` (every preset,
+labelled by its name) and ``league.methods`` (every preset's label) come from the presets themselves
+(``recipe_apo.integration.presets``), so the command line still sets, adds to (``+methods.sapo=[...]``) or drops
+from (``~methods.drgrpo``) them.
 """
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Callable, Optional
 
 from hydra import compose
@@ -17,25 +19,22 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from recipe_apo.errors import RecipeError
-from recipe_apo.integration import presets
+from recipe_apo.testbed import settings
 from recipe_apo.testbed.errors import TestbedSettingError
-from recipe_apo.testbed.settings import hydra_line, text
+from recipe_apo.testbed.setting_check import hydra_line, text
 
 CONFIG_NAME = "testbed"
-# The ConfigStore entry of the preset defaults (testbed.yaml's defaults list names it).
-PRESET_DEFAULTS = "testbed_presets"
+# The ConfigStore entry of the settings' defaults (testbed.yaml's defaults list names it).
+SETTINGS_NODE = "testbed_settings"
 
 
-def preset_defaults() -> dict:
-    """``methods``: label -> overrides, ``method=<preset>`` for every preset; ``league.methods``: their labels;
-    both in the presets' order."""
-    names = presets.names()
-    return {"methods": {name: [f"method={name}"] for name in names}, "league": {"methods": list(names)}}
-
-
-def store_preset_defaults() -> None:
-    """(Re)store ``preset_defaults()`` as the ``testbed_presets`` config that testbed.yaml composes."""
-    ConfigStore.instance().store(name=PRESET_DEFAULTS, node=preset_defaults())
+def store_settings() -> None:
+    """(Re)store the declared defaults: ``testbed_settings`` and the ``task`` group's options (again after the
+    presets changed: ``methods`` and ``league.methods`` follow them)."""
+    store = ConfigStore.instance()
+    store.store(name=SETTINGS_NODE, node=asdict(settings.Testbed()))
+    for name, task in settings.TASK_CLASSES.items():
+        store.store(group="task", name=name, node=asdict(task()))
     _REFERENCES.clear()
 
 
@@ -44,7 +43,7 @@ def store_preset_defaults() -> None:
 _REFERENCES: dict[tuple[str, ...], tuple] = {}
 
 
-store_preset_defaults()
+store_settings()
 
 # The keys that make a method what it is; a command-line change to one of them shows in the method's label.
 METHOD_KEYS = (

@@ -26,7 +26,7 @@ from recipe_apo.testbed.configs import _key, compose_testbed, league_entries
 from recipe_apo.testbed.errors import TestbedSettingError
 from recipe_apo.testbed.report import RUN_FILES, paired_between, task_text
 from recipe_apo.testbed.runner import checked_configs, run_testbed
-from recipe_apo.testbed.settings import check_settings, text
+from recipe_apo.testbed.setting_check import check_settings, text
 
 # Columns of a scenario's table beside the ranking metric: (summary key, header, format).
 COLUMNS = [

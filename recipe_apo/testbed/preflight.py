@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from recipe_apo.errors import RecipeError, recipe_error
 from recipe_apo.testbed.configs import compose_testbed
-from recipe_apo.testbed.settings import check_settings, hydra_line, refuse
+from recipe_apo.testbed.setting_check import check_settings, hydra_line, refuse
 
 
 @dataclass

@@ -1,24 +1,23 @@
-"""Every testbed setting typed and bounded: what conf/testbed.yaml and conf/task/*.yaml declare, each key with the
-values the testbed runs with (``SETTINGS``, ``TASK_SETTINGS``), checked on a composed config by ``check_settings``
-before any work starts.
+"""Every setting of the testbed (``python -m recipe_apo.testbed``), declared once: its default, what it means, and
+the values it takes, as dataclass fields. ``testbed.yaml`` composes these defaults (``configs.py`` stores them in
+Hydra's ConfigStore as ``testbed_settings``, and each task's as an option of the ``task`` group); ``setting_check``
+checks a composed config against the same fields before any work starts.
 
-A whole number is an int (``1.5`` is refused, not truncated; so is ``true``, and ``'3'`` is a string), a number is
-finite, the seeds are a non-empty list of distinct whole numbers in [0, 2^32 - 1] (what torch's and numpy's
-seeding take), a key the testbed does not read is refused (Hydra's ``+task.K=7`` adds one; the message names it
-and lists the known ones). ``algorithm.apo``, ``algorithm.codapo`` and ``algorithm.agpo`` are the recipe's own method
-settings, checked by their own classes; ``actor_rollout_ref.actor`` also takes the scalar fields of verl's actor config
-that the testbed passes on to verl (``+actor_rollout_ref.actor.kl_loss_coef=...``), typed as verl declares them.
-
-Each refusal is a ``TestbedSettingError`` whose message is one line: ``<key>=<value>: <what is allowed>``.
+What a field takes follows from its annotation and its bounds (``setting(..., low=, high=)``): ``int`` a whole
+number (``1.5``, ``true`` and ``'3'`` are refused), ``float`` a finite number, ``bool`` true or false, ``str``
+a non-empty string or one of ``choices``, ``Optional[...]`` null too, ``list[int]`` a non-empty list of distinct
+whole numbers, ``list[Override]`` Hydra overrides, ``list[Label]`` labels, ``dict[str, ...]`` label -> value.
+Keys under ``data`` / ``algorithm`` / ``actor_rollout_ref`` keep verl's names and meaning, so the method presets
+of conf/method/ apply unchanged; ``actor_rollout_ref.actor`` also takes the scalar fields of verl's actor config
+that are not declared here (``+actor_rollout_ref.actor.kl_loss_coef=...``), typed as verl declares them, and
+``algorithm.<method>`` is each method's own settings class (``recipe_apo.methods.<method>.settings``).
 """
 
 from __future__ import annotations
 
-import functools
-import math
-from typing import Any, Optional, Sequence
-
-from recipe_apo.testbed.errors import TestbedSettingError
+import copy
+from dataclasses import MISSING, dataclass, field
+from typing import Any, NewType, Optional
 
 MODES = ("train", "signal", "league")
 TASKS = ("reverse", "modsum")
@@ -30,526 +29,329 @@ PAIRED_METRICS = ("success_avg", "success_early", "success_final", "hard_success
 # torch.manual_seed and numpy's seeding take 0 .. 2^32 - 1 everywhere; the testbed's streams stay far inside
 # torch's 64 bits (1_000_003 * seed + ...).
 SEED_MAX = 2**32 - 1
-# Nodes that a command line may leave out (``~league.extra``, ``~league.variant_of``).
-OPTIONAL = ("league.extra", "league.variant_of")
-
-
-def text(value: Any, limit: int = 160) -> str:
-    """A value as it would be written on the command line: ``null``, ``true``, ``1.5``, ``nan``, ``[0,1]``; a
-    string that would read as something else (a number, a boolean, empty) in quotes."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float):
-        return repr(value) if math.isfinite(value) else str(value)
-    if isinstance(value, str):
-        shown = f"'{value}'" if _reads_as_other(value) else value
-        shown = shown.replace("\r", "\\r").replace("\n", "\\n")  # the message stays one line
-    elif isinstance(value, (list, tuple)):
-        shown = "[" + ",".join(text(v, limit) for v in value) + "]"
-    elif isinstance(value, dict):
-        shown = "{" + ",".join(f"{k}:{text(v, limit)}" for k, v in value.items()) + "}"
-    else:
-        shown = str(value)
-    return shown if len(shown) <= limit else shown[: limit - 3] + "..."
-
-
-def _literal(value: str) -> bool:
-    """Whether the string is a number, a boolean or null in Hydra's grammar (``'5'``: quoted on purpose?)."""
-    if value.lower() in ("true", "false", "null"):
-        return True
-    try:
-        float(value)
-    except ValueError:
-        return False
-    return True
-
-
-def _reads_as_other(value: str) -> bool:
-    return value.strip() != value or value == "" or _literal(value)
-
-
-def refuse(key: str, value: Any, allowed: str) -> TestbedSettingError:
-    """The one-line refusal ``<key>=<value>: <allowed>``, with a hint when a quoted number or boolean is the
-    cause (Hydra reads ``'5'`` as a string)."""
-    hint = " (a string: drop the quotes)" if isinstance(value, str) and _literal(value) else ""
-    return TestbedSettingError(f"{key}={text(value)}: {allowed}{hint}")
-
-
-# --- kinds of value ------------------------------------------------------------------------------------------
-
-def _whole(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _real(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-class Kind:
-    """What a setting takes: ``ok(value)``, and ``allowed``, said when it is refused."""
-
-    allowed = ""
-
-    def ok(self, value: Any) -> bool:
-        raise NotImplementedError
-
-    def check(self, key: str, value: Any) -> None:
-        if not self.ok(value):
-            raise refuse(key, value, self.allowed)
-
-
-class Whole(Kind):
-    def __init__(self, low: int, high: int) -> None:
-        self.low, self.high = low, high
-        self.allowed = f"a whole number in [{low}, {high}]"
-
-    def ok(self, value: Any) -> bool:
-        return _whole(value) and self.low <= value <= self.high
-
-
-class Real(Kind):
-    def __init__(self, low: Optional[float] = None, high: Optional[float] = None, low_open: bool = False,
-                 high_open: bool = False) -> None:
-        self.low, self.high, self.low_open, self.high_open = low, high, low_open, high_open
-        if low is None and high is None:
-            self.allowed = "a finite number"
-        else:
-            span = f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
-            self.allowed = f"a finite number in {span}"
-
-    def ok(self, value: Any) -> bool:
-        if not _real(value):
-            return False
-        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
-            return False
-        return self.high is None or (value < self.high if self.high_open else value <= self.high)
-
-
-class Flag(Kind):
-    allowed = "true or false"
-
-    def ok(self, value: Any) -> bool:
-        return isinstance(value, bool)
-
-
-class OneOf(Kind):
-    def __init__(self, options: Sequence[str]) -> None:
-        self.options = tuple(options)
-        self.allowed = f"one of {', '.join(self.options)}"
-
-    def ok(self, value: Any) -> bool:
-        return isinstance(value, str) and value in self.options
-
-
-class Text(Kind):
-    allowed = "a non-empty string"
-
-    def ok(self, value: Any) -> bool:
-        return isinstance(value, str) and value.strip() != ""
-
-
-class Fixed(Kind):
-    """A setting verl declares that the testbed cannot honour other than at one value."""
-
-    def __init__(self, kind: Kind, value: Any, why: str) -> None:
-        self.kind, self.value = kind, value
-        self.allowed = f"must be {text(value)}: {why}"
-
-    def ok(self, value: Any) -> bool:
-        return self.kind.ok(value) and value == self.value
-
-
-class Maybe(Kind):
-    """null, or a value of ``kind``."""
-
-    def __init__(self, kind: Kind) -> None:
-        self.kind = kind
-        self.allowed = f"null or {kind.allowed}"
-
-    def ok(self, value: Any) -> bool:
-        return value is None or self.kind.ok(value)
-
-
-class Wholes(Kind):
-    """A list of whole numbers in [low, high]."""
-
-    def __init__(self, low: int, high: int, example: str, distinct: bool = True) -> None:
-        self.low, self.high, self.distinct = low, high, distinct
-        self.allowed = (f"a non-empty list of {'distinct ' if distinct else ''}whole numbers in [{low}, {high}], "
-                        f"e.g. {example}")
-
-    def ok(self, value: Any) -> bool:
-        if not isinstance(value, list) or not value:
-            return False
-        if not all(_whole(v) and self.low <= v <= self.high for v in value):
-            return False
-        return not self.distinct or len(set(value)) == len(value)
-
-
-class Betas(Kind):
-    allowed = "a list of two finite numbers in [0, 1), e.g. [0.9,0.999]"
-
-    def ok(self, value: Any) -> bool:
-        return isinstance(value, list) and len(value) == 2 and all(_real(v) and 0 <= v < 1 for v in value)
-
-
-class Overrides(Kind):
-    """A list of Hydra overrides, as a method's entry or a scenario holds them."""
-
-    def __init__(self, example: str = "[method=grpo,actor_rollout_ref.actor.policy_loss.loss_mode=sapo]") -> None:
-        self.allowed = f"a list of overrides, e.g. {example}"
-
-    def ok(self, value: Any) -> bool:
-        return isinstance(value, list) and all(isinstance(v, str) and v.strip() for v in value)
-
-
-class Labels(Kind):
-    def __init__(self, what: str, example: str, empty: bool = True) -> None:
-        self.empty = empty
-        self.allowed = f"a {'' if empty else 'non-empty '}list of {what}, e.g. {example}"
-
-    def ok(self, value: Any) -> bool:
-        return (isinstance(value, list) and (self.empty or bool(value))
-                and all(isinstance(v, str) and v.strip() for v in value) and len(set(value)) == len(value))
-
-
-class Scenarios(Kind):
-    allowed = "a non-empty list of override lists, e.g. [[],[task.max_len=6],[scenario=stale]]"
-
-    def ok(self, value: Any) -> bool:
-        return isinstance(value, list) and bool(value) and all(Overrides().ok(v) for v in value)
-
-
-class LabelMap(Kind):
-    """label -> a value of ``kind`` (``methods``, ``league.extra``, ``league.variants``, ``league.variant_of``)."""
-
-    def __init__(self, kind: Kind, example: str) -> None:
-        self.kind = kind
-        self.allowed = f"a mapping of label -> {kind.allowed.split(', e.g.')[0]}, e.g. {example}"
-
-    def ok(self, value: Any) -> bool:
-        return isinstance(value, dict)
-
-    def check(self, key: str, value: Any) -> None:
-        super().check(key, value)
-        for label, entry in value.items():
-            if not isinstance(label, str) or not label.strip():
-                raise refuse(f"{key}.{label}", entry, "a label must be a non-empty name")
-            self.kind.check(f"{key}.{label}", entry)
-
-
-class MethodSettings(Kind):
-    """``algorithm.<key>`` of a method of the catalog: its settings dataclass checks it (its errors name the key; an
-    unknown key is refused there too)."""
-
-    def __init__(self, method: Any) -> None:
-        self.method = method
-        self.allowed = f"a mapping of algorithm.{method.settings_key}'s settings"
-
-    def ok(self, value: Any) -> bool:
-        return isinstance(value, dict)
-
-    def check(self, key: str, value: Any) -> None:
-        super().check(key, value)
-        self.method.read_settings({self.method.settings_key: value})
-
-
-def _method_settings() -> dict[str, Kind]:
-    """``algorithm.<key>`` for every method of the catalog that has settings."""
-    from recipe_apo.methods import catalog
-
-    return {f"algorithm.{m.settings_key}": MethodSettings(m) for m in catalog.methods() if m.settings is not None}
-
-
-_OVERRIDES = Overrides()
-ACTOR = "actor_rollout_ref.actor"
-
-# Every key of conf/testbed.yaml, in its order, with what it takes (the task's keys: TASK_SETTINGS).
-SETTINGS: dict[str, Kind] = {
-    "mode": OneOf(MODES),
-    "league.methods": Labels("labels of methods", "[grpo,apo]"),
-    "league.extra": LabelMap(_OVERRIDES, "+league.extra.apo_x=[method=apo,algorithm.apo.eta=0.5]"),
-    "league.variants": LabelMap(_OVERRIDES, "league.variants.zv=[algorithm.zero_variance=exclude]"),
-    "league.variant_of": LabelMap(Labels("labels", "[grpo,apo]"), "league.variant_of.zv=[grpo,apo]"),
-    "league.scenarios": Scenarios(),
-    "league.metric": OneOf(PAIRED_METRICS),
-    "methods": LabelMap(_OVERRIDES, "+methods.sapo=[method=grpo,actor_rollout_ref.actor.policy_loss.loss_mode=sapo]"),
-    "seeds": Wholes(0, SEED_MAX, "[0,1,2,3]"),
-    "workers": Whole(1, 256),
-    "threads_per_worker": Whole(1, 256),
-    "scenario_name": Text(),
-    "rounds": Whole(1, 100_000),
-    "eval_every": Whole(1, 100_000),
-    "early_fraction": Real(0, 1, low_open=True),
-    "staleness": Whole(0, 1000),
-    "rollout_n_multiplier": Whole(1, 64),
-    "policy.embed_dim": Whole(1, 4096),
-    "policy.hidden_dim": Whole(1, 4096),
-    "policy.layers": Whole(1, 16),
-    "pretrain.steps": Whole(0, 1_000_000),
-    "pretrain.batch_size": Whole(1, 65_536),
-    "pretrain.lr": Real(0, 10, low_open=True),
-    "eval.prompts_per_length": Whole(1, 10_000),
-    "eval.samples": Whole(1, 10_000),
-    "eval.bucket_samples": Whole(1, 10_000),
-    "data.train_batch_size": Whole(1, 65_536),
-    "data.max_response_length": Whole(2, 10_000),
-    **_method_settings(),
-    "algorithm.adv_estimator": Text(),
-    "algorithm.norm_adv_by_std_in_grpo": Flag(),
-    "algorithm.gamma": Real(0, 1),
-    "algorithm.lam": Real(0, 1),
-    "algorithm.use_kl_in_reward": Fixed(Flag(), False, "the testbed has no KL penalty in the reward (its KL is "
-                                                       "the actor's KL loss, actor_rollout_ref.actor.use_kl_loss)"),
-    "algorithm.zero_variance": OneOf(ZERO_VARIANCE_MODES),
-    "actor_rollout_ref.rollout.n": Whole(2, 1024),
-    "actor_rollout_ref.rollout.temperature": Real(0, 100, low_open=True),
-    f"{ACTOR}.ppo_mini_batch_size": Whole(1, 65_536),
-    f"{ACTOR}.ppo_micro_batch_size_per_gpu": Maybe(Whole(1, 10_000_000)),
-    f"{ACTOR}.ppo_epochs": Whole(1, 1000),
-    f"{ACTOR}.shuffle": Flag(),
-    f"{ACTOR}.grad_clip": Real(0, 1e9, low_open=True),
-    f"{ACTOR}.optim.lr": Real(0, 10),
-    f"{ACTOR}.optim.betas": Betas(),
-    f"{ACTOR}.optim.weight_decay": Real(0, 100),
-    f"{ACTOR}.policy_loss.loss_mode": Text(),
-    # verl 0.9.1's (FSDPActorConfig.__post_init__).
-    f"{ACTOR}.loss_agg_mode": OneOf(("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean",
-                                     "seq-mean-token-sum-norm")),
-    f"{ACTOR}.loss_scale_factor": Maybe(Real(0, 1e9, low_open=True)),
-    f"{ACTOR}.clip_ratio": Real(0, 100, low_open=True),
-    f"{ACTOR}.clip_ratio_low": Real(0, 100, low_open=True),
-    f"{ACTOR}.clip_ratio_high": Real(0, 100, low_open=True),
-    # AGPO (method=agpo_dual) turns the dual clip off with 1e9, a bound no ratio reaches.
-    f"{ACTOR}.clip_ratio_c": Real(1, 1e12, low_open=True),
-    f"{ACTOR}.tau_pos": Real(0, 1000, low_open=True),
-    f"{ACTOR}.tau_neg": Real(0, 1000, low_open=True),
-    f"{ACTOR}.entropy_coeff": Fixed(Real(), 0, "the testbed has no entropy bonus"),
-    f"{ACTOR}.use_kl_loss": Flag(),
-    "signal.group_sizes": Wholes(2, 1024, "[4,8,16]"),
-    "signal.p_points": Whole(2, 1001),
-    "signal.groups": Whole(1, 100_000),
-    "signal.anchor": Real(0, 1),
-    "signal.seed": Whole(0, SEED_MAX),
-}
-
-# Each task's keys (conf/task/<name>.yaml), ``task.name`` first.
-TASK_SETTINGS: dict[str, dict[str, Kind]] = {
-    "reverse": {
-        "task.name": OneOf(TASKS),
-        "task.alphabet": Whole(2, 1000),
-        "task.min_len": Whole(1, 100),
-        "task.max_len": Whole(1, 100),
-        "task.filler_mean": Real(0, 100),
-    },
-    "modsum": {
-        "task.name": OneOf(TASKS),
-        "task.moduli": Wholes(2, 1000, "[2,4,8,16,32]"),
-        "task.prefix_max": Whole(0, 100),
-        "task.filler_mean": Real(0, 100),
-    },
-}
-
-# Nested or runtime-only fields of verl's actor config that the testbed does not take from its yaml
+# verl 0.9.1's (FSDPActorConfig.__post_init__).
+LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+# Nested or runtime-only fields of verl's actor config that the testbed does not take from its config
 # (update.actor_config), and, beside them, what no command line sets (a class path, verl's rollout correction).
 VERL_NOT_FROM_YAML = {"policy_loss", "optim", "checkpoint", "fsdp_config", "profiler", "engine", "model_config",
                       "qat", "global_batch_info", "strategy", "rollout_n", "router_replay", "megatron"}
-_VERL_NOT_SETTABLE = VERL_NOT_FROM_YAML | {"_target_", "rollout_correction"}
+VERL_NOT_SETTABLE = VERL_NOT_FROM_YAML | {"_target_", "rollout_correction"}
+
+# A Hydra override (``task.max_len=6``) and a label (of ``methods``, a suffix of ``league.variants``).
+Override = NewType("Override", str)
+Label = NewType("Label", str)
 
 
-def _verl_kind(annotation: Any) -> Optional[Kind]:
-    """The kind of a scalar field of verl's actor config, from its annotation; None for anything else."""
-    name = annotation.__name__ if isinstance(annotation, type) else str(annotation)
-    name = name.replace("typing.", "")
-    maybe = name.startswith("Optional[")
-    base = name.removeprefix("Optional[").removesuffix("]") if maybe else name
-    kind = {"bool": Flag(), "int": Whole(0, 2**31 - 1), "float": Real(), "str": Text()}.get(base)
-    if kind is None:
-        return None
-    return Maybe(kind) if maybe else kind
+def setting(default: Any = MISSING, **bounds: Any) -> Any:
+    """A field with its default and what bounds its values: ``low``/``high`` (``low_open``/``high_open`` to leave
+    an end out), ``choices``, ``example`` (shown when a value is refused), ``what`` (of a list of labels),
+    ``distinct`` (a list of whole numbers; default true), ``fixed`` (the default
+    is the only value: why). A dict's ``example`` is the mapping's; its entries take their kind's own."""
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: copy.deepcopy(default), metadata=bounds)
+    return field(default=default, metadata=bounds)
 
 
-@functools.lru_cache(maxsize=1)
-def verl_actor_settings() -> dict[str, Kind]:
-    """``actor_rollout_ref.actor.<field>`` (and ``.policy_loss.<field>``) for each scalar field of verl's
-    ``FSDPActorConfig`` (``PolicyLossConfig``) that conf/testbed.yaml does not declare: the testbed passes them on
-    to verl (``update.actor_config``), typed as verl declares them."""
-    import dataclasses
+def _presets() -> list[str]:
+    from recipe_apo.integration import presets
 
-    from verl.workers.config import FSDPActorConfig, PolicyLossConfig
-
-    out: dict[str, Kind] = {}
-    for prefix, cls in ((ACTOR, FSDPActorConfig), (f"{ACTOR}.policy_loss", PolicyLossConfig)):
-        for field in dataclasses.fields(cls):
-            key = f"{prefix}.{field.name}"
-            kind = None if field.name in _VERL_NOT_SETTABLE else _verl_kind(field.type)
-            if kind is not None and key not in SETTINGS:
-                out[key] = kind
-    return out
+    return list(presets.names())
 
 
-# --- the check -------------------------------------------------------------------------------------------------
+# --- the league ------------------------------------------------------------------------------------------------
 
-def plain(cfg: Any) -> dict:
-    """The config as plain values, interpolations resolved: one that does not resolve, or a ``???`` left
-    unset, is refused naming its key."""
-    from omegaconf import DictConfig, OmegaConf
-    from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
+@dataclass
+class League:
+    """mode=league: the methods named here (labels of ``methods``) and the league's own ``extra`` ones, each as it
+    is and with its variants, paired over the seeds on each scenario; one report ranks every method against every
+    other per scenario."""
 
-    if not isinstance(cfg, DictConfig):
-        return cfg
-    try:
-        return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
-    except MissingMandatoryValue as exc:
-        key = str(getattr(exc, "full_key", "") or "?")
-        raise TestbedSettingError(f"{key}=???: not set; {_allowed(key)}") from None
-    except OmegaConfBaseException as exc:
-        key = str(getattr(exc, "full_key", "") or "?")
-        value = _get(OmegaConf.to_container(cfg, resolve=False), key)
-        reason = " ".join(str(exc).split("\n")[0].split())
-        raise TestbedSettingError(f"{key}={text(value)}: does not resolve ({reason})") from None
-
-
-def _get(tree: Any, key: str) -> Any:
-    for part in key.split("."):
-        if not isinstance(tree, dict) or part not in tree:
-            return None
-        tree = tree[part]
-    return tree
-
-
-def _allowed(key: str) -> str:
-    kind = SETTINGS.get(key) or next((t[key] for t in TASK_SETTINGS.values() if key in t), None)
-    return kind.allowed if kind is not None else "a value"
-
-
-def _children(settings: dict[str, Kind], node: str) -> list[str]:
-    """The known keys (and nodes) right under ``node`` ("" for the top)."""
-    prefix = f"{node}." if node else ""
-    names: list[str] = []
-    for key in settings:
-        if key.startswith(prefix):
-            first = key[len(prefix):].split(".")[0]
-            if first not in names:
-                names.append(first)
-    return names
-
-
-def check_settings(cfg: Any) -> dict:
-    """Refuse, with one line naming the key, any setting of a composed testbed config (``cfg``: a DictConfig or
-    its plain dict) that the testbed does not read, or that is of the wrong type or out of bounds; returns the
-    plain config. No relation between settings is checked here (``min_len <= max_len``: the task's own check)."""
-    values = plain(cfg)
-    if not isinstance(values, dict):
-        raise TestbedSettingError(f"the testbed's config must be a mapping, got {text(values)}")
-    task = values.get("task")
-    name = task.get("name") if isinstance(task, dict) else None
-    if isinstance(task, dict):
-        OneOf(TASKS).check("task.name", name)
-    settings = {**SETTINGS, **TASK_SETTINGS.get(name, TASK_SETTINGS["reverse"])}
-    _check_node(values, "", settings, name)
-    return values
+    # Labels of `methods`, by default every preset's, e.g. league.methods=[grpo,codapo]; the first is the
+    # reference of the plot (differences to it).
+    methods: list[Label] = field(default_factory=_presets, metadata={"what": "labels of methods"})
+    # label -> overrides: methods the league runs after league.methods, which the default train run does not.
+    # apo_prior: APO with HA-DW's anchor order (docs/beside_apo.md); apo_one_sided: APO with its gate acting only
+    # where r moved in the advantage's direction, as PPO's clip does (recipe_apo/methods/apo/loss.py).
+    # grpo_2n, drgrpo_2n, apo_2n: the method with twice the scenario's responses per prompt
+    # (rollout_n_multiplier=2), the generation of agpo_dual, whose probe of G = rollout.n samples per prompt
+    # doubles a round's (results/league_agpo.md). Drop them with ~league.extra.
+    extra: dict[str, list[Override]] = setting({
+        "apo_prior": ["method=apo", "algorithm.apo.anchor_order=prior"],
+        "apo_one_sided": ["method=apo", "actor_rollout_ref.actor.policy_loss.loss_mode=apo_one_sided"],
+        "grpo_2n": ["method=grpo", "rollout_n_multiplier=2"],
+        "drgrpo_2n": ["method=drgrpo", "rollout_n_multiplier=2"],
+        "apo_2n": ["method=apo", "rollout_n_multiplier=2"],
+    }, example="+league.extra.apo_x=[method=apo,algorithm.apo.eta=0.5]")
+    # suffix -> overrides: a league method also runs with them, labelled <method>_<suffix>.
+    variants: dict[str, list[Override]] = setting({"zv": ["algorithm.zero_variance=exclude"]},
+                                                  example="league.variants.zv=[algorithm.zero_variance=exclude]")
+    # suffix -> the league methods that run with that variant (a suffix not named here: every one;
+    # ~league.variant_of gives every method every variant). By default AGPO's zero-variance denominator on the
+    # baseline and on APO only. The league took about 45 minutes on 2 cores before agpo_dual and the _2n entries,
+    # which cost about twice a method each: drop what a run does not need, e.g.
+    # 'league.methods=[grpo,drgrpo,apo,agpo_dual]' or ~league.extra.
+    variant_of: dict[str, list[Label]] = setting({"zv": ["grpo", "apo"]},
+                                                 example="league.variant_of.zv=[grpo,apo]")
+    # Each scenario: overrides composed after the command line's; every method runs on each. Named by its
+    # overrides (`scenario=X` by X; [] is "default"). Strings of at most 6 symbols (task.max_len=6) make the
+    # hardest third learnable within the rounds; many_updates takes 16 optimizer steps per rollout; long_response
+    # has answers of tens of tokens (GRPO's length bias); stale runs sample from the policy of 2 and 4 rounds
+    # before; modsum is the task where hard prompts succeed by chance. Replace with e.g.
+    # 'league.scenarios=[[],["task.max_len=3"]]'.
+    scenarios: list[list[Override]] = setting(
+        [[], ["task.max_len=6"], ["scenario=many_updates"], ["scenario=long_response"], ["scenario=stale"],
+         ["scenario=stale", "staleness=4"], ["task=modsum"]],
+        example="[[],[task.max_len=6],[scenario=stale]]")
+    # What ranks the methods (a per-run key of summary.json): success on the evaluation set after the last round.
+    metric: str = setting("success_final", choices=PAIRED_METRICS)
 
 
-def _check_node(node: dict, path: str, settings: dict[str, Kind], task: Optional[str]) -> None:
-    for key, value in node.items():
-        full = f"{path}.{key}" if path else str(key)
-        kind = settings.get(full)
-        if kind is None and full.startswith(f"{ACTOR}.") and full.count(".") <= 3:
-            kind = verl_actor_settings().get(full)
-        if kind is not None:
-            kind.check(full, value)
-        elif any(k.startswith(f"{full}.") for k in settings):
-            if not isinstance(value, dict):
-                raise refuse(full, value, f"a mapping of {full}'s settings: {', '.join(_children(settings, full))}")
-            _check_node(value, full, settings, task)
-        else:
-            raise TestbedSettingError(f"{full}={text(value)}: {unknown_setting(full, task)}")
-    for key in _children(settings, path):
-        full = f"{path}.{key}" if path else key
-        if key not in node and full not in OPTIONAL:
-            kind = settings.get(full)
-            what = kind.allowed if kind is not None else f"the settings {', '.join(_children(settings, full))}"
-            raise TestbedSettingError(f"{full}: missing (deleted with ~{full}?); the testbed needs it: {what}")
+# --- the policy, its warm-up and its evaluation ------------------------------------------------------------------
+
+@dataclass
+class Policy:
+    """The GRU language model."""
+
+    # Token embedding width.
+    embed_dim: int = setting(32, low=1, high=4096)
+    # Hidden width.
+    hidden_dim: int = setting(64, low=1, high=4096)
+    # Number of GRU layers.
+    layers: int = setting(1, low=1, high=16)
 
 
-def unknown_setting(key: str, task: Optional[str] = None) -> str:
-    """What to say of ``key``, a key the testbed does not read: the known keys beside it."""
-    settings = {**SETTINGS, **TASK_SETTINGS.get(task or "reverse", TASK_SETTINGS["reverse"])}
-    parent = key.rsplit(".", 1)[0] if "." in key else ""
-    while parent and not any(k.startswith(f"{parent}.") for k in settings):
-        parent = parent.rsplit(".", 1)[0] if "." in parent else ""
-    known = _children(settings, parent)
-    if parent in (ACTOR, f"{ACTOR}.policy_loss"):
-        known += [k.rsplit(".", 1)[1] for k in verl_actor_settings() if k.rsplit(".", 1)[0] == parent]
-    where = {"": "the testbed's settings", "task": f"task={task or 'reverse'}'s settings"}.get(
-        parent, f"{parent}'s settings")
-    other = [t for t, keys in TASK_SETTINGS.items() if t != (task or "reverse") and key in keys]
-    also = f" ({key} is task={other[0]}'s)" if other else ""
-    return f"not a setting the testbed reads{also}; {where}: {', '.join(known)}"
+@dataclass
+class Pretrain:
+    """Supervised warm-up on demonstrations: the "base model". Few steps on purpose: short strings mostly solved,
+    long ones rarely."""
+
+    steps: int = setting(200, low=0, high=1_000_000)
+    batch_size: int = setting(128, low=1, high=65_536)
+    lr: float = setting(3.0e-3, low=0, high=10, low_open=True)
 
 
-# --- Hydra's own errors ------------------------------------------------------------------------------------------
-
-def _override_of(key: str, overrides: Sequence[str]) -> Optional[str]:
-    """The override among ``overrides`` that sets ``key`` (``+``/``++``/``~`` prefixes allowed), if any."""
-    for override in reversed(list(overrides)):
-        if override.split("=", 1)[0].lstrip("+~") == key:
-            return override
-    return None
-
-
-def _task_of(overrides: Sequence[str]) -> Optional[str]:
-    choice = _override_of("task", overrides)
-    return choice.split("=", 1)[1] if choice and "=" in choice else None
+@dataclass
+class Eval:
+    # Evaluation prompts per string length (so every difficulty is covered alike).
+    prompts_per_length: int = setting(24, low=1, high=10_000)
+    # Sampled responses per evaluation prompt at each evaluation.
+    samples: int = setting(4, low=1, high=10_000)
+    # Samples per prompt for the initial success rates that define the difficulty buckets (thirds).
+    bucket_samples: int = setting(16, low=1, high=10_000)
 
 
-def _lines(message: str) -> list[str]:
-    """A Hydra message's lines without its links and its config search path."""
-    out = []
-    for line in message.splitlines():
-        line = line.strip()
-        if line.startswith("Config search path") or line.startswith("provider="):
-            break
-        if line and not line.startswith("See https://") and line != "^":
-            out.append(line)
-    return out
+# --- verl's keys -------------------------------------------------------------------------------------------------
+
+@dataclass
+class Data:
+    # Prompts per round (verl's data.train_batch_size).
+    train_batch_size: int = setting(32, low=1, high=65_536)
+    # L0: the response budget. A response that reaches it without the end token scores 0. The presets'
+    # loss_scale_factor interpolates it.
+    max_response_length: int = setting(20, low=2, high=10_000)
 
 
-def hydra_line(exc: BaseException, overrides: Sequence[str] = ()) -> str:
-    """One line for an error Hydra or OmegaConf raised while reading the command line or composing the config
-    (``overrides``: the command line, to name the override at fault): ``<override>: <what is wrong>``."""
-    from hydra.errors import MissingConfigException, OverrideParseException
-    from omegaconf.errors import OmegaConfBaseException
+@dataclass
+class Algorithm:
+    """verl's ``algorithm`` node; each method's own settings (``algorithm.apo``, ``.codapo``, ``.agpo`` ...) come
+    from its settings class (``method_settings``)."""
 
-    if isinstance(exc, OverrideParseException):
-        reason = " ".join(_lines(str(exc))[:1]) or "a syntax error"
-        if reason.startswith("LexerNoViableAltException"):
-            reason = "a character Hydra's grammar does not take"
-        return (f"{exc.override}: not an override Hydra can read ({reason}); see "
-                "https://hydra.cc/docs/advanced/override_grammar/basic/")
-    if isinstance(exc, MissingConfigException) and exc.missing_cfg_file and "/" in exc.missing_cfg_file:
-        group, name = exc.missing_cfg_file.rsplit("/", 1)
-        if exc.options:
-            return f"{group}={name}: no such {group}; one of {', '.join(exc.options)}"
-        return f"{group}={name}: no such {group}"
-    cause = exc.__cause__ if isinstance(exc.__cause__, OmegaConfBaseException) else None
-    source = cause if cause is not None else exc if isinstance(exc, OmegaConfBaseException) else None
-    full_key = str(getattr(source, "full_key", "") or "")
-    if source is not None and full_key and "not in struct" in str(source):
-        said = unknown_setting(full_key, _task_of(overrides))
-        override = _override_of(full_key, overrides)
-        if override is not None:
-            return f"{override}: {said}"
-        # A mapping set whole (policy={a:1}): the override names the node, the message the key inside it.
-        node = next((o for o in overrides if full_key.startswith(o.split("=", 1)[0].lstrip("+~") + ".")), None)
-        return f"{node}: {full_key} is {said}" if node else f"{full_key}: {said}"
-    lines = _lines(str(exc))
-    if cause is not None:
-        lines += _lines(str(cause))[:1]
-    message = " ".join(lines) or type(exc).__name__
-    if full_key and full_key not in message:
-        message = f"{full_key}: {message}"
-    return message
+    # Set by the method preset; any estimator registered in verl works (grpo, rloo, opo, grpo_passk, apo ...).
+    adv_estimator: str = "grpo"
+    # verl's grpo: divide by the group's std (GRPO) or not (Dr. GRPO). Set by the preset.
+    norm_adv_by_std_in_grpo: bool = True
+    # Discount and GAE lambda, passed to compute_advantage as verl does (outcome estimators ignore them).
+    gamma: float = setting(1.0, low=0, high=1)
+    lam: float = setting(1.0, low=0, high=1)
+    # No KL penalty in the reward (set by the presets too).
+    use_kl_in_reward: bool = setting(False, fixed="the testbed has no KL penalty in the reward (its KL is the "
+                                                  "actor's KL loss, actor_rollout_ref.actor.use_kl_loss)")
+    # AGPO's zero-variance denominator (recipe_apo/methods/zero_variance/rescale.py), for any group estimator. A
+    # group whose responses all scored alike has no signal (advantages 0) but counts in the loss's denominator.
+    # keep: it counts, as in verl. exclude: it does not; the live responses' advantages are scaled by the round's
+    # B / B_live (T / T_live for token-mean), what the recipe can do in verl, exact when a round is one
+    # mini-batch (the testbed records how far off each mini-batch is: zv_ratio_dev_*). exact: testbed only (the
+    # recipe refuses it): each mini-batch's denominator counts its own live responses (tokens), the definition.
+    zero_variance: str = setting("keep", choices=ZERO_VARIANCE_MODES)
+
+
+@dataclass
+class Rollout:
+    # G, responses per prompt.
+    n: int = setting(8, low=2, high=1024)
+    # The sampling temperature: 1.0, the policy the log-probs are of (unscaled). method=agpo_dual sets it to
+    # algorithm.agpo.base_temperature, its probe's temperature; its training samples are drawn at each prompt's
+    # tau_t, and its log-probs stay unscaled, as AGPO's source takes them.
+    temperature: float = setting(1.0, low=0, high=100, low_open=True)
+
+
+@dataclass
+class Optim:
+    """AdamW, as verl's actor. The learning rate is the testbed's, far above an LLM's."""
+
+    lr: float = setting(1.0e-3, low=0, high=10)
+    betas: tuple[float, float] = setting((0.9, 0.999), low=0, high=1, high_open=True, example="[0.9,0.999]")
+    weight_decay: float = setting(0.01, low=0, high=100)
+
+
+@dataclass
+class PolicyLoss:
+    # Any registered loss: vanilla, apo, sapo, gspo, cispo, geo_mean, ...
+    loss_mode: str = "vanilla"
+
+
+@dataclass
+class Actor:
+    """verl's actor fields; the preset sets those the method defines."""
+
+    # Prompts per mini-batch (verl's unit); data.train_batch_size / this = optimizer steps per epoch.
+    ppo_mini_batch_size: int = setting(16, low=1, high=65_536)
+    # Responses per forward/backward; the loss of a mini-batch does not depend on it (global_batch_info).
+    ppo_micro_batch_size_per_gpu: Optional[int] = setting(128, low=1, high=10_000_000)
+    # Passes over each round's responses (E in the paper); more passes = more off-policy updates.
+    ppo_epochs: int = setting(1, low=1, high=1000)
+    # Shuffle responses between mini-batches (verl's default: no).
+    shuffle: bool = False
+    # Gradient-norm clip, as verl's FSDP actor (its default 1.0); the norm before clipping is recorded.
+    grad_clip: float = setting(1.0, low=0, high=1e9, low_open=True)
+    optim: Optim = field(default_factory=Optim)
+    policy_loss: PolicyLoss = field(default_factory=PolicyLoss)
+    # seq-mean-token-mean (GRPO's 1/|o_i|), seq-mean-token-sum-norm (1/L0), token-mean, ...
+    loss_agg_mode: str = setting("seq-mean-token-mean", choices=LOSS_AGG_MODES)
+    # L0 for seq-mean-token-sum-norm (the presets set ${data.max_response_length}).
+    loss_scale_factor: Optional[float] = setting(None, low=0, high=1e9, low_open=True)
+    # Hard clip range of vanilla PPO-style losses, and the dual-clip bound for A < 0 (verl's defaults).
+    clip_ratio: float = setting(0.2, low=0, high=100, low_open=True)
+    clip_ratio_low: float = setting(0.2, low=0, high=100, low_open=True)
+    clip_ratio_high: float = setting(0.2, low=0, high=100, low_open=True)
+    # AGPO (method=agpo_dual) turns the dual clip off with 1e9, a bound no ratio reaches.
+    clip_ratio_c: float = setting(3.0, low=1, high=1e12, low_open=True)
+    # Soft-gate temperatures of the apo and sapo losses (verl's defaults; the apo preset sets 1.0 / 1.5).
+    tau_pos: float = setting(1.0, low=0, high=1000, low_open=True)
+    tau_neg: float = setting(1.05, low=0, high=1000, low_open=True)
+    # No entropy bonus.
+    entropy_coeff: float = setting(0.0, fixed="the testbed has no entropy bonus")
+    # No KL loss by default; with use_kl_loss (method=agpo_dual's preset), verl's KL loss
+    # kl_loss_coef x agg_loss(kl_penalty(log pi, log pi_ref, kl_loss_type)) against the run's initial policy
+    # (kl_loss_coef and kl_loss_type as verl: +actor_rollout_ref.actor.kl_loss_coef=..., defaults 0.001,
+    # low_var_kl).
+    use_kl_loss: bool = False
+
+
+@dataclass
+class ActorRolloutRef:
+    rollout: Rollout = field(default_factory=Rollout)
+    actor: Actor = field(default_factory=Actor)
+
+
+# --- mode=signal ---------------------------------------------------------------------------------------------
+
+@dataclass
+class Signal:
+    """Proposition 1, measured (signal.png)."""
+
+    # Group sizes G of the plot.
+    group_sizes: list[int] = setting([4, 8, 16], low=2, high=1024, example="[4,8,16]")
+    # Success probabilities p on a grid from 0 to 1 with this many points.
+    p_points: int = setting(21, low=2, high=1001)
+    # Sampled groups per (G, p): the sampling error of each point shrinks as 1/sqrt(groups).
+    groups: int = setting(2000, low=1, high=100_000)
+    # APO's anchor C_t for the plot, held still (eta = eta_min = 0): prompts with p < C_t count as hard.
+    anchor: float = setting(0.5, low=0, high=1)
+    # Seed of the sampled groups.
+    seed: int = setting(0, low=0, high=SEED_MAX)
+
+
+# --- the tasks (the `task` group: task=reverse, task=modsum) ----------------------------------------------------
+
+@dataclass
+class Reverse:
+    """String reversal (recipe_apo/testbed/task.py), the default task: a hard prompt is a long string the policy
+    cannot carry, and a random success is almost impossible."""
+
+    name: str = setting("reverse", choices=TASKS)
+    # Number of distinct symbols; more makes every string harder.
+    alphabet: int = setting(4, low=2, high=1000)
+    # Strings have min_len..max_len symbols, drawn uniformly: the spread of difficulties.
+    min_len: int = setting(1, low=1, high=100)
+    max_len: int = setting(8, low=1, high=100)
+    # Mean number of FILL ("thinking") tokens before each symbol in the pretraining demonstrations: how long and
+    # how varied the initial policy's answers are. The verifier ignores fillers.
+    filler_mean: float = setting(0.6, low=0, high=100)
+
+
+@dataclass
+class Modsum:
+    """Digit sums mod K (recipe_apo/testbed/modsum.py): a prompt (K, t) is solved by digits whose sum mod K is t. A
+    random policy succeeds about 1/K of the time, so difficulty is the chance of a lucky success (Proposition 1's
+    small p), not a skill the policy lacks. The default warm-up (pretrain.steps=200) leaves success by K at about
+    0.62, 0.33, 0.17, 0.07, 0.03 (seed 0): above chance, far from solved."""
+
+    name: str = setting("modsum", choices=TASKS)
+    # The values of K, drawn uniformly; targets t uniform over [0, K).
+    moduli: list[int] = setting([2, 4, 8, 16, 32], low=2, high=1000, example="[2,4,8,16,32]")
+    # A demonstration starts with 0..prefix_max random digits, then the fewest digits that complete the sum.
+    prefix_max: int = setting(3, low=0, high=100)
+    # Mean number of FILL tokens before each digit in the demonstrations (the verifier ignores them).
+    filler_mean: float = setting(0.0, low=0, high=100)
+
+
+TASK_CLASSES = {"reverse": Reverse, "modsum": Modsum}
+
+
+# --- the whole -----------------------------------------------------------------------------------------------
+
+def _preset_entries() -> dict[str, list[str]]:
+    return {name: [f"method={name}"] for name in _presets()}
+
+
+@dataclass
+class Testbed:
+    """The CPU testbed: trains a small GRU policy with RL on a verifiable task, once per method and seed, through
+    verl's compute_advantage and registered policy losses."""
+
+    # train: the paired comparison (summary.json, report.md, plots). signal: Proposition 1, measured (signal.png).
+    # league: every method of `league` on every scenario of it, ranked pair by pair (league.md/json/png).
+    mode: str = setting("train", choices=MODES)
+    league: League = field(default_factory=League)
+    # What to compare, label -> Hydra overrides composed on top of this config and the command line. By default
+    # every preset of conf/method/ as `<name>: [method=<name>]`. Add one with
+    # '+methods.sapo=["method=grpo","actor_rollout_ref.actor.policy_loss.loss_mode=sapo"]', drop one with
+    # ~methods.drgrpo. Every label runs on every seed from the same start.
+    methods: dict[str, list[Override]] = field(
+        default_factory=_preset_entries,
+        metadata={"example": "+methods.sapo=[method=grpo,actor_rollout_ref.actor.policy_loss.loss_mode=sapo]"})
+    # Seeds of the paired comparison; each seed has its own pretrained start, prompt stream and evaluation set.
+    seeds: list[int] = setting([0, 1, 2, 3], low=0, high=SEED_MAX, example="[0,1,2,3]")
+    # Processes running (seed, method) jobs in parallel; 1 runs everything in this process.
+    workers: int = setting(2, low=1, high=256)
+    # torch threads per job. The model is tiny: parallel processes use cores better than intra-op threads.
+    threads_per_worker: int = setting(1, low=1, high=256)
+    # Set by the scenario file, recorded in summary.json.
+    scenario_name: str = "default"
+    # RL rounds (verl's training steps): each samples data.train_batch_size prompts x G responses and updates.
+    rounds: int = setting(150, low=1, high=100_000)
+    # Evaluate on the fixed evaluation set every this many rounds (round 0 and the last round always).
+    eval_every: int = setting(10, low=1, high=100_000)
+    # "Early success" averages the evaluations in the first early_fraction of the rounds.
+    early_fraction: float = setting(0.25, low=0, high=1, low_open=True)
+    # Rounds by which the sampling policy lags the trained one, as an asynchronous trainer delivers responses:
+    # round r samples (and takes its old log-probs) from the policy as it was after round r - staleness, and
+    # updates the current one. 0: on-policy, the current policy samples. conf/scenario/stale.yaml sets it.
+    staleness: int = setting(0, low=0, high=1000)
+    # A method's responses per prompt are actor_rollout_ref.rollout.n times this (its mini-batches,
+    # ppo_mini_batch_size prompts, grow alike). A method's own setting (league.extra's grpo_2n: 2), where
+    # rollout.n is the scenario's, shared by every method of a seed; 1 everywhere else.
+    rollout_n_multiplier: int = setting(1, low=1, high=64)
+    policy: Policy = field(default_factory=Policy)
+    pretrain: Pretrain = field(default_factory=Pretrain)
+    eval: Eval = field(default_factory=Eval)
+    data: Data = field(default_factory=Data)
+    algorithm: Algorithm = field(default_factory=Algorithm)
+    actor_rollout_ref: ActorRolloutRef = field(default_factory=ActorRolloutRef)
+    signal: Signal = field(default_factory=Signal)
+
+
+ACTOR_KEY = "actor_rollout_ref.actor"
+# Nodes that a command line may leave out (``~league.extra``, ``~league.variant_of``).
+OPTIONAL = ("league.extra", "league.variant_of")

@@ -119,14 +119,14 @@ def extra_preset(tmp_path, monkeypatch):
     monkeypatch.setattr(presets, "_directory", lambda: folder)
     store = ConfigStore.instance()
     store.store(group="method", name=EXTRA, node=OmegaConf.create(EXTRA_TEXT), package="_global_")
-    configs.store_preset_defaults()
+    configs.store_settings()
     monkeypatch.setattr(replay, "_METHODS", None)
     try:
         yield tmp_path
     finally:
         store.repo["method"].pop(f"{EXTRA}.yaml", None)
         monkeypatch.undo()
-        configs.store_preset_defaults()
+        configs.store_settings()
         presets.settings.cache_clear()
 
 

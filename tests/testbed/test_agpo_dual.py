@@ -23,7 +23,7 @@ TINY_MODSUM = [*TINY_RUN, "seeds=[0]", "task=modsum", "task.moduli=[2,4]", "meth
 
 @pytest.fixture(scope="module")
 def hydra_ctx():
-    import recipe_apo.testbed.configs  # noqa: F401  (stores the presets' defaults that testbed.yaml composes)
+    import recipe_apo.testbed.configs  # noqa: F401  (stores the settings' defaults that testbed.yaml composes)
 
     with initialize_config_module(config_module="recipe_apo.conf", version_base="1.3"):
         yield

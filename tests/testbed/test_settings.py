@@ -21,7 +21,8 @@ from helpers.testbed_tiny import TINY_RUN
 from omegaconf import OmegaConf
 
 from recipe_apo.testbed.errors import TestbedSettingError
-from recipe_apo.testbed.settings import SETTINGS, TASK_SETTINGS, check_settings
+from recipe_apo.testbed.setting_check import Rule, check_settings, setting_rules, task_rules
+from recipe_apo.testbed.settings import TASKS
 
 ERROR = "recipe-apo: error: "
 
@@ -43,25 +44,23 @@ def assert_refused(result: CompletedProcess, start: str) -> str:
     return lines[0]
 
 
-# --- every setting of conf/testbed.yaml and conf/task/*.yaml --------------------------------------------------
+# --- every setting that settings.py declares ---------------------------------------------------------------------
 
-def _leaves(node: dict, path: str = ""):
+def _leaves(node: dict, rules: dict, path: str = ""):
     for key, value in node.items():
         full = f"{path}.{key}" if path else key
-        if isinstance(value, dict) and full not in SETTINGS:
-            yield from _leaves(value, full)
+        if isinstance(value, dict) and full not in rules:
+            yield from _leaves(value, rules, full)
         else:
             yield full, value
 
 
-def yaml_settings() -> list[tuple[str, object, str]]:
-    """(key, default, task) for every setting the testbed's yaml files declare."""
-    tree = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "testbed.yaml"), resolve=False)
-    tree.pop("hydra"), tree.pop("defaults")
-    out = [(key, value, "reverse") for key, value in _leaves(tree)]
-    for path in sorted((ROOT / "conf" / "task").glob("*.yaml")):
-        task = OmegaConf.to_container(OmegaConf.load(path))
-        out += [(f"task.{key}", value, task["name"]) for key, value in task.items()]
+def declared_settings() -> list[tuple[str, str]]:
+    """(key, task) for every setting settings.py declares but the methods' own nodes (algorithm.apo ...: their
+    classes check them, test_the_method_settings_are_checked_by_their_own_classes)."""
+    out = [(key, "reverse") for key, rule in setting_rules().items() if isinstance(rule, Rule)]
+    for task in TASKS:
+        out += [(key, task) for key in task_rules(task)]
     return out
 
 
@@ -71,26 +70,45 @@ def bases() -> dict[str, dict]:
     tests start their own)."""
     from hydra import compose, initialize_config_module
 
-    import recipe_apo.testbed.configs  # noqa: F401  (stores the presets' defaults that testbed.yaml composes)
+    import recipe_apo.testbed.configs  # noqa: F401  (stores the settings' defaults that testbed.yaml composes)
 
     with initialize_config_module(config_module="recipe_apo.conf", version_base="1.3"):
         return {task: OmegaConf.to_container(compose(config_name="testbed", overrides=[f"task={task}"]),
-                                             resolve=True) for task in TASK_SETTINGS}
+                                             resolve=True) for task in TASKS}
 
 
-def test_every_setting_of_the_yaml_files_has_a_type_and_bounds(bases):
-    declared = {key for key, _, _ in yaml_settings()}
-    # methods and league.methods come from the presets (configs.py), algorithm.apo / .codapo / .agpo from the
-    # recipe's own files (conf/apo/, conf/codapo/, conf/agpo/; testbed.yaml sets algorithm.agpo.probe_samples).
-    assert declared - {k for k in declared if k.startswith("task.")} == set(SETTINGS) - {
-        "methods", "league.methods", "algorithm.apo", "algorithm.codapo"}
-    for task, keys in TASK_SETTINGS.items():
-        assert {k for k, _, t in yaml_settings() if t == task and k.startswith("task.")} == set(keys)
-        check_settings(bases[task])  # every default passes
+def test_the_composed_config_holds_exactly_the_declared_settings_and_they_pass(bases):
+    # The one declaration (settings.py) gives testbed.yaml its keys and the check its rules: every key composed is
+    # declared, every declared key composed, and every default passes.
+    for task in TASKS:
+        rules = {**setting_rules(), **task_rules(task)}
+        assert {key for key, _ in _leaves(bases[task], rules)} == set(rules), task
+        assert check_settings(bases[task]) == bases[task]
     for scenario in ("many_updates", "long_response", "stale"):
         scenario_yaml = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "scenario" / f"{scenario}.yaml"))
         # A scenario's task.* keys are the default task's (reverse) settings.
-        assert all(key in SETTINGS or key in TASK_SETTINGS["reverse"] for key, _ in _leaves(scenario_yaml)), scenario
+        rules = {**setting_rules(), **task_rules("reverse")}
+        assert all(key in rules for key, _ in _leaves(scenario_yaml, rules)), scenario
+
+
+def test_the_rules_come_from_the_declaration():
+    """What a setting takes, as the check reads it from its field: by hand, for each kind of field."""
+    said = {key: rule.allowed for key, rule in {**setting_rules(), **task_rules("modsum")}.items()}
+    assert said["rounds"] == "a whole number in [1, 100000]"
+    assert said["early_fraction"] == "a finite number in (0, 1]"
+    assert said["mode"] == "one of train, signal, league"
+    assert said["actor_rollout_ref.actor.shuffle"] == "true or false"
+    assert said["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"] == "null or a whole number in [1, 10000000]"
+    assert said["actor_rollout_ref.actor.optim.betas"] == "a list of two finite numbers in [0, 1), e.g. [0.9,0.999]"
+    assert said["actor_rollout_ref.actor.entropy_coeff"] == "must be 0.0: the testbed has no entropy bonus"
+    assert said["scenario_name"] == "a non-empty string"
+    assert said["task.moduli"] == "a non-empty list of distinct whole numbers in [2, 1000], e.g. [2,4,8,16,32]"
+    assert said["league.methods"] == "a list of labels of methods, e.g. [grpo,apo]"
+    assert said["league.scenarios"] == "a non-empty list of override lists, e.g. [[],[task.max_len=6],[scenario=stale]]"
+    assert said["league.variant_of"] == "a mapping of label -> a list of labels, e.g. league.variant_of.zv=[grpo,apo]"
+    assert said["methods"] == ("a mapping of label -> a list of overrides, e.g. "
+                               "+methods.sapo=[method=grpo,actor_rollout_ref.actor.policy_loss.loss_mode=sapo]")
+    assert said["algorithm.apo"] == "a mapping of algorithm.apo's settings"
 
 
 # Wrong type, not finite, out of range, by the default's type; lists and mappings by hand.
@@ -102,8 +120,6 @@ SPECIAL = {
     "league.extra": [5, {"x": "method=apo"}, {"x": [5]}],
     "league.variants": [5, {"zv": "algorithm.zero_variance=exclude"}, {"zv": [math.nan]}],
     "league.variant_of": [5, {"zv": "grpo"}, {"zv": [1]}],
-    # (its keys: test_the_method_settings_are_checked_by_their_own_classes)
-    "algorithm.agpo": [5, "x", [1], None],
     "actor_rollout_ref.actor.optim.betas": [[0.9], [0.9, 1.0], "x", [math.nan, 0.9], [0.9, -0.1]],
     "signal.group_sizes": [[], [1], [4.5], 4, [4, 4]],
     "task.moduli": [[], [1], [2, 2], [2.5], 5, [2, 1001]],
@@ -135,13 +151,9 @@ def _set(tree: dict, key: str, value) -> dict:
     return out
 
 
-# The settings the presets fill in (configs.preset_defaults), beside the yaml files' own.
-FROM_PRESETS = [("methods", None, "reverse"), ("league.methods", None, "reverse")]
-
-
-@pytest.mark.parametrize("key, default, task", yaml_settings() + FROM_PRESETS,
-                         ids=lambda v: v if isinstance(v, str) else "")
-def test_each_setting_refuses_a_wrong_type_a_non_finite_number_and_an_out_of_range_value(bases, key, default, task):
+@pytest.mark.parametrize("key, task", declared_settings(), ids=lambda v: v if isinstance(v, str) else "")
+def test_each_setting_refuses_a_wrong_type_a_non_finite_number_and_an_out_of_range_value(bases, key, task):
+    default = {**setting_rules(), **task_rules(task)}[key].default
     for value in bad_values(key, default):
         with pytest.raises(TestbedSettingError) as refused:
             check_settings(_set(bases[task], key, value))
@@ -157,6 +169,9 @@ def test_the_method_settings_are_checked_by_their_own_classes(bases, node):
     from recipe_apo.methods import catalog
 
     (method,) = [m for m in catalog.methods() if m.settings_key == node.split(".")[1]]
+    for value in (5, "x", [1], None):
+        with pytest.raises(TestbedSettingError, match=f"^{node}="):
+            check_settings(_set(bases["reverse"], node, value))
     for key in [*(f.name for f in dataclasses.fields(method.settings)), "K"]:
         with pytest.raises(ValueError, match=f"{node}.{key}"):
             check_settings(_set(bases["reverse"], f"{node}.{key}", [1]))

@@ -22,7 +22,7 @@ TINY = ["seeds=[0,1]", *TINY_RUN]
 
 @pytest.fixture(scope="module")
 def hydra_ctx():
-    import recipe_apo.testbed.configs  # noqa: F401  (stores testbed.yaml's `testbed_presets`, the presets' defaults)
+    import recipe_apo.testbed.configs  # noqa: F401  (stores testbed.yaml's `testbed_settings`, the declared defaults)
 
     with initialize_config_module(config_module="recipe_apo.conf", version_base="1.3"):
         yield
