@@ -153,7 +153,7 @@ class Data:
 
 @dataclass
 class Algorithm:
-    """verl's ``algorithm`` node; each method's own settings (``algorithm.apo``, ``.codapo``, ``.agpo`` ...) come
+    """verl's ``algorithm`` node; each method's own settings (``algorithm.apo``, ``.codapo``, ``.agpo_dual`` ...) come
     from its settings class (``method_settings``)."""
 
     # Set by the method preset; any estimator registered in verl works (grpo, rloo, opo, grpo_passk, apo ...).
@@ -180,7 +180,7 @@ class Rollout:
     # G, responses per prompt.
     n: int = setting(8, low=2, high=1024)
     # The sampling temperature: 1.0, the policy the log-probs are of (unscaled). method=agpo_dual sets it to
-    # algorithm.agpo.base_temperature, its probe's temperature; its training samples are drawn at each prompt's
+    # algorithm.agpo_dual.base_temperature, its probe's temperature; its training samples are drawn at each prompt's
     # tau_t, and its log-probs stay unscaled, as AGPO's source takes them.
     temperature: float = setting(1.0, low=0, high=100, low_open=True)
 

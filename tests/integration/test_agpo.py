@@ -60,7 +60,7 @@ def test_the_async_modes_are_refused_with_the_reason(mode):
 
 def test_what_the_loop_cannot_host_is_refused_in_one_line(tmp_path):
     assert refusal("actor_rollout_ref.rollout.temperature=0.7").startswith(
-        "actor_rollout_ref.rollout.temperature=0.7 with algorithm.agpo.base_temperature=1.0: method=agpo_dual needs "
+        "actor_rollout_ref.rollout.temperature=0.7 with algorithm.agpo_dual.base_temperature=1.0: method=agpo_dual needs "
         "them equal")
     assert refusal("algorithm.filter_groups.enable=true").startswith("algorithm.filter_groups.enable=true with "
                                                                      "method=agpo_dual")
@@ -72,11 +72,11 @@ def test_what_the_loop_cannot_host_is_refused_in_one_line(tmp_path):
     assert refusal(f"actor_rollout_ref.rollout.agent.agent_loop_config_path={own}") == (
         f"actor_rollout_ref.rollout.agent.agent_loop_config_path={own} does not register the agent loop "
         f"recipe_sampling that agpo_dual samples through: add the entry of {AGENT_LOOPS} to it")
-    assert refusal("algorithm.agpo.probe_samples=0") == (
-        "algorithm.agpo.probe_samples must be an integer in [1, 4096], got 0")
-    assert refusal("+algorithm.agpo.probe_sample=4").startswith("unknown setting algorithm.agpo.probe_sample;")
-    assert refusal("algorithm.agpo.vote_key=os.path:nothing").startswith(
-        "algorithm.agpo.vote_key='os.path:nothing' cannot be loaded (AttributeError")
+    assert refusal("algorithm.agpo_dual.probe_samples=0") == (
+        "algorithm.agpo_dual.probe_samples must be an integer in [1, 4096], got 0")
+    assert refusal("+algorithm.agpo_dual.probe_sample=4").startswith("unknown setting algorithm.agpo_dual.probe_sample;")
+    assert refusal("algorithm.agpo_dual.vote_key=os.path:nothing").startswith(
+        "algorithm.agpo_dual.vote_key='os.path:nothing' cannot be loaded (AttributeError")
 
 
 def test_a_users_own_loop_file_listing_the_sampling_loop_passes(tmp_path):
@@ -109,7 +109,7 @@ def test_the_probes_responses_are_grouped_by_prompt_in_their_order():
 def test_the_vote_key_defaults_to_the_math_rule_and_loads_a_function_by_name():
     assert load_vote_key(None) is math_vote_key
     assert load_vote_key("os.path:basename")("a/b") == "b"
-    with pytest.raises(VoteKeyError, match="algorithm.agpo.vote_key='os.path:nothing' cannot be loaded"):
+    with pytest.raises(VoteKeyError, match="algorithm.agpo_dual.vote_key='os.path:nothing' cannot be loaded"):
         load_vote_key("os.path:nothing")
     with pytest.raises(VoteKeyError, match="returned int, not a string"):
         load_vote_key("builtins:len")("abc")

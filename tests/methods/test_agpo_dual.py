@@ -246,28 +246,28 @@ def test_the_state_round_trips_bit_for_bit_and_refuses_anything_else():
 
 
 @pytest.mark.parametrize("key, value, message", [
-    ("probe_samples", 0, "algorithm.agpo.probe_samples"),
-    ("probe_samples", 2.5, "algorithm.agpo.probe_samples"),
-    ("base_temperature", 0.0, "algorithm.agpo.base_temperature"),
+    ("probe_samples", 0, "algorithm.agpo_dual.probe_samples"),
+    ("probe_samples", 2.5, "algorithm.agpo_dual.probe_samples"),
+    ("base_temperature", 0.0, "algorithm.agpo_dual.base_temperature"),
     ("min_temperature", 2.0, "min_temperature=2.0 is above max_temperature=1.5"),
-    ("average_rate", 0.0, "algorithm.agpo.average_rate"),
-    ("clip_max", 1.0, "algorithm.agpo.clip_max"),
+    ("average_rate", 0.0, "algorithm.agpo_dual.average_rate"),
+    ("clip_max", 1.0, "algorithm.agpo_dual.clip_max"),
     ("clip_min", 0.45, "clip_min=0.45 is above clip_max=0.4"),
-    ("dispersion", "var", "algorithm.agpo.dispersion"),
-    ("weight_dispersion", -1.0, "algorithm.agpo.weight_dispersion"),
-    ("clip_kl", True, "algorithm.agpo.clip_kl"),
-    ("vote_key", "no_colon", "algorithm.agpo.vote_key"),
-    ("entropy_ratio_min", float("nan"), "algorithm.agpo.entropy_ratio_min"),
+    ("dispersion", "var", "algorithm.agpo_dual.dispersion"),
+    ("weight_dispersion", -1.0, "algorithm.agpo_dual.weight_dispersion"),
+    ("clip_kl", True, "algorithm.agpo_dual.clip_kl"),
+    ("vote_key", "no_colon", "algorithm.agpo_dual.vote_key"),
+    ("entropy_ratio_min", float("nan"), "algorithm.agpo_dual.entropy_ratio_min"),
 ])
 def test_a_bad_setting_is_refused_in_one_line_naming_it(key, value, message):
     with pytest.raises(AgpoConfigError, match=message) as info:
-        AgpoSettings.from_algorithm_config({"agpo": {key: value}})
+        AgpoSettings.from_algorithm_config({"agpo_dual": {key: value}})
     assert "\n" not in str(info.value)
 
 
 def test_an_unknown_setting_is_refused_naming_it():
-    with pytest.raises(AgpoConfigError, match="unknown setting algorithm.agpo.probe_sample;"):
-        AgpoSettings.from_algorithm_config({"agpo": {"probe_sample": 8}})
+    with pytest.raises(AgpoConfigError, match="unknown setting algorithm.agpo_dual.probe_sample;"):
+        AgpoSettings.from_algorithm_config({"agpo_dual": {"probe_sample": 8}})
 
 
 def test_non_finite_probe_rewards_are_refused_naming_the_prompt():

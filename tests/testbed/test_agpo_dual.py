@@ -194,7 +194,7 @@ def test_a_round_probes_tempers_clips_and_moves_kl_bar_as_the_formulas_say(hydra
     from recipe_apo.testbed.train import _PROBE, _SAMPLING, MethodRun, generator, prepare_seed
 
     cfg = _compose(TINY_MODSUM)
-    s = cfg.algorithm.agpo
+    s = cfg.algorithm.agpo_dual
     G = cfg.actor_rollout_ref.rollout.n
     assert s.probe_samples == G == 4  # the probe's G is the scenario's rollout.n
     setup = prepare_seed(cfg, 0)
@@ -338,19 +338,19 @@ def test_the_modsum_key_is_the_digit_sum_mod_k_and_an_answerless_response_votes_
 def test_the_temperature_and_the_answer_key_are_checked_before_training(hydra_ctx):
     from recipe_apo.testbed.runner import check_method
 
-    check_method(_compose(["method=agpo_dual", "algorithm.agpo.base_temperature=0.8"]))  # follows the preset
+    check_method(_compose(["method=agpo_dual", "algorithm.agpo_dual.base_temperature=0.8"]))  # follows the preset
     with pytest.raises(TestbedSettingError, match=r"rollout.temperature=0.7: must be 1.0: the testbed samples"):
         check_method(_compose(["method=grpo", "actor_rollout_ref.rollout.temperature=0.7"]))
-    with pytest.raises(TestbedSettingError, match=r"rollout.temperature=0.7 with algorithm.agpo.base_temperature=1.0: "
+    with pytest.raises(TestbedSettingError, match=r"rollout.temperature=0.7 with algorithm.agpo_dual.base_temperature=1.0: "
                                                   "method=agpo_dual needs them equal"):
         check_method(_compose(["method=agpo_dual", "actor_rollout_ref.rollout.temperature=0.7"]))
-    with pytest.raises(TestbedSettingError, match=r"algorithm.agpo.vote_key=os.path:basename: must be null in the "
+    with pytest.raises(TestbedSettingError, match=r"algorithm.agpo_dual.vote_key=os.path:basename: must be null in the "
                                                   "testbed"):
-        check_method(_compose(["method=agpo_dual", "algorithm.agpo.vote_key=os.path:basename"]))
+        check_method(_compose(["method=agpo_dual", "algorithm.agpo_dual.vote_key=os.path:basename"]))
     with pytest.raises(TestbedSettingError, match=r"kl_loss_type=k9: not a KL estimator verl computes"):
         check_method(_compose(["method=agpo_dual", "actor_rollout_ref.actor.kl_loss_type=k9"]))
-    with pytest.raises(ValueError, match=r"algorithm.agpo.clip_min"):
-        check_method(_compose(["method=agpo_dual", "algorithm.agpo.clip_min=0.5"]))
+    with pytest.raises(ValueError, match=r"algorithm.agpo_dual.clip_min"):
+        check_method(_compose(["method=agpo_dual", "algorithm.agpo_dual.clip_min=0.5"]))
 
 
 def test_the_2n_entries_double_the_scenarios_group_and_agpo_probes_with_it(hydra_ctx):
@@ -366,7 +366,7 @@ def test_the_2n_entries_double_the_scenarios_group_and_agpo_probes_with_it(hydra
     # A scenario that sets rollout.n: the doubling and the probe follow it.
     cfgs = checked_configs([*TINY_RUN, "seeds=[0]", "actor_rollout_ref.rollout.n=3"], chosen)
     assert [group_size(cfgs[label]) for label in chosen] == [3, 6, 3]
-    assert cfgs["agpo_dual"].algorithm.agpo.probe_samples == 3
+    assert cfgs["agpo_dual"].algorithm.agpo_dual.probe_samples == 3
     run = MethodRun(cfgs["grpo_2n"], prepare_seed(cfgs["grpo"], 0))
     assert (run.group, run.actor.rollout_n) == (6, 6)
     batch, _, _ = run.sample_round(1, run.setup.train_prompts[0], run.setup.train_k[0])

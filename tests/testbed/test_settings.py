@@ -162,7 +162,7 @@ def test_each_setting_refuses_a_wrong_type_a_non_finite_number_and_an_out_of_ran
         assert "\n" not in message, message
 
 
-@pytest.mark.parametrize("node", ["algorithm.apo", "algorithm.codapo", "algorithm.agpo"])
+@pytest.mark.parametrize("node", ["algorithm.apo", "algorithm.codapo", "algorithm.agpo_dual"])
 def test_the_method_settings_are_checked_by_their_own_classes(bases, node):
     import dataclasses
 

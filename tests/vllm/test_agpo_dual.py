@@ -20,7 +20,7 @@ def agpo_runs(tiny, tmp_path_factory):
     command = rehearse.recipe_command(["agpo_dual"], tiny, "trainer.total_training_steps=1",
                                       "trainer.val_before_train=false", engine="vllm")
     command.insert(command.index("method=agpo_dual"), "-m")
-    result = run([*command, f"algorithm.agpo.temperature_gain={','.join(GAINS)}"], workdir, "agpo",
+    result = run([*command, f"algorithm.agpo_dual.temperature_gain={','.join(GAINS)}"], workdir, "agpo",
                  workdir / "metrics")
     assert result.returncode == 0, tail(result)
     names = rehearse.experiment_names(result.log)

@@ -5,7 +5,7 @@ statistics.
 - ``controllers``: the probe's statistics (sigma_p, kappa, H_v), U and U_bar, tau_t, H_ref and eps_p, KL_bar;
 - ``loss``: ``agpo_clip``, verl's vanilla clip with each row's eps_p;
 - ``vote_keys``: the answer a response votes for in H_v;
-- ``settings``: ``algorithm.agpo``;
+- ``settings``: ``algorithm.agpo_dual``;
 - ``launch``: what the launch refuses (verl's loop must let the probe finish before its prompts' training rollout);
 - ``runtime``: the probe of each step's drawn prompts (through its host), each prompt's temperature, the clip
   column, the step KL after the update, ``agpo/*`` metrics and ``agpo_state.json``.
@@ -35,7 +35,7 @@ METHOD = Method(
     presets=("agpo_dual",),
     losses={LOSS: "recipe_apo.methods.agpo_dual.loss:compute_policy_loss_agpo_clip"},
     settings=AgpoSettings,
-    settings_key="agpo",
+    settings_key="agpo_dual",
     runtime="recipe_apo.methods.agpo_dual.runtime:AgpoRuntime",
     launch_checks=("recipe_apo.methods.agpo_dual.launch:check_agpo_launch",),
     loss_columns=(CLIP_COLUMN,),

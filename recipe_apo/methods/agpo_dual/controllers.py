@@ -86,7 +86,7 @@ def dispersion(rewards: np.ndarray, kind: str = "std") -> np.ndarray:
     if kind == "iqr":
         q = torch.quantile(x, torch.tensor([0.75, 0.25]), dim=1)
         return ((q[0] - q[1]) / IQR_SCALE).double().numpy()
-    raise AgpoConfigError(f"algorithm.agpo.dispersion must be one of {', '.join(DISPERSIONS)}, got {kind!r}")
+    raise AgpoConfigError(f"algorithm.agpo_dual.dispersion must be one of {', '.join(DISPERSIONS)}, got {kind!r}")
 
 
 def skewness(rewards: np.ndarray) -> np.ndarray:

@@ -56,6 +56,6 @@ def check_temperature(config: Any, settings: AgpoSettings) -> None:
     temperature = config.actor_rollout_ref.rollout.get("temperature")
     if temperature != settings.base_temperature:
         raise MethodConfigError(
-            f"actor_rollout_ref.rollout.temperature={temperature} with algorithm.agpo.base_temperature="
+            f"actor_rollout_ref.rollout.temperature={temperature} with algorithm.agpo_dual.base_temperature="
             f"{settings.base_temperature}: method=agpo_dual needs them equal (tau_base is the probe's temperature "
-            "and the one the actor's log-probs use); set algorithm.agpo.base_temperature instead")
+            "and the one the actor's log-probs use); set algorithm.agpo_dual.base_temperature instead")

@@ -2,7 +2,7 @@
 
 1. ``drew_prompts``: **the probe**. The host generates ``probe_samples`` (G) responses to each drawn prompt at
    ``base_temperature``, scores them and drops them; their rewards give sigma_p and kappa, their answers
-   (``algorithm.agpo.vote_key``, or the testbed task's own answers) H_v. U moves U_bar prompt by prompt and gives
+   (``algorithm.agpo_dual.vote_key``, or the testbed task's own answers) H_v. U moves U_bar prompt by prompt and gives
    each prompt its tau_t, returned as the prompt's sampling ``temperature`` for its training rollout. A step may
    draw more than once (verl refills failed groups): every drawn prompt keeps its statistics.
 2. ``after_advantage``: H_pi per prompt, the old policy's token entropy pooled over the prompt's training
@@ -49,7 +49,7 @@ class AgpoRuntime(MethodRuntime):
         check_temperature(config, self.settings)
         self.vote_key = load_vote_key(self.settings.vote_key)
         key = self.settings.vote_key
-        self.custom_answer_key = None if key is None else f"algorithm.agpo.vote_key={key}"
+        self.custom_answer_key = None if key is None else f"algorithm.agpo_dual.vote_key={key}"
         self.state = AgpoState()
         self.begin_step(0)
 

@@ -1,4 +1,4 @@
-"""AGPO's dual feedback settings, ``algorithm.agpo``: the source's defaults (``wandugu/paper_agpo`` at 11e5596,
+"""AGPO's dual feedback settings, ``algorithm.agpo_dual``: the source's defaults (``wandugu/paper_agpo`` at 11e5596,
 ``hparams/finetuning_args.py`` and ``agpo/config.yaml``; their names in brackets). Symbols: ``controllers``."""
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ DISPERSIONS = ("std", "mad", "iqr")
 
 
 class AgpoConfigError(MethodConfigError):
-    """A setting under ``algorithm.agpo`` is invalid; the message names the key."""
+    """A setting under ``algorithm.agpo_dual`` is invalid; the message names the key."""
 
 
 @dataclass(frozen=True)
 class AgpoSettings:
-    """``algorithm.agpo``: the source's defaults (finetuning_args.py / agpo/config.yaml names in brackets)."""
+    """``algorithm.agpo_dual``: the source's defaults (finetuning_args.py / agpo/config.yaml names in brackets)."""
 
     # G, probe samples per prompt [agpo_group_size; the training samples are verl's rollout.n].
     probe_samples: int = 8
@@ -60,14 +60,14 @@ class AgpoSettings:
     vote_key: Optional[str] = None
 
     def __post_init__(self) -> None:
-        name = "algorithm.agpo."
+        name = "algorithm.agpo_dual."
         check_integer(name + "probe_samples", self.probe_samples, AgpoConfigError, low=1, high=4096)
         positive = dict(low=0.0, low_open=True, high=100.0)
         check_number(name + "base_temperature", self.base_temperature, AgpoConfigError, **positive)
         check_number(name + "min_temperature", self.min_temperature, AgpoConfigError, **positive)
         check_number(name + "max_temperature", self.max_temperature, AgpoConfigError, **positive)
         if self.min_temperature > self.max_temperature:
-            raise AgpoConfigError(f"algorithm.agpo.min_temperature={self.min_temperature} is above "
+            raise AgpoConfigError(f"algorithm.agpo_dual.min_temperature={self.min_temperature} is above "
                                   f"max_temperature={self.max_temperature}")
         check_number(name + "temperature_gain", self.temperature_gain, AgpoConfigError, low=0.0, high=100.0)
         for key in ("average_rate", "entropy_ref_rate"):
@@ -80,16 +80,16 @@ class AgpoSettings:
             check_number(name + key, getattr(self, key), AgpoConfigError, low=0.0, high=1.0, low_open=True,
                          high_open=True)
         if self.clip_min > self.clip_max:
-            raise AgpoConfigError(f"algorithm.agpo.clip_min={self.clip_min} is above clip_max={self.clip_max}")
+            raise AgpoConfigError(f"algorithm.agpo_dual.clip_min={self.clip_min} is above clip_max={self.clip_max}")
         check_number(name + "entropy_ratio_min", self.entropy_ratio_min, AgpoConfigError, **positive)
         check_number(name + "entropy_ratio_max", self.entropy_ratio_max, AgpoConfigError, **positive)
         if self.entropy_ratio_min > self.entropy_ratio_max:
-            raise AgpoConfigError(f"algorithm.agpo.entropy_ratio_min={self.entropy_ratio_min} is above "
+            raise AgpoConfigError(f"algorithm.agpo_dual.entropy_ratio_min={self.entropy_ratio_min} is above "
                                   f"entropy_ratio_max={self.entropy_ratio_max}")
         if self.vote_key is not None and (not isinstance(self.vote_key, str) or ":" not in self.vote_key):
-            raise AgpoConfigError(f"algorithm.agpo.vote_key must be null or 'module:function', got {self.vote_key!r}")
+            raise AgpoConfigError(f"algorithm.agpo_dual.vote_key must be null or 'module:function', got {self.vote_key!r}")
 
     @classmethod
     def from_algorithm_config(cls, algorithm_config: Any) -> "AgpoSettings":
-        """Read ``algorithm_config.agpo`` (an OmegaConf node, a dict, or absent); unknown keys are refused."""
-        return read_settings(cls, algorithm_config, "agpo", AgpoConfigError)
+        """Read ``algorithm_config.agpo_dual`` (an OmegaConf node, a dict, or absent); unknown keys are refused."""
+        return read_settings(cls, algorithm_config, "agpo_dual", AgpoConfigError)

@@ -10,7 +10,7 @@ T:370-384), on the stripped text:
 4. else the whole text, whitespace runs made one space, lower-cased: a response without an answer votes for
    its own text, so H_v is always defined (distinct such texts are distinct votes; empty texts vote alike).
 
-Another task gives its own rule with ``algorithm.agpo.vote_key=module:function`` (a function of the response
+Another task gives its own rule with ``algorithm.agpo_dual.vote_key=module:function`` (a function of the response
 text returning its key); ``load_vote_key`` resolves it once, with a one-line error naming the setting.
 """
 
@@ -30,7 +30,7 @@ MAX_TEXT = 100_000
 
 
 class VoteKeyError(RecipeError, ValueError):
-    """``algorithm.agpo.vote_key`` cannot be loaded, or its function does not return a string."""
+    """``algorithm.agpo_dual.vote_key`` cannot be loaded, or its function does not return a string."""
 
 
 def math_vote_key(text: str) -> str:
@@ -48,21 +48,21 @@ def math_vote_key(text: str) -> str:
 
 
 def load_vote_key(spec: Optional[str]) -> Callable[[str], str]:
-    """The key function of ``algorithm.agpo.vote_key``: ``math_vote_key`` for None, else ``module:function``."""
+    """The key function of ``algorithm.agpo_dual.vote_key``: ``math_vote_key`` for None, else ``module:function``."""
     if spec is None:
         return math_vote_key
     module_name, _, attribute = str(spec).partition(":")
     try:
         function = getattr(importlib.import_module(module_name), attribute)
     except (ImportError, AttributeError) as exc:
-        raise VoteKeyError(f"algorithm.agpo.vote_key={spec!r} cannot be loaded ({type(exc).__name__}: {exc})") from None
+        raise VoteKeyError(f"algorithm.agpo_dual.vote_key={spec!r} cannot be loaded ({type(exc).__name__}: {exc})") from None
     if not callable(function):
-        raise VoteKeyError(f"algorithm.agpo.vote_key={spec!r} is not a function")
+        raise VoteKeyError(f"algorithm.agpo_dual.vote_key={spec!r} is not a function")
 
     def checked(text: str) -> str:
         key = function(text)
         if not isinstance(key, str):
-            raise VoteKeyError(f"algorithm.agpo.vote_key={spec!r} returned {type(key).__name__}, not a string")
+            raise VoteKeyError(f"algorithm.agpo_dual.vote_key={spec!r} returned {type(key).__name__}, not a string")
         return key
 
     return checked
