@@ -15,7 +15,8 @@ import torch
 
 from recipe_apo.methods.errors import BatchInputError
 
-__all__ = ["group_codes", "group_ids", "group_mean", "group_range", "group_rates", "group_sums", "response_rewards"]
+__all__ = ["centered_rewards", "group_codes", "group_ids", "group_mean", "group_range", "group_rates", "group_sums",
+           "response_rewards"]
 
 
 def group_ids(index: Any, batch_size: int) -> tuple[np.ndarray, int]:
@@ -100,6 +101,21 @@ def group_mean(codes: np.ndarray, weighted_values: np.ndarray, counts: np.ndarra
     """
     sums = np.bincount(codes, weights=weighted_values, minlength=counts.size)
     return np.divide(sums, counts, out=np.zeros(counts.size), where=counts > 0)
+
+
+def centered_rewards(scores: np.ndarray, w: np.ndarray, codes: np.ndarray, counts: np.ndarray, norm_adv_by_std: bool,
+                     epsilon: float) -> np.ndarray:
+    """GRPO's A_i: R_i - mean_g(R) over the group's valid responses (``w`` 1, padding 0), divided by
+    (std_g + epsilon) with ``norm_adv_by_std`` (sample std, n - 1, as ``torch.std``); a group of one has mean 0
+    and std 1 (A_i = R_i / (1 + epsilon)), as in CoDaPO's and AGPO's code. float64 throughout."""
+    n_groups = counts.size
+    mean = np.where(counts > 1, group_mean(codes, scores * w, counts), 0.0)
+    if not norm_adv_by_std:
+        return scores - mean[codes]
+    squares = np.bincount(codes, weights=(scores - mean[codes]) ** 2 * w, minlength=n_groups)
+    std = np.sqrt(np.divide(squares, counts - 1, out=np.ones(n_groups), where=counts > 1))
+    std = np.where(counts > 1, std, 1.0)
+    return (scores - mean[codes]) / (std[codes] + epsilon)
 
 
 def response_rewards(token_level_rewards: torch.Tensor) -> np.ndarray:

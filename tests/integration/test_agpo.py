@@ -60,8 +60,8 @@ def test_the_async_modes_are_refused_with_the_reason(mode):
 
 def test_what_the_loop_cannot_host_is_refused_in_one_line(tmp_path):
     assert refusal("actor_rollout_ref.rollout.temperature=0.7").startswith(
-        "actor_rollout_ref.rollout.temperature=0.7 with algorithm.agpo_dual.base_temperature=1.0: method=agpo_dual needs "
-        "them equal")
+        "actor_rollout_ref.rollout.temperature=0.7 with algorithm.agpo_dual.base_temperature=1.0: "
+        "method=agpo_dual needs them equal")
     assert refusal("algorithm.filter_groups.enable=true").startswith("algorithm.filter_groups.enable=true with "
                                                                      "method=agpo_dual")
     assert refusal("algorithm.rollout_correction.bypass_mode=true").startswith(
@@ -74,7 +74,8 @@ def test_what_the_loop_cannot_host_is_refused_in_one_line(tmp_path):
         f"recipe_sampling that agpo_dual samples through: add the entry of {AGENT_LOOPS} to it")
     assert refusal("algorithm.agpo_dual.probe_samples=0") == (
         "algorithm.agpo_dual.probe_samples must be an integer in [1, 4096], got 0")
-    assert refusal("+algorithm.agpo_dual.probe_sample=4").startswith("unknown setting algorithm.agpo_dual.probe_sample;")
+    assert refusal("+algorithm.agpo_dual.probe_sample=4").startswith(
+        "unknown setting algorithm.agpo_dual.probe_sample;")
     assert refusal("algorithm.agpo_dual.vote_key=os.path:nothing").startswith(
         "algorithm.agpo_dual.vote_key='os.path:nothing' cannot be loaded (AttributeError")
 

@@ -341,7 +341,8 @@ def test_the_temperature_and_the_answer_key_are_checked_before_training(hydra_ct
     check_method(_compose(["method=agpo_dual", "algorithm.agpo_dual.base_temperature=0.8"]))  # follows the preset
     with pytest.raises(TestbedSettingError, match=r"rollout.temperature=0.7: must be 1.0: the testbed samples"):
         check_method(_compose(["method=grpo", "actor_rollout_ref.rollout.temperature=0.7"]))
-    with pytest.raises(TestbedSettingError, match=r"rollout.temperature=0.7 with algorithm.agpo_dual.base_temperature=1.0: "
+    with pytest.raises(TestbedSettingError, match=r"rollout.temperature=0.7 with "
+                                                  r"algorithm.agpo_dual.base_temperature=1.0: "
                                                   "method=agpo_dual needs them equal"):
         check_method(_compose(["method=agpo_dual", "actor_rollout_ref.rollout.temperature=0.7"]))
     with pytest.raises(TestbedSettingError, match=r"algorithm.agpo_dual.vote_key=os.path:basename: must be null in the "

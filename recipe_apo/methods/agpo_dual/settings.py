@@ -87,7 +87,8 @@ class AgpoSettings:
             raise AgpoConfigError(f"algorithm.agpo_dual.entropy_ratio_min={self.entropy_ratio_min} is above "
                                   f"entropy_ratio_max={self.entropy_ratio_max}")
         if self.vote_key is not None and (not isinstance(self.vote_key, str) or ":" not in self.vote_key):
-            raise AgpoConfigError(f"algorithm.agpo_dual.vote_key must be null or 'module:function', got {self.vote_key!r}")
+            raise AgpoConfigError("algorithm.agpo_dual.vote_key must be null or 'module:function', "
+                                  f"got {self.vote_key!r}")
 
     @classmethod
     def from_algorithm_config(cls, algorithm_config: Any) -> "AgpoSettings":

@@ -55,7 +55,8 @@ def load_vote_key(spec: Optional[str]) -> Callable[[str], str]:
     try:
         function = getattr(importlib.import_module(module_name), attribute)
     except (ImportError, AttributeError) as exc:
-        raise VoteKeyError(f"algorithm.agpo_dual.vote_key={spec!r} cannot be loaded ({type(exc).__name__}: {exc})") from None
+        raise VoteKeyError(f"algorithm.agpo_dual.vote_key={spec!r} cannot be loaded "
+                           f"({type(exc).__name__}: {exc})") from None
     if not callable(function):
         raise VoteKeyError(f"algorithm.agpo_dual.vote_key={spec!r} is not a function")
 

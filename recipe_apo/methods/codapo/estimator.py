@@ -44,7 +44,7 @@ from recipe_apo.methods.checks import (
 )
 from recipe_apo.methods.codapo.settings import CodapoSettings
 from recipe_apo.methods.errors import BatchInputError, MethodConfigError
-from recipe_apo.methods.groups import group_ids, group_mean, response_rewards
+from recipe_apo.methods.groups import centered_rewards, group_ids, group_mean, response_rewards
 from recipe_apo.methods.settings import read_flag
 from recipe_apo.methods.tensors import from_float64, to_numpy
 
@@ -110,7 +110,7 @@ def compute_codapo_advantage(
     w = valid.astype(np.float64)
     counts = np.bincount(codes, weights=w, minlength=n_groups)
 
-    centered = _centered(scores, w, codes, counts, norm_adv_by_std, epsilon)
+    centered = centered_rewards(scores, w, codes, counts, norm_adv_by_std, epsilon)
     accuracy = group_mean(codes, (scores == 1.0).astype(np.float64) * w, counts)
     difficulty_weight = 4.0 * accuracy * (1.0 - accuracy)
     confidence = np.exp(group_mean(codes, mean_log_prob * w, counts))
@@ -130,20 +130,6 @@ def compute_codapo_advantage(
             "codapo/accuracy_mean": float(accuracy[observed].mean()),
         }
     return advantages, weight, metrics
-
-
-def _centered(scores: np.ndarray, w: np.ndarray, codes: np.ndarray, counts: np.ndarray, norm_adv_by_std: bool,
-              epsilon: float) -> np.ndarray:
-    """A_i: R_i - mean_g(R) over the group's valid responses (``w`` 1, padding 0), divided by (std_g + epsilon)
-    with ``norm_adv_by_std``; a group of one has mean 0 and std 1, as in CoDaPO."""
-    n_groups = counts.size
-    mean = np.where(counts > 1, group_mean(codes, scores * w, counts), 0.0)
-    if not norm_adv_by_std:
-        return scores - mean[codes]
-    squares = np.bincount(codes, weights=(scores - mean[codes]) ** 2 * w, minlength=n_groups)
-    std = np.sqrt(np.divide(squares, counts - 1, out=np.ones(n_groups), where=counts > 1))
-    std = np.where(counts > 1, std, 1.0)
-    return (scores - mean[codes]) / (std[codes] + epsilon)
 
 
 def _check_inputs(valid: np.ndarray, scores: np.ndarray, log_prob_sum: np.ndarray, log_prob_max: np.ndarray) -> None:
