@@ -152,6 +152,19 @@ class Data:
 
 
 @dataclass
+class FilterGroups:
+    """verl's group filter (DAPO's dynamic sampling; method=agpo's preset turns it on): a round trains only on
+    groups whose rewards differ, refilled with fresh prompts."""
+
+    enable: bool = False
+    # What must differ within a group: the reward (verl's canonical pre-KL score; the testbed has no other).
+    metric: str = setting("reward", choices=("reward",))
+    # Generation batches a round may take before it trains on the groups it has (verl 0.9.1's V1 trainer has no
+    # cap and refills until the batch is full; the authors of AGPO stopped at 10 with an error).
+    max_num_gen_batches: int = setting(10, low=1, high=1000)
+
+
+@dataclass
 class Algorithm:
     """verl's ``algorithm`` node; each method's own settings (``algorithm.apo``, ``.codapo``, ``.agpo_dual`` ...) come
     from its settings class (``method_settings``)."""
@@ -173,6 +186,7 @@ class Algorithm:
     # mini-batch (the testbed records how far off each mini-batch is: zv_ratio_dev_*). exact: testbed only (the
     # recipe refuses it): each mini-batch's denominator counts its own live responses (tokens), the definition.
     zero_variance: str = setting("keep", choices=ZERO_VARIANCE_MODES)
+    filter_groups: FilterGroups = field(default_factory=FilterGroups)
 
 
 @dataclass

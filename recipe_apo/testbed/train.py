@@ -41,8 +41,9 @@ from recipe_apo.testbed.update import actor_config, ppo_update
 BUCKETS = ("hard", "medium", "easy")
 
 # Independent random streams of a seed; methods share all of them except what their own updates change. _PROBE:
-# a runtime's probe (``TestbedHost.probe``), apart so that its training samples read the stream the others read.
-_PRETRAIN, _PROMPTS, _EVAL_SET, _SAMPLING, _EVAL_SAMPLING, _SHUFFLE, _PROBE = range(7)
+# a runtime's probe (``TestbedHost.probe``), apart so that its training samples read the stream the others read;
+# _REFILL: the prompts and samples of the group filter's refills (``MethodRun.filter_groups``), apart likewise.
+_PRETRAIN, _PROMPTS, _EVAL_SET, _SAMPLING, _EVAL_SAMPLING, _SHUFFLE, _PROBE, _REFILL = range(8)
 
 
 def generator(seed: int, stream: int, step: int = 0) -> torch.Generator:
@@ -226,6 +227,9 @@ class MethodRun:
         self.runtimes = [r for r in (m.build_runtime(cfg) for m in self.methods) if r is not None]
         self.needs = frozenset().union(*(r.needs for r in self.runtimes))
         self.host = TestbedHost(self, generator(setup.seed, _PROBE))
+        group_filter = cfg.algorithm.filter_groups
+        self.refill_batches = int(group_filter.max_num_gen_batches) if group_filter.enable else 0
+        self.refills = generator(setup.seed, _REFILL)
         # The reference policy of verl's KL loss (use_kl_loss): the run's initial policy.
         self.reference: Optional[TokenPolicy] = None
         if self.actor.use_kl_loss:
@@ -263,6 +267,8 @@ class MethodRun:
         self.host.probe_tokens = 0.0
         prompts, k = self.round_prompts(step)
         batch, old_log_prob, entropy = self.sample_round(step, prompts, k)
+        if self.refill_batches:
+            batch, old_log_prob, entropy = self.filter_groups(step, batch, old_log_prob, entropy, prompts.shape[0])
         step_batch = StepBatch(uids=batch["uid"], token_level_scores=batch["token_level_rewards"],
                                response_mask=batch["response_mask"],
                                trajectories=Trajectories.single(len(batch["uid"])), old_log_probs=old_log_prob,
@@ -317,12 +323,13 @@ class MethodRun:
         self.behaviour.load_state_dict(self.past[0])
         return self.behaviour
 
-    def sample_round(self, step: int, prompts: torch.Tensor,
-                     k: torch.Tensor) -> tuple[dict[str, Any], torch.Tensor, Optional[torch.Tensor]]:
+    def sample_round(self, step: int, prompts: torch.Tensor, k: torch.Tensor,
+                     refill: bool = False) -> tuple[dict[str, Any], torch.Tensor, Optional[torch.Tensor]]:
         """The round's responses, their old log-probs and (when a runtime needs them) token entropies, before the
         advantages, as verl's trainer takes them. The runtimes see the drawn prompts first (AGPO's probe) and may
-        set each prompt's sampling temperature."""
-        sampler = self.sampler()
+        set each prompt's sampling temperature. ``refill``: more prompts of the same round (the group filter's), by
+        the round's sampling policy, on the refills' own random stream."""
+        sampler = self.host.sampler if refill else self.sampler()
         self.host.sampler = sampler
         drawn = Prompts(uids=prompt_uids(prompts.shape[0]), columns={"prompts": prompts, "k": k})
         settings: dict[str, np.ndarray] = {}
@@ -331,19 +338,48 @@ class MethodRun:
         temperature = settings.get("temperature")
         if temperature is not None:
             temperature = torch.from_numpy(np.asarray(temperature)).to(torch.float32)
-        batch = rollout(sampler, self.task, prompts, k, self.group, self.sampling, temperature)
+        batch = rollout(sampler, self.task, prompts, k, self.group, self.refills if refill else self.sampling,
+                        temperature)
         entropy = None
         with torch.no_grad():
             if "entropy" in self.needs:
                 old_log_prob, entropy = sampler.log_probs_and_entropy(batch["prompts"], batch["responses"])
             else:
                 old_log_prob = sampler.log_probs(batch["prompts"], batch["responses"])
-            if self.staleness:
+            if self.staleness and not refill:
                 # Where the ratio pi / pi_old starts: mean |r - 1| over the round's valid tokens.
                 mask = batch["response_mask"].to(torch.bool)
                 current = self.policy.log_probs(batch["prompts"], batch["responses"])
                 self.record("ratio_dev_mean", (current - old_log_prob).exp().sub(1).abs()[mask].mean())
         return batch, old_log_prob, entropy
+
+    def filter_groups(self, step: int, batch: dict[str, Any], old_log_prob: torch.Tensor,
+                      entropy: Optional[torch.Tensor],
+                      count: int) -> tuple[dict[str, Any], torch.Tensor, Optional[torch.Tensor]]:
+        """verl's group filter (``algorithm.filter_groups.enable``, DAPO's dynamic sampling, AGPO's script): the
+        round keeps only the groups whose rewards differ, and refills with fresh prompts (``_REFILL``) until it has
+        ``count`` groups or has generated ``max_num_gen_batches`` batches; it then trains on the first ``count``
+        groups it kept, or on fewer (verl 0.9.1's V1 trainer has no cap: it refills until the batch is full), or,
+        when no batch had a group with a signal, on the last batch as it came."""
+        parts, kept, batches = [], 0, 0
+        while True:
+            batches += 1
+            scores = batch["token_level_rewards"].sum(dim=-1).double().numpy()
+            live = np.flatnonzero(live_rows(scores, batch["response_mask"].sum(dim=-1).numpy() > 0, batch["uid"]))
+            if live.size:
+                batch["uid"] = np.array([f"{uid}.{batches}" for uid in batch["uid"]], dtype=object)
+                parts.append(_rows((batch, old_log_prob, entropy), torch.from_numpy(live)))
+                kept += len(live) // self.group
+            if kept >= count or batches >= self.refill_batches:
+                break
+            prompts, k = self.task.sample_prompts(count, self.refills)
+            batch, old_log_prob, entropy = self.sample_round(step, prompts, k, refill=True)
+        self.record("filter_groups/gen_batches", batches)
+        self.record("filter_groups/kept_share", min(kept, count) / count)
+        if not parts:
+            return batch, old_log_prob, entropy
+        merged = [_concat([part[i] for part in parts]) for i in range(3)]
+        return _rows(merged, torch.arange(min(kept, count) * self.group))
 
     def advantages(self, step: int, batch: dict[str, Any],
                    step_batch: StepBatch) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
@@ -378,6 +414,25 @@ class MethodRun:
         self.record("cut_share", batch["cut"].float().mean())
         for key, value in metrics.items():
             self.record(key, value)
+
+
+def _rows(parts: Any, rows: torch.Tensor) -> tuple:
+    """(batch, old log-probs, entropies) of ``rows`` only (a group's rows are adjacent: whole groups stay whole)."""
+    batch, old_log_prob, entropy = parts
+    taken = {key: value[rows.numpy()] if isinstance(value, np.ndarray) else value[rows] for key, value in batch.items()}
+    return taken, old_log_prob[rows], None if entropy is None else entropy[rows]
+
+
+def _concat(values: list) -> Any:
+    """Per-row values of several batches, one after the other (a batch dict key by key)."""
+    first = values[0]
+    if first is None:
+        return None
+    if isinstance(first, dict):
+        return {key: _concat([value[key] for value in values]) for key in first}
+    if isinstance(first, np.ndarray):
+        return np.concatenate(values)
+    return torch.cat(values)
 
 
 def prompt_uids(count: int) -> np.ndarray:
