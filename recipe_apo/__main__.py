@@ -124,6 +124,7 @@ def main() -> None:
         "\nGRPO divides by the group's std, and its loss divides each response by its own length |o_i|.\n"
         "Dr. GRPO keeps R_i - mean(R). APO also boosts the rare success on the hard prompt and the rare\n"
         "failure on the easy one, and tempers the expected outcomes; its loss divides by a constant L0.\n"
+        "AGPO gives the right answers of a mixed group a length bonus (the shortest 1.1, the longest 1.0).\n"
     )
     print("Train with APO on GPUs (set your model and data; see README for plain verl):\n")
     print(TRAIN_COMMAND)

@@ -14,7 +14,8 @@ Symbols of the APO paper, for response i of prompt group g:
   binary rewards E[S+] = p (1 - p) (G - 1) (Proposition 1, ``closed_form``);
 - |o_i|: the response's length; L0: the constant of ``seq-mean-token-sum-norm``;
 - per-token weight w_i of a response under its method's aggregation, up to the mini-batch's constant:
-  ``seq-mean-token-mean`` (GRPO) 1 / |o_i|, ``seq-mean-token-sum-norm`` (Dr. GRPO, APO) 1 / L0;
+  ``seq-mean-token-mean`` (GRPO) 1 / |o_i|, ``seq-mean-token-sum-norm`` (Dr. GRPO, APO) 1 / L0, ``token-mean``
+  (AGPO, CoDaPO) 1;
 - update mass m_i = |A_i| |o_i| w_i: how much of the step's update the response's tokens carry together.
 """
 
@@ -29,8 +30,9 @@ from recipe_apo.methods.groups import group_ids, group_range, group_sums
 
 TOKEN_MEAN = "seq-mean-token-mean"
 TOKEN_SUM_NORM = NORM_MODE
+BATCH_TOKEN_MEAN = "token-mean"
 # The aggregations ``token_weights`` has a per-token weight rule for.
-WEIGHT_RULES = (TOKEN_MEAN, TOKEN_SUM_NORM)
+WEIGHT_RULES = (TOKEN_MEAN, TOKEN_SUM_NORM, BATCH_TOKEN_MEAN)
 
 
 def dead_groups(scores: Any, codes: np.ndarray, n_groups: int) -> np.ndarray:
@@ -82,6 +84,9 @@ def token_weights(lengths: Any, loss_agg_mode: str, l0: float) -> np.ndarray:
         return 1.0 / np.maximum(lengths, 1.0)
     if loss_agg_mode == TOKEN_SUM_NORM:
         return np.full_like(lengths, 1.0 / float(l0))
+    if loss_agg_mode == BATCH_TOKEN_MEAN:
+        # 1 / T, T the mini-batch's tokens: every token alike, a constant the weights are taken up to.
+        return np.ones_like(lengths)
     raise ValueError(f"no per-token weight rule for loss_agg_mode={loss_agg_mode!r}")
 
 

@@ -83,6 +83,9 @@ HEADLINE = [
     ("grad_norm_max", "grad norm before clip, max", "{:.3f}", None),
     ("tokens_generated_avg", "tokens generated per round (training responses + any probe)", "{:.0f}", None),
     ("probe_tokens_avg", "of which a method's probe (scored, then dropped)", "{:.0f}", None),
+    ("filter_groups/gen_batches_avg", "group filter: generation batches per round", "{:.2f}", None),
+    ("filter_groups/filled_share_avg", "group filter: share of the batch filled with groups with a signal", "{:.2f}",
+     None),
     ("wall_s", "wall time per run (s)", "{:.1f}", None),
 ]
 
@@ -155,6 +158,11 @@ def run_summary(run: dict[str, Any], rounds: int, early_fraction: float) -> dict
         out["tokens_generated_avg"] = _nanmean(history["tokens_generated"])
         if any(np.asarray(history["probe_tokens"]) > 0):
             out["probe_tokens_avg"] = _nanmean(history["probe_tokens"])
+    # verl's group filter: generation batches per round, and the share of the batch it filled with groups with a
+    # signal.
+    for key in ("filter_groups/gen_batches", "filter_groups/filled_share"):
+        if key in history:
+            out[f"{key}_avg"] = _nanmean(history[key])
     if "actor/kl_loss" in history:
         out["kl_loss_avg"] = _nanmean(history["actor/kl_loss"])
     # Each method's metrics (``<method>/<quantity>``): the mean over the rounds where it has a value, the last

@@ -182,6 +182,8 @@ class TestbedHost:
         self.sampler: Optional[TokenPolicy] = None
         self.batch: Optional[dict[str, Any]] = None
         self.probe_tokens = 0.0
+        # The group filter's left-out groups' tokens (``MethodRun.filter_groups``).
+        self.dropped_tokens = 0.0
 
     def probe(self, prompts: Prompts, samples: int, temperature: float, answer_key: Any) -> Probe:
         task, n = self.run.task, len(prompts)
@@ -264,7 +266,7 @@ class MethodRun:
         step = r + 1
         for runtime in self.runtimes:
             runtime.begin_step(step)
-        self.host.probe_tokens = 0.0
+        self.host.probe_tokens = self.host.dropped_tokens = 0.0
         prompts, k = self.round_prompts(step)
         batch, old_log_prob, entropy = self.sample_round(step, prompts, k)
         if self.refill_batches:
@@ -292,12 +294,12 @@ class MethodRun:
         scores = batch["token_level_rewards"].sum(dim=-1).double().numpy()
         self.record("live_share", live_rows(scores, batch["response_mask"].sum(dim=-1).numpy() > 0,
                                             batch["uid"]).mean())
-        # Tokens generated in the round: its training responses' and any probe's (scored, then dropped); each
-        # response counts its tokens up to and including the end token.
+        # Tokens generated in the round: its training responses', any probe's and the groups the group filter left
+        # out (scored, then dropped); each response counts its tokens up to and including the end token.
         train_tokens = float(batch["response_mask"].sum())
         self.record("train_tokens", train_tokens)
         self.record("probe_tokens", self.host.probe_tokens)
-        self.record("tokens_generated", train_tokens + self.host.probe_tokens)
+        self.record("tokens_generated", train_tokens + self.host.probe_tokens + self.host.dropped_tokens)
         for method in self.methods:
             for quantity in method.metrics:
                 name = method.metric(quantity)
@@ -357,29 +359,33 @@ class MethodRun:
                       entropy: Optional[torch.Tensor],
                       count: int) -> tuple[dict[str, Any], torch.Tensor, Optional[torch.Tensor]]:
         """verl's group filter (``algorithm.filter_groups.enable``, DAPO's dynamic sampling, AGPO's script): the
-        round keeps only the groups whose rewards differ, and refills with fresh prompts (``_REFILL``) until it has
-        ``count`` groups or has generated ``max_num_gen_batches`` batches; it then trains on the first ``count``
-        groups it kept, or on fewer (verl 0.9.1's V1 trainer has no cap: it refills until the batch is full), or,
-        when no batch had a group with a signal, on the last batch as it came."""
-        parts, kept, batches = [], 0, 0
+        round trains only on groups whose rewards differ, and refills with fresh prompts (``_REFILL``) until it
+        has ``count`` groups or has generated ``max_num_gen_batches`` batches; it then trains on the first
+        ``count`` groups with a signal, or on fewer (verl 0.9.1's V1 trainer has no cap: it refills until the
+        batch is full), or, when no batch had one, on the last batch as it came. The tokens of the groups left out
+        count in the round's generation."""
+        parts, groups, batches, generated = [], 0, 0, 0.0
         while True:
             batches += 1
+            tokens = batch["response_mask"].sum(dim=-1)
+            generated += float(tokens.sum())
             scores = batch["token_level_rewards"].sum(dim=-1).double().numpy()
-            live = np.flatnonzero(live_rows(scores, batch["response_mask"].sum(dim=-1).numpy() > 0, batch["uid"]))
+            live = np.flatnonzero(live_rows(scores, tokens.numpy() > 0, batch["uid"]))
             if live.size:
                 batch["uid"] = np.array([f"{uid}.{batches}" for uid in batch["uid"]], dtype=object)
                 parts.append(_rows((batch, old_log_prob, entropy), torch.from_numpy(live)))
-                kept += len(live) // self.group
-            if kept >= count or batches >= self.refill_batches:
+                groups += len(live) // self.group
+            if groups >= count or batches >= self.refill_batches:
                 break
             prompts, k = self.task.sample_prompts(count, self.refills)
             batch, old_log_prob, entropy = self.sample_round(step, prompts, k, refill=True)
+        if parts:
+            merged = [_concat([part[i] for part in parts]) for i in range(3)]
+            batch, old_log_prob, entropy = _rows(merged, torch.arange(min(groups, count) * self.group))
         self.record("filter_groups/gen_batches", batches)
-        self.record("filter_groups/kept_share", min(kept, count) / count)
-        if not parts:
-            return batch, old_log_prob, entropy
-        merged = [_concat([part[i] for part in parts]) for i in range(3)]
-        return _rows(merged, torch.arange(min(kept, count) * self.group))
+        self.record("filter_groups/filled_share", min(groups, count) / count)
+        self.host.dropped_tokens = generated - float(batch["response_mask"].sum())
+        return batch, old_log_prob, entropy
 
     def advantages(self, step: int, batch: dict[str, Any],
                    step_batch: StepBatch) -> tuple[dict[str, float], dict[str, torch.Tensor]]:

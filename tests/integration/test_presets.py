@@ -33,11 +33,11 @@ actor_rollout_ref:
 
 
 def test_the_presets_in_todays_order_with_their_titles():
-    assert presets.names() == ("grpo", "drgrpo", "apo", "codapo", "agpo_dual")
-    assert [p.title for p in presets.presets()] == ["GRPO", "Dr. GRPO", "APO", "CoDaPO", "AGPO (dual)"]
+    assert presets.names() == ("grpo", "drgrpo", "apo", "codapo", "agpo_dual", "agpo")
+    assert [p.title for p in presets.presets()] == ["GRPO", "Dr. GRPO", "APO", "CoDaPO", "AGPO (dual)", "AGPO"]
     assert set(presets.names()) == {path.stem for path in METHOD_DIR.glob("*.yaml")}  # every file, none other
     assert presets.preset("drgrpo").title == "Dr. GRPO"
-    with pytest.raises(KeyError, match="presets: grpo, drgrpo, apo, codapo, agpo_dual"):
+    with pytest.raises(KeyError, match="presets: grpo, drgrpo, apo, codapo, agpo_dual, agpo"):
         presets.preset("ppo")
 
 
@@ -59,6 +59,7 @@ def test_settings_are_the_composed_presets():
     assert presets.settings("agpo_dual") == presets.MethodSettings("grpo", True, "agpo_clip", "seq-mean-token-mean")
     # AGPO's dual feedback gives GRPO's advantages (its runtime changes none): the demo and the audit show one.
     assert presets.settings("agpo_dual").advantages == presets.settings("grpo").advantages
+    assert presets.settings("agpo") == presets.MethodSettings("agpo", True, "agpo", "token-mean")
     assert presets.settings("apo").advantages != presets.settings("drgrpo").advantages
 
 
@@ -88,7 +89,7 @@ def test_undeclared_presets_come_last_by_name(tmp_path, monkeypatch):
     (tmp_path / "beta.yaml").write_text("# @package _global_\nalgorithm: {adv_estimator: grpo}\n")
     (tmp_path / "notes.txt").write_text("not a preset")
     monkeypatch.setattr(presets, "_directory", lambda: tmp_path)
-    assert presets.names() == ("grpo", "drgrpo", "apo", "codapo", "agpo_dual", "beta", "zeta")
+    assert presets.names() == ("grpo", "drgrpo", "apo", "codapo", "agpo_dual", "agpo", "beta", "zeta")
     assert presets.preset("zeta").title == "zeta"
 
 
@@ -138,7 +139,7 @@ def test_an_extra_preset_appears_everywhere(extra_preset, capsys, monkeypatch):
     from recipe_apo.integration import replay
     from recipe_apo.testbed.configs import method_configs
 
-    order = ("grpo", "drgrpo", EXTRA, "apo", "codapo", "agpo_dual")
+    order = ("grpo", "drgrpo", EXTRA, "apo", "codapo", "agpo_dual", "agpo")
     assert presets.names() == order
     assert presets.settings(EXTRA) == presets.MethodSettings("rloo", False, "vanilla", "seq-mean-token-sum-norm")
 
@@ -149,7 +150,7 @@ def test_an_extra_preset_appears_everywhere(extra_preset, capsys, monkeypatch):
     assert runs == [list(order), [EXTRA, "apo"]]
 
     # The audit replays it, in its place, by its title.
-    assert [m.name for m in replay.preset_methods()] == ["GRPO", "Dr. GRPO", "RLOO", "APO"]
+    assert [m.name for m in replay.preset_methods()] == ["GRPO", "Dr. GRPO", "RLOO", "APO", "AGPO"]
     assert replay.method_named("RLOO").adv_estimator == "rloo"
 
     # The testbed runs it by default, in the league too.
@@ -163,11 +164,11 @@ def test_an_extra_preset_appears_everywhere(extra_preset, capsys, monkeypatch):
     demo()
     out = capsys.readouterr().out
     header = next(line.split() for line in out.splitlines() if line.startswith("prompt"))
-    assert header[-5:] == ["GRPO", "Dr.", "GRPO", "RLOO", "APO"]
+    assert header[-6:] == ["GRPO", "Dr.", "GRPO", "RLOO", "APO", "AGPO"]
     rows = [line.split() for line in out.splitlines() if line.startswith(("hard prompt", "easy prompt"))]
-    # RLOO: 1 - mean of the other three (0) = 1; 0 - 1/3. AGPO's advantages are GRPO's: no column of its own.
-    assert rows[0][-4:] == ["1.500", "0.750", "1.000", "1.445"]
-    assert rows[1][-4:] == ["-0.500", "-0.250", "-0.333", "-0.292"]
+    # RLOO: 1 - mean of the other three (0) = 1; 0 - 1/3. AGPO's dual feedback has GRPO's advantages: no column.
+    assert rows[0][-5:] == ["1.500", "0.750", "1.000", "1.445", "1.500"]
+    assert rows[1][-5:] == ["-0.500", "-0.250", "-0.333", "-0.292", "-0.500"]
     assert "codapo    not on this batch: its estimator also needs the old policy's log-probs" in out
 
     # The launch scripts' check, which lists the preset files from bash.

@@ -186,7 +186,7 @@ def test_invalid_settings_fail_validation_naming_the_key(overrides, key):
     assert key in str(info.value) and "\n" not in str(info.value)
 
 
-@pytest.mark.parametrize("method", ["grpo", "drgrpo", "apo", "codapo"])
+@pytest.mark.parametrize("method", ["grpo", "drgrpo", "apo", "codapo", "agpo"])
 def test_every_boolean_of_the_composed_algorithm_node_is_a_checked_flag(method):
     """The flags come from verl's typed AlgoConfig; every boolean the composed config holds under algorithm (verl's
     yaml, the recipe's nodes) must be among them or be a method setting that checks its own."""
@@ -200,7 +200,8 @@ def test_every_boolean_of_the_composed_algorithm_node_is_a_checked_flag(method):
                 yield prefix + key
 
     composed_flags = set(booleans(OmegaConf.to_container(valid(f"method={method}").algorithm), "algorithm."))
-    checked = {key for key, _ in boolean_settings()} | {"algorithm.apo.reweight", "algorithm.codapo.resample"}
+    checked = {key for key, _ in boolean_settings()} | {"algorithm.apo.reweight", "algorithm.codapo.resample",
+                                                        "algorithm.agpo.saturated_signal"}
     assert composed_flags and composed_flags <= checked
     assert {"dry_run", "trainer.use_v1", "algorithm.norm_adv_by_std_in_grpo"} <= checked
 
@@ -376,10 +377,14 @@ def test_plugin_check_prints_the_three_presets_advantages(capsys):
     main()
     out = capsys.readouterr().out
     rows = [line.split() for line in out.splitlines() if line.startswith(("hard prompt", "easy prompt"))]
-    # GRPO: (1 - 0.25) / std([1,0,0,0]) = 1.5; Dr. GRPO: 0.75; APO: 0.75 * 1.5 * exp(0.25) = 1.445. AGPO's
-    # advantages are GRPO's (its controllers act on the sampling and the clip): no column repeats another.
-    assert rows[0][-3:] == ["1.500", "0.750", "1.445"]
-    assert rows[7][-3:] == ["-1.500", "-0.750", "-1.445"]
+    # GRPO: (1 - 0.25) / std([1,0,0,0]) = 1.5; Dr. GRPO: 0.75; APO: 0.75 * 1.5 * exp(0.25) = 1.445. AGPO's dual
+    # feedback has GRPO's advantages (its controllers act on the sampling and the clip): no column repeats another.
+    # AGPO: the hard prompt's one right answer gets no bonus (1.5, GRPO's); the easy prompt's right answers of 30,
+    # 60, 45 tokens are shaped 1.1, 1.0, 1.05 (mean with the wrong one 0.7875, sample std 0.5266):
+    # (1.1 - 0.7875) / 0.5266 = 0.593, (0 - 0.7875) / 0.5266 = -1.495.
+    assert rows[0][-4:] == ["1.500", "0.750", "1.445", "1.500"]
+    assert rows[4][-1] == "0.593"
+    assert rows[7][-4:] == ["-1.500", "-0.750", "-1.445", "-1.495"]
     assert "agpo_dual not on this batch: the same advantages as GRPO" in " ".join(out.split())
     assert "codapo not on this batch: its estimator also needs the old policy's log-probs" in " ".join(out.split())
     assert "python -m recipe_apo.main method=apo" in out

@@ -23,7 +23,7 @@ SCRIPTS = {
     "7b": "scripts/train_qwen2.5_math_7b.sh",
     "0.5b": "scripts/train_qwen2.5_0.5b_gsm8k.sh",
 }
-METHODS = ("grpo", "drgrpo", "apo", "codapo", "agpo_dual")
+METHODS = ("grpo", "drgrpo", "apo", "codapo", "agpo_dual", "agpo")
 
 
 def script_command(script, *args, env=None, dry_run="args"):
@@ -78,6 +78,7 @@ METHOD_SETTINGS = {
     "apo": dict(adv_estimator="apo", norm=False, loss_mode="apo", agg="seq-mean-token-sum-norm"),
     "codapo": dict(adv_estimator="codapo", norm=True, loss_mode="vanilla", agg="token-mean"),
     "agpo_dual": dict(adv_estimator="grpo", norm=True, loss_mode="agpo_clip", agg="seq-mean-token-mean"),
+    "agpo": dict(adv_estimator="agpo", norm=True, loss_mode="agpo", agg="token-mean"),
 }
 
 
@@ -88,10 +89,12 @@ def check_method(config, method, l0):
     assert config.algorithm.norm_adv_by_std_in_grpo is expected["norm"]
     assert actor.policy_loss.loss_mode == expected["loss_mode"]
     assert actor.loss_agg_mode == expected["agg"]
-    assert actor.loss_scale_factor == (None if method in ("grpo", "codapo", "agpo_dual") else l0)
+    assert actor.loss_scale_factor == (None if method in ("grpo", "codapo", "agpo_dual", "agpo") else l0)
     # AGPO's loss has its source's KL term (0.03, k1); no method puts the KL in the reward
     assert actor.use_kl_loss is (method == "agpo_dual") and config.algorithm.use_kl_in_reward is False
-    if method != "apo":
+    if method == "agpo":  # the authors' script: clip 0.2 / 0.28 and verl's group filter
+        assert (actor.clip_ratio_low, actor.clip_ratio_high) == (0.2, 0.28) and config.algorithm.filter_groups.enable
+    elif method != "apo":
         assert actor.clip_ratio_low == actor.clip_ratio_high == 0.2
 
 

@@ -52,9 +52,9 @@ def test_smoke_every_method_writes_its_files_with_finite_numbers(tiny_run):
     out, summary = tiny_run
     for name in ("summary.json", "report.md", "success.png", "length.png", "anchor.png", "grad_norm.png"):
         assert (out / name).stat().st_size > 0, name
-    assert list(summary["methods"]) == ["grpo", "drgrpo", "apo", "codapo", "agpo_dual"]
+    assert list(summary["methods"]) == ["grpo", "drgrpo", "apo", "codapo", "agpo_dual", "agpo"]
     on_disk = json.loads((out / "summary.json").read_text())
-    for label in ("grpo", "drgrpo", "apo", "codapo", "agpo_dual"):
+    for label in ("grpo", "drgrpo", "apo", "codapo", "agpo_dual", "agpo"):
         for seed in ("0", "1"):
             run = on_disk["runs"][label][seed]
             # len_correct may be NaN in a round without a correct response; everything headline is finite.
@@ -71,6 +71,11 @@ def test_smoke_every_method_writes_its_files_with_finite_numbers(tiny_run):
     assert on_disk["methods"]["agpo_dual"]["active"]["agpo_dual"]["probe_samples"] == on_disk["config"][
         "actor_rollout_ref"]["rollout"]["n"]
     assert on_disk["methods"]["grpo"]["active"] == {}
+    # AGPO: the authors' estimator and loss, verl's group filter (a round trains on groups with a signal only)
+    assert (on_disk["methods"]["agpo"]["adv_estimator"], on_disk["methods"]["agpo"]["loss_mode"]) == ("agpo", "agpo")
+    assert on_disk["runs"]["agpo"]["0"]["filter_groups/filled_share_avg"] > 0
+    assert on_disk["runs"]["agpo"]["0"]["filter_groups/gen_batches_avg"] >= 1
+    assert "filter_groups/gen_batches_avg" not in on_disk["runs"]["grpo"]["0"]
     assert {label: m["rollout_n"] for label, m in on_disk["methods"].items()} == dict.fromkeys(on_disk["methods"], 4)
     # The probe's tokens are counted in what AGPO generates, and only AGPO has them.
     agpo = on_disk["runs"]["agpo_dual"]["0"]
@@ -247,8 +252,8 @@ def test_collect_gathers_jobs_into_one_table(tiny_run, tmp_path):
     text = collect(tmp_path)
     rows = text.split("## Across jobs")[0].splitlines()
     for value in ("1.1", "2.0"):
-        assert sum(row.startswith(f"| algorithm.apo.lambda_scale={value} |") for row in rows) == 5  # methods
-    assert (tmp_path / "collected.md").exists() and len(json.loads((tmp_path / "collected.json").read_text())) == 10
+        assert sum(row.startswith(f"| algorithm.apo.lambda_scale={value} |") for row in rows) == 6  # methods
+    assert (tmp_path / "collected.md").exists() and len(json.loads((tmp_path / "collected.json").read_text())) == 12
 
 
 def test_collect_orders_jobs_by_number_and_states_a_single_seeds_mean_alone(tiny_run, tmp_path):
@@ -262,7 +267,7 @@ def test_collect_orders_jobs_by_number_and_states_a_single_seeds_mean_alone(tiny
         (job / "summary.json").write_text((out / "summary.json").read_text())
         (job / ".hydra" / "overrides.yaml").write_text(f"- rounds={number}\n")
     rows = [line for line in collect(tmp_path).splitlines() if line.startswith("| rounds=")]
-    assert [row.split(" | ")[0] for row in rows[::5]] == ["| rounds=1", "| rounds=2", "| rounds=10"]  # 5 methods
+    assert [row.split(" | ")[0] for row in rows[::6]] == ["| rounds=1", "| rounds=2", "| rounds=10"]  # 6 methods
     assert mean_and_spread("{:.3f}", 0.5, float("nan")) == "0.500 (one seed)"
     assert mean_and_spread("{:.3f}", 0.5, 0.01) == "0.500 +- 0.010"
 

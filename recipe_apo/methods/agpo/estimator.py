@@ -54,7 +54,7 @@ def shaped_rewards(scores: np.ndarray, lengths: np.ndarray, codes: np.ndarray, n
     n_correct = np.bincount(codes, weights=correct, minlength=n_groups)
     shortest, longest = group_range(codes[correct], n_groups, lengths[correct])
     spread = longest - shortest
-    shaped_group = (n_correct > 0) & (n_correct < counts) & (spread > 0)
+    shaped_group = (n_correct > 0) & (n_correct < counts) & (spread > 0) & (length_bonus > 0)
     bonused = correct & shaped_group[codes]
     ratio = np.divide(lengths - shortest[codes], spread[codes], out=np.zeros_like(lengths), where=bonused)
     factor = (1.0 + length_bonus * (1.0 - ratio)).astype(np.float32).astype(np.float64)
