@@ -35,8 +35,10 @@ of problems), and pass@k at k = the samples per problem (Chen et al. 2021's unbi
 right when it scores 1). "Avg." is the unweighted mean of the five benchmarks, as in the paper. Files that share
 a ``--name`` are runs of one method with different seeds: one row, the mean across runs ± the standard error
 across runs. ``--paper`` puts the paper's row above each run named like one of its rows ("1.5B - APO", or a
-run folder ``qwen2.5-math-1.5b-apo-...``) and the gap below it, "beyond noise" only when it exceeds the 95%
-critical value times the standard error (the paper gives no error bars: its figures are taken as exact).
+run folder ``qwen2.5-math-1.5b-apo-...``) and the gap below it: for a row of several runs "beyond noise" only when
+it exceeds the 95% critical value times the standard error across runs (the paper gives no error bars: its
+figures are taken as exact); for one run no verdict, the gap beside the evaluation's own sampling SE on the same
+problems (``sampling_se``), since the seed-to-seed spread of one run is not measured.
 """
 
 from __future__ import annotations
@@ -99,8 +101,9 @@ Z_975 = 1.96
 class Estimate(NamedTuple):
     """One benchmark (or the average) of one row, in percent: ``mean`` pass@1 and its standard error ``se``
     (None: not defined, e.g. the paper's figures); ``problems`` scored, ``samples`` per problem (the fewest any
-    problem got), ``pass_at_k`` at k = ``samples``, and how many ``runs`` (seeds) it pools. A named tuple, not a
-    dataclass: this script is also loaded as a module without an entry in sys.modules (tests)."""
+    problem got), ``pass_at_k`` at k = ``samples``, how many ``runs`` (seeds) it pools, and ``sampling_se``, the
+    evaluation's own sampling noise on these problems (``sampling_se``; None with one sample per problem). A named
+    tuple, not a dataclass: this script is also loaded as a module without an entry in sys.modules (tests)."""
 
     mean: float
     se: Optional[float] = None
@@ -108,6 +111,7 @@ class Estimate(NamedTuple):
     samples: int = 1
     pass_at_k: Optional[float] = None
     runs: int = 1
+    sampling_se: Optional[float] = None
 
 
 Row = tuple[str, Sequence[Any], Any]  # (name, one cell per benchmark, the average): Estimate, str or None
@@ -143,6 +147,20 @@ def _sample_scores(row: dict) -> list[float]:
     return [float(s) for s in scores] if isinstance(scores, list) and scores else [float(row["score"])]
 
 
+def sampling_se(samples: Sequence[Sequence[float]]) -> Optional[float]:
+    """The standard error of the mean pass@1 from the sampling alone, the problems held fixed (percent): each
+    problem's fraction of k right samples varies by s^2 / k (s^2 its samples' variance, ddof 1), the mean over
+    N problems by sqrt(sum s^2 / k) / N. This is the noise of a comparison on the same problems (a run against
+    the paper's figure for the benchmark); None when a problem has a single sample (greedy decoding)."""
+    if not samples or min(len(s) for s in samples) < 2:
+        return None
+    total = 0.0
+    for scores in samples:
+        mean = sum(scores) / len(scores)
+        total += sum((score - mean) ** 2 for score in scores) / (len(scores) - 1) / len(scores)
+    return 100.0 * math.sqrt(total) / len(samples)
+
+
 def estimate(rows: Sequence[dict]) -> Estimate:
     """One benchmark's score rows (one per problem) -> mean pass@1 ± its standard error between problems, and
     pass@k at k = the fewest samples any problem has. The SE is over the problems' fractions of right samples:
@@ -153,7 +171,8 @@ def estimate(rows: Sequence[dict]) -> Estimate:
     k = min(len(s) for s in samples)
     # A sample is right when it scores 1 (the reward is 1 for a right answer, 0 otherwise).
     passed = [pass_at_k(len(s), sum(1 for score in s if score >= 1.0), k) for s in samples]
-    return Estimate(mean, se, problems=len(rows), samples=k, pass_at_k=100.0 * sum(passed) / len(passed))
+    return Estimate(mean, se, problems=len(rows), samples=k, pass_at_k=100.0 * sum(passed) / len(passed),
+                    sampling_se=sampling_se(samples))
 
 
 def summarize(rows: Iterable[dict]) -> dict[str, Estimate]:
@@ -170,9 +189,12 @@ def average(cells: Sequence[Optional[Estimate]]) -> Optional[Estimate]:
     if not cells or any(cell is None for cell in cells):
         return None
     mean = sum(cell.mean for cell in cells) / len(cells)
+    sampling = None
+    if all(cell.sampling_se is not None for cell in cells):
+        sampling = math.sqrt(sum(cell.sampling_se ** 2 for cell in cells)) / len(cells)
     if any(cell.se is None for cell in cells):
-        return Estimate(mean)
-    return Estimate(mean, math.sqrt(sum(cell.se ** 2 for cell in cells)) / len(cells))
+        return Estimate(mean, sampling_se=sampling)
+    return Estimate(mean, math.sqrt(sum(cell.se ** 2 for cell in cells)) / len(cells), sampling_se=sampling)
 
 
 def across_runs(estimates: Sequence[Estimate]) -> Estimate:
@@ -210,15 +232,20 @@ def critical_value(runs: int) -> float:
 
 
 def gap_cell(run: Optional[Estimate], paper: float) -> str:
-    """run - paper in points, "beyond noise" only when larger than the critical value times the run's SE: the
-    paper reports no error, so its figure is taken as exact."""
+    """run - paper in points. Several runs (seeds): "beyond noise" only when larger than Student's t critical
+    value times the SE across runs, which holds the training's seed-to-seed spread (the paper reports no error, so
+    its figure is taken as exact). One run: no verdict, only the evaluation's sampling SE on these problems (the
+    between-problem SE is shared with the paper's figure, measured on the same problems, and is not noise for this
+    comparison; the seed-to-seed spread, the part that matters for one run, is not measured)."""
     if run is None:
         return "-"
     gap = run.mean - paper
-    if run.se is None:
-        return f"{gap:+.1f} (no SE)"
-    beyond = abs(gap) > critical_value(run.runs) * run.se
-    return f"{gap:+.1f} {'beyond' if beyond else 'within'} noise"
+    if run.runs > 1 and run.se is not None:
+        beyond = abs(gap) > critical_value(run.runs) * run.se
+        return f"{gap:+.1f} {'beyond' if beyond else 'within'} noise"
+    if run.sampling_se is None:
+        return f"{gap:+.1f} (one run, one sample per problem: no SE)"
+    return f"{gap:+.1f} (one run; sampling SE {run.sampling_se:.1f})"
 
 
 def _cell(value: Any) -> str:
@@ -295,8 +322,10 @@ def paper_comparison(rows: Sequence[Row]) -> tuple[list[Row], list[str]]:
 
 SE_NOTE = ("Mean pass@1 (%) ± its standard error: between problems for one run, across runs for a row of "
            "several runs (seeds).")
-GAP_NOTE = ("A gap to the paper is beyond noise when larger than 1.96 SE (one run) or Student's t(runs - 1) SE "
-            "(4.30 for 3 runs); the paper's figures, which come without errors, are taken as exact.")
+GAP_NOTE = ("A gap to the paper of a row of several runs is beyond noise when larger than Student's t(runs - 1) "
+            "times the SE across runs (4.30 for 3 runs); the paper's figures, which come without errors, are taken "
+            "as exact. One run gets no verdict: its gap comes with the evaluation's sampling SE on these problems, "
+            "and the seed-to-seed spread of training, which decides whether one run can tell, is not measured.")
 
 
 def report(runs: Sequence[tuple[str, Sequence[dict[str, Estimate]]]], paper: bool) -> tuple[str, list[str]]:
@@ -335,8 +364,30 @@ def group_runs(paths: Sequence[str], names: Sequence[str]) -> list[tuple[str, li
     return list(groups.items())
 
 
+# How a scores file was scored (its rows' ``scored_by``): a training run's validation dump, scored there by the
+# training reward with its truncation rule (a response cut at the length limit scores 0, conf/truncation/zero.yaml),
+# or generations scored here, response by response, with no truncation rule.
+VALIDATION, GENERATION = "validation", "generation"
+
+
+class MixedScoring(ValueError):
+    """Scores files of both paths in one table."""
+
+
 def tables_from_files(paths: Sequence[str], names: Sequence[str], paper: bool) -> tuple[str, list[str]]:
-    runs = [(name, [summarize(read_scores(path)) for path in files]) for name, files in group_runs(paths, names)]
+    """The report of score files; files of the validation path and of the generation path are never pooled in
+    one table: the two score one checkpoint differently (validation gives a truncated answer 0, generation
+    scores it as it reads), so their figures differ by the share of truncated right answers."""
+    files = {path: read_scores(path) for path in dict.fromkeys(paths)}
+    origins = {path: {row.get("scored_by", GENERATION) for row in rows} for path, rows in files.items()}
+    validation = [p for p, o in origins.items() if VALIDATION in o]
+    generation = [p for p, o in origins.items() if GENERATION in o]
+    if validation and generation:
+        raise MixedScoring(
+            f"{validation[0]} was scored from a validation dump and {generation[0]} from generations: one table "
+            "takes one of the two (validation scores a truncated answer 0, generation as it reads); tabulate "
+            "them apart")
+    runs = [(name, [summarize(files[path]) for path in group]) for name, group in group_runs(paths, names)]
     return report(runs, paper)
 
 
@@ -512,6 +563,7 @@ def score_generations(path: str, out_path: str, timeout: float, score_many: Opti
                 "scores": row_scores,
                 "score": sum(row_scores) / len(row_scores) if row_scores else 0.0,
                 "response_chars": [len(r) if isinstance(r, str) else 0 for r in responses],
+                "scored_by": GENERATION,
             }
         )
     write_scores(results, out_path)
@@ -645,7 +697,7 @@ def scores_from_validation(dump: str, data_dir: str, names: Sequence[str]) -> li
                              f"--benchmarks {','.join(names)}?")
         scores = [float(r["score"]) for r in block]
         rows.append({"benchmark": name, "index": index, "ground_truth": truth, "scores": scores,
-                     "score": sum(scores) / k})
+                     "score": sum(scores) / k, "scored_by": VALIDATION})
     return rows
 
 
@@ -716,8 +768,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--generation-override", action="append", default=[], metavar="KEY=VALUE",
                         help="extra Hydra override for main_generation_server")
     parser.add_argument("--paper", action="store_true",
-                        help="put the paper's row above each run named after one (--name) and the gap below it, "
-                             "marked beyond noise only past the 95%% critical value times the run's SE")
+                        help="put the paper's row above each run named after one (--name) and the gap below it: "
+                             "across seeds marked beyond noise past the 95%% critical value times the SE across "
+                             "runs; one run with its sampling SE and no verdict")
     parser.add_argument("--dry-run", action="store_true", help="print the merge and generation commands only")
     return parser
 
@@ -812,7 +865,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(attainability_table())
         return 0
     if args.table:
-        table, warnings = tables_from_files(args.table, args.name, args.paper)
+        try:
+            table, warnings = tables_from_files(args.table, args.name, args.paper)
+        except MixedScoring as exc:
+            print(f"evaluate.py: error: {exc}", file=sys.stderr)
+            return 2
         for warning in warnings:
             print(f"warning: {warning}", file=sys.stderr)
         print(table)

@@ -104,16 +104,30 @@ def test_the_average_and_runs_pooled_over_seeds():
     assert pooled.se == pytest.approx(2 / math.sqrt(3))
 
 
-def test_a_gap_is_beyond_noise_only_past_the_critical_value():
+def test_the_sampling_se_by_hand():
+    """Two problems of 4 samples: 3 right (p = 0.75, s^2 = 4 x 0.75 x 0.25 / 3 = 0.25, s^2 / k = 0.0625) and 1 right
+    (the same): SE = 100 sqrt(0.125) / 2 = 17.68. A problem solved by every sample adds no sampling noise; a
+    single sample per problem (greedy) gives none."""
+    assert evaluate.sampling_se([[1, 1, 1, 0], [0, 1, 0, 0]]) == pytest.approx(100 * math.sqrt(0.125) / 2)
+    assert evaluate.sampling_se([[1, 1, 1, 1], [0, 1, 0, 0]]) == pytest.approx(100 * math.sqrt(0.0625) / 2)
+    assert evaluate.sampling_se([[1], [0]]) is None
+    rows = [{"score": 0.75, "scores": [1, 1, 1, 0]}, {"score": 0.25, "scores": [0, 1, 0, 0]}]
+    result = evaluate.estimate(rows)
+    # the between-problem SE holds how the two problems differ (50 points apart): 25.0; the sampling SE 17.7
+    assert result.se == pytest.approx(25.0) and result.sampling_se == pytest.approx(17.678, abs=1e-3)
+    both = evaluate.average([result, result])
+    assert both.sampling_se == pytest.approx(math.sqrt(2) * result.sampling_se / 2)
+
+
+def test_a_gap_is_beyond_noise_only_across_seeds():
     E = evaluate.Estimate
-    # one run: 1.96 SE = 3.92
-    assert evaluate.gap_cell(E(30.0, 2.0), 25.4) == "+4.6 beyond noise"
-    assert evaluate.gap_cell(E(30.0, 2.0), 27.0) == "+3.0 within noise"
-    assert evaluate.gap_cell(E(20.0, 2.0), 23.9) == "-3.9 within noise"  # 3.9 < 3.92
+    # one run: no verdict, the gap beside the evaluation's sampling SE (seed noise is not measured)
+    assert evaluate.gap_cell(E(30.0, 2.0, sampling_se=1.1), 25.4) == "+4.6 (one run; sampling SE 1.1)"
+    assert evaluate.gap_cell(E(30.0, 2.0), 25.4) == "+4.6 (one run, one sample per problem: no SE)"
     # three seeds: Student's t with 2 degrees of freedom, 4.303 x 1.155 = 4.97; 1.96 SE (2.26) would call it
     assert evaluate.gap_cell(E(42.0, 2 / math.sqrt(3), runs=3), 45.5) == "-3.5 within noise"
     assert evaluate.gap_cell(E(42.0, 2 / math.sqrt(3), runs=3), 47.0) == "-5.0 beyond noise"
-    assert evaluate.gap_cell(E(42.0), 45.5) == "-3.5 (no SE)" and evaluate.gap_cell(None, 45.5) == "-"
+    assert evaluate.gap_cell(None, 45.5) == "-"
     assert evaluate.critical_value(1) == 1.96 and evaluate.critical_value(3) == 4.303
     assert evaluate.critical_value(31) == 2.042 and evaluate.critical_value(100) == 1.96
 
@@ -199,11 +213,12 @@ def test_sampled_runs_over_seeds_beside_the_paper(tmp_path, capsys):
                         "| +0.0 within noise | -0.0 within noise | +0.0 within noise |")
     assert lines[5] == "| 1.5B - GRPO (paper) | 23.3 | 49.4 | 75.2 | 25.7 | 39.0 | 42.5 |"
     # Half the samples right, the first problems solved outright: AIME24 15 of 30 solved, 15 not: 50.0 ±
-    # 100 sqrt(0.25 x 30/29) / sqrt(30) = 9.3, beyond 1.96 x 9.3 = 18.2 of 23.3 by 26.7. AMC 664 of 1,328: 41
-    # problems solved, one half, 41 not: 50.0, deviations of 50 in 82 problems, std 50 sqrt(82/82) = 50,
-    # SE 50 / sqrt(83) = 5.5; 0.6 above 49.4, within 1.96 x 5.5
+    # 100 sqrt(0.25 x 30/29) / sqrt(30) = 9.3 between problems, and no sampling noise (each problem all right or
+    # all wrong); 26.7 above 23.3. AMC 664 of 1,328: 41 problems solved, one half (8 of 16), 41 not: 50.0 ± 5.5
+    # (std 50 sqrt(82/82) over sqrt(83)); sampling SE 100 sqrt(0.25 / 15) / 83 = 0.16. One run: no verdict.
     assert lines[6].startswith("| 1.5B - GRPO | 50.0 ± 9.3 | 50.0 ± 5.5 |")
-    assert lines[7].startswith("| gap to the paper | +26.7 beyond noise | +0.6 within noise |")
+    assert lines[7].startswith("| gap to the paper | +26.7 (one run; sampling SE 0.0) | +0.6 (one run; sampling SE "
+                               "0.2) |")
     assert "Student's t(runs - 1)" in lines[9]
     # pass@k: the first seed's AIME24 has 244 = 7 x 32 + 20 right: 8 problems with a right sample of 30 = 26.7;
     # the others 276 = 8 x 32 + 20 -> 9/30 = 30.0 and 212 = 6 x 32 + 20 -> 7/30 = 23.3: mean 26.7
@@ -436,3 +451,20 @@ def test_a_generation_run_per_distinct_k_joined_and_scored(tmp_path, capsys, mon
     out_text = capsys.readouterr().out
     assert "| m | 50.0 ± 0.0 | 33.3 ± 0.0 | - | - | - | - |" in out_text
     assert "| m | 100.0 (k=2) | 100.0 (k=3) | - | - | - |" in out_text
+
+
+def test_validation_and_generation_scores_are_never_pooled_in_one_table(tmp_path, capsys):
+    """One checkpoint scored both ways differs by its truncated right answers (validation gives them 0): a table
+    of files of both paths is one line on stderr, exit status 2."""
+    rows = {"validation": {"benchmark": "aime24", "score": 0.5, "scores": [1, 0], "scored_by": "validation"},
+            "generation": {"benchmark": "aime24", "score": 1.0, "scores": [1, 1], "scored_by": "generation"}}
+    paths = []
+    for name, row in rows.items():
+        path = tmp_path / f"{name}.jsonl"
+        path.write_text(json.dumps(row) + "\n")
+        paths.append(str(path))
+    assert evaluate.main(["--table", *paths]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(f"evaluate.py: error: {paths[0]} was scored from a validation dump")
+    for path in paths:  # each path alone tabulates
+        assert evaluate.main(["--table", path]) == 0
