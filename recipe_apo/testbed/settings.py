@@ -86,8 +86,9 @@ class League:
     variants: dict[str, list[Override]] = setting({"zv": ["algorithm.zero_variance=exclude"]},
                                                   example="league.variants.zv=[algorithm.zero_variance=exclude]")
     # suffix -> the league methods that run with that variant (a suffix not named here: every one;
-    # ~league.variant_of gives every method every variant). By default AGPO's zero-variance denominator on the
-    # baseline and on APO only. The league took about 45 minutes on 2 cores before agpo_dual and the _2n entries,
+    # ~league.variant_of gives every method every variant). By default the zero-variance denominator (AGPO's
+    # loss-mask piece) on the baseline and on APO only. The league took about 45 minutes on 2 cores before
+    # agpo_dual and the _2n entries,
     # which cost about twice a method each: drop what a run does not need, e.g.
     # 'league.methods=[grpo,drgrpo,apo,agpo_dual]' or ~league.extra.
     variant_of: dict[str, list[Label]] = setting({"zv": ["grpo", "apo"]},
@@ -179,8 +180,9 @@ class Algorithm:
     # No KL penalty in the reward (set by the presets too).
     use_kl_in_reward: bool = setting(False, fixed="the testbed has no KL penalty in the reward (its KL is the "
                                                   "actor's KL loss, actor_rollout_ref.actor.use_kl_loss)")
-    # AGPO's zero-variance denominator (recipe_apo/methods/zero_variance/rescale.py), for any group estimator. A
-    # group whose responses all scored alike has no signal (advantages 0) but counts in the loss's denominator.
+    # The zero-variance denominator, AGPO's loss-mask piece (recipe_apo/methods/zero_variance/rescale.py), for any
+    # group estimator. A group whose responses all scored alike has no signal (advantages 0) but counts in the
+    # loss's denominator.
     # keep: it counts, as in verl. exclude: it does not; the live responses' advantages are scaled by the round's
     # B / B_live (T / T_live for token-mean), what the recipe can do in verl, exact when a round is one
     # mini-batch (the testbed records how far off each mini-batch is: zv_ratio_dev_*). exact: testbed only (the

@@ -8,7 +8,8 @@ a Ray session on 2 cores (each of six processes imports vLLM), so the modules co
 ``test_two_nodes.py`` (``trainer.nnodes=2`` on two local Ray nodes) generates with the ``hf`` backend: the nodes,
 not the engine, are under test there, and it is here for ``make test``'s time budget, as are
 ``test_agentic_async_apo.py`` (partial rollouts need the ``hf`` backend's pacing) and ``test_plain_verl.py``
-(README's plain ``verl.trainer.main_ppo`` command, with its own vLLM rollout).
+(README's plain ``verl.trainer.main_ppo`` command, with its own vLLM rollout), and ``test_agpo.py`` (AGPO's
+train, checkpoint and resume on the ``hf`` backend).
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from __future__ import annotations
 import pytest
 
 # Longest first, so that make test-vllm's two xdist workers end close together (tests/conftest.py's rule).
-LONGEST_FIRST = ("test_async_data_parallel.py", "test_apo_sync.py", "test_baselines.py", "test_agpo_dual.py",
-                 "test_plain_verl.py", "test_two_nodes.py", "test_agentic_async_apo.py", "test_dead_engine.py")
+LONGEST_FIRST = ("test_baselines.py", "test_async_data_parallel.py", "test_apo_sync.py", "test_agpo_dual.py",
+                 "test_agpo.py", "test_plain_verl.py", "test_two_nodes.py", "test_agentic_async_apo.py",
+                 "test_dead_engine.py")
 
 
 def pytest_collection_modifyitems(items):

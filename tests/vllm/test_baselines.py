@@ -1,4 +1,4 @@
-"""Dr. GRPO and CoDaPO one step each with verl's vLLM rollout, as one Hydra multirun (one job per method, each its
+"""Dr. GRPO, CoDaPO and AGPO one step each with verl's vLLM rollout, as one Hydra multirun (one job per method, each its
 own Ray session): the presets' estimators and losses on vLLM's samples, and vLLM's log-probs against the actor's.
 GRPO's step is the first of tests/vllm/test_dead_engine.py's run, APO's tests/vllm/test_apo_sync.py."""
 
@@ -9,9 +9,9 @@ from helpers.rehearsal_runs import checkpoint_root, run, tail
 
 from recipe_apo.cpu import rehearse
 
-METHODS = ("drgrpo", "codapo")
+METHODS = ("drgrpo", "codapo", "agpo")
 # The audit's names of the methods it replays from a run's dump (recipe_apo/audit/analysis.py).
-AUDITED = {"drgrpo": "Dr. GRPO"}
+AUDITED = {"drgrpo": "Dr. GRPO", "agpo": "AGPO"}
 
 
 @pytest.fixture(scope="module")
@@ -34,6 +34,7 @@ def test_each_preset_trains_one_step_on_vllms_samples(baselines, method):
     assert row["training/rollout_probs_diff_max"] <= 1e-4
     assert "actor/pg_clipfrac" in row and not any(key.startswith("apo/") for key in row)
     assert any(key.startswith("codapo/") for key in row) == (method == "codapo")
+    assert any(key.startswith("agpo/") for key in row) == (method == "agpo")
 
 
 @pytest.mark.parametrize("method", sorted(AUDITED))

@@ -37,7 +37,8 @@ class AgpoSettings:
     weight_vote_entropy: float = 1.0
     weight_skewness: float = 0.0
     # sigma_p's estimator: std (Bessel), mad (1.4826 x median absolute deviation), iqr (IQR / 1.349)
-    # [agpo_use_robust_dispersion].
+    # [agpo_use_robust_dispersion]. sigma_p only: the source also divides the advantages by it, which the recipe
+    # does not (they stay GRPO's; the size of the difference: docs/beside_apo.md, "Advantage").
     dispersion: str = "std"
     # eps_base, eps_min, eps_max [agpo_eps_base, agpo_eps_min, agpo_eps_max].
     clip_base: float = 0.2

@@ -1,4 +1,5 @@
-"""AGPO's zero-variance denominator as a modifier of any group estimator: ``algorithm.zero_variance=exclude``.
+"""The zero-variance denominator, the loss-mask piece of AGPO (as TRL's #6365 implements it; ``method=agpo`` is AGPO
+itself), as a modifier of any group estimator: ``algorithm.zero_variance=exclude``.
 
 - ``rescale``: the step's scale B / B_live (T / T_live for token-mean) on the live groups' advantages, and how far
   it is off for one mini-batch;

@@ -1,5 +1,5 @@
-"""AGPO's zero-variance denominator (arXiv 2503.15952; TRL issue #6367 / PR #6365), as one setting for any
-group estimator: ``algorithm.zero_variance=exclude``.
+"""The zero-variance denominator, the loss-mask piece of AGPO (arXiv 2503.15952; TRL issue #6367 / PR #6365), as one
+setting for any group estimator: ``algorithm.zero_variance=exclude``.
 
 A prompt group whose responses all got the same reward carries no signal (every centered advantage is 0), yet
 its responses count in the loss's denominator and dilute the update of the groups that do. ``exclude`` takes
