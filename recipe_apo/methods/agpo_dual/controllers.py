@@ -15,9 +15,10 @@ Symbols, per prompt p of a step, and their names here:
   The prompts of a batch update it one after another, in batch order, as the source's loop over prompts does.
 - tau_t = clip(tau_base (1 + lambda c), tau_min, tau_max) (``temperature``, T:429-435): p's training samples
   are drawn at tau_t.
-- H_pi: the old policy's token entropy, unscaled by any temperature, averaged over the tokens of p's training
-  responses pooled (T:683-690); H_ref (``entropy_ref``): H_pi's average, H_ref <- 0.99 H_ref + 0.01 H_pi after
-  each prompt's clip, started at the first H_pi (T:687, 706-710).
+- H_pi: the old policy's token entropy at tau_base (verl's actor divides the logits by rollout.temperature, which
+  the preset sets to tau_base: unscaled only at the default tau_base 1.0, and never at the prompt's tau_t),
+  averaged over the tokens of p's training responses pooled (T:683-690); H_ref (``entropy_ref``): H_pi's
+  average, H_ref <- 0.99 H_ref + 0.01 H_pi after each prompt's clip, started at the first H_pi (T:687, 706-710).
 - eps_p = clip(eps_base clip(max(H_pi, 1e-8) / (max(H_ref, 1e-8) + 1e-8), 0.5, 1.5) (1 + delta H_v) /
   (1 + alpha sigma_p + gamma KL_bar + zeta |kappa|), eps_min, eps_max) (``clip_eps``, T:437-462): p's ratios
   are clipped to [1 - eps_p, 1 + eps_p] (``recipe_apo.methods.agpo_dual.loss``).
