@@ -225,3 +225,11 @@ def test_the_launch_refuses_a_kl_penalty_in_the_rewards_and_the_zero_variance_re
         check_rewards(launch(zero_variance="exclude"))
     check_rewards(Launch(OmegaConf.create({"algorithm": {"adv_estimator": "grpo", "use_kl_in_reward": True}}),
                          recipe_trainer=True, verl_mode="sync"))  # not AGPO: not its business
+
+
+def test_the_runtime_refuses_the_same_so_the_testbed_does_too():
+    from recipe_apo.methods.agpo.runtime import AgpoRuntime
+
+    config = OmegaConf.create({"algorithm": {"adv_estimator": "agpo", "zero_variance": "exact"}})
+    with pytest.raises(MethodConfigError, match="^algorithm.zero_variance=exact with algorithm.adv_estimator=agpo"):
+        AgpoRuntime(config)

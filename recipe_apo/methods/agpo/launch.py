@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from recipe_apo.methods.agpo import uses_agpo
 from recipe_apo.methods.base import Launch
 from recipe_apo.methods.errors import MethodConfigError
@@ -12,9 +14,12 @@ def check_rewards(launch: Launch) -> None:
     """Refuses what makes AGPO's reading of the rewards wrong: a KL penalty in them (no reward is then exactly 1,
     so no length bonus and no +-1 rule), and the zero-variance rescale (it takes a group whose rewards are all equal
     for one without a signal, where AGPO gives it +-1)."""
-    algorithm = launch.config.algorithm
-    if not uses_agpo(launch.config):
-        return
+    if uses_agpo(launch.config):
+        check_algorithm(launch.config.algorithm)
+
+
+def check_algorithm(algorithm: Any) -> None:
+    """``check_rewards`` on verl's ``algorithm`` node alone (the runtime asks it too: the testbed runs no launch)."""
     if algorithm.get("use_kl_in_reward", False):
         raise MethodConfigError(
             "algorithm.use_kl_in_reward=true with algorithm.adv_estimator=agpo: AGPO reads a reward of exactly 1 as "

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from recipe_apo.methods.agpo.estimator import compute_agpo_advantage
+from recipe_apo.methods.agpo.launch import check_algorithm
 from recipe_apo.methods.agpo.settings import AgpoSettings
 from recipe_apo.methods.base import MethodRuntime, StepBatch, StepOutput
 from recipe_apo.methods.errors import MethodConfigError
@@ -18,6 +19,7 @@ from recipe_apo.methods.settings import read_flag
 class AgpoRuntime(MethodRuntime):
     def __init__(self, config: Any) -> None:
         super().__init__(config)
+        check_algorithm(config.algorithm)
         self.settings = AgpoSettings.from_algorithm_config(config.algorithm)
         self.norm = read_flag(config.algorithm, "norm_adv_by_std_in_grpo", True, MethodConfigError)
 
