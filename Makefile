@@ -1,7 +1,7 @@
 # Two commands for a fresh machine; each creates .venv and installs what it needs on first use.
 #   make demo   the main job on a CPU machine: the CPU testbed (see README)
 #   make test   ruff, then the test suite (what CI runs)
-#   make rehearse  optional: GRPO, Dr. GRPO, APO and CoDaPO through verl's whole training loop on the CPU (see README)
+#   make rehearse  optional: every preset of conf/method/ through verl's whole training loop on the CPU (see README)
 #   make test-vllm, make rehearse-vllm  the same loop with verl's own vLLM rollout on vLLM's CPU build, in an
 #                  environment of its own (.venv-vllm, about 4 GB; see docs/rehearsal.md)
 # TORCH selects the torch build installed beside verl, in the same pip call: pinning it there is what keeps
