@@ -184,4 +184,4 @@ def test_an_extra_preset_appears_everywhere(extra_preset, capsys, monkeypatch):
     assert parse(f"method={EXTRA}").stdout == f"{EXTRA}\n"
     refused = parse("method=ppo")
     assert refused.returncode == 2
-    assert "(agpo_dual, apo, codapo, drgrpo, grpo, rloo), got 'ppo'" in refused.stderr
+    assert "(agpo, agpo_dual, apo, codapo, drgrpo, grpo, rloo), got 'ppo'" in refused.stderr
