@@ -7,6 +7,11 @@ in every Ray worker; the recipe's own entry points import it too (which also cov
 reports its own failure as an ERROR naming the cause (and re-raises), and warns when the installed verl is not the
 release this plugin is pinned to.
 
+Each name registers on its own: a name that verl (or another plugin) already holds with a function of its own is
+left to it, recorded in ``TAKEN`` and warned about, and every other name still registers; the launch then refuses a
+run that names a taken one (``integration.validation``), so that a run never gets another estimator or loss than
+the recipe's under the recipe's name. (verl pull request #7497 registers a ``codapo`` of its own.)
+
 No module of a method imports verl at its top: ``import verl`` loads this plugin, which imports the methods'
 estimators and losses, so a method module that imported verl first would be registered half-initialised.
 """
@@ -37,14 +42,32 @@ def verl_version_warning(installed: Optional[str]) -> Optional[str]:
     )
 
 
+# (kind, name) -> the function that holds a name the recipe wanted, as "module.qualname".
+TAKEN: dict[tuple[str, str], str] = {}
+
+
 def _register(registry: dict, register, name: str, fn, kind: str) -> None:
     existing = registry.get(name)
     if existing is not None and existing is not fn:
-        raise RuntimeError(
-            f"another {kind} is already registered as '{name}' "
-            f"({getattr(existing, '__module__', '?')}.{getattr(existing, '__qualname__', existing)})"
-        )
+        holder = f"{getattr(existing, '__module__', '?')}.{getattr(existing, '__qualname__', existing)}"
+        if TAKEN.get((kind, name)) != holder:
+            TAKEN[(kind, name)] = holder
+            logger.warning("recipe-apo: another %s is already registered as '%s' (%s); the recipe's is not, and a "
+                           "run that names '%s' is refused", kind, name, holder, name)
+        return
     register(name)(fn)
+
+
+def taken_message(kind: str, key: str, name: str) -> str | None:
+    """The one-line refusal of a run whose ``key=name`` names a recipe's estimator or loss that another function
+    holds in this process (``TAKEN``), or None."""
+    holder = TAKEN.get((kind, name))
+    if holder is None:
+        return None
+    article = "an" if kind[0] in "aeiou" else "a"
+    return (f"{key}={name}: this verl registers {article} {kind} of its own under that name ({holder}), not the "
+            f"recipe's, which could not register; install verl=={PINNED_VERL_VERSION}, the release the recipe is "
+            "built for")
 
 
 def register() -> None:

@@ -170,13 +170,18 @@ def _check_registered_names(config: Any, rehearsal: bool) -> None:
     """Refuses an estimator or a policy loss that verl would not find: a typo fails here, not in a Ray worker."""
     from verl.trainer.ppo import core_algos
 
-    import recipe_apo.plugin  # noqa: F401  (registers the recipe's estimators and losses)
+    from recipe_apo import plugin  # registers the recipe's estimators and losses
 
     estimator = _estimator(config)
+    loss_mode = str(config.actor_rollout_ref.actor.policy_loss.loss_mode)
+    for kind, key, name in (("advantage estimator", "algorithm.adv_estimator", estimator),
+                            ("policy loss", "actor_rollout_ref.actor.policy_loss.loss_mode", loss_mode)):
+        taken = plugin.taken_message(kind, key, name)
+        if taken is not None:
+            raise RecipeConfigError(taken)
     if estimator not in HARD_WIRED_ESTIMATORS and estimator not in core_algos.ADV_ESTIMATOR_REGISTRY:
         known = ", ".join(sorted(set(core_algos.ADV_ESTIMATOR_REGISTRY) | set(HARD_WIRED_ESTIMATORS)))
         raise RecipeConfigError(f"algorithm.adv_estimator={estimator} is not a registered estimator; known: {known}")
-    loss_mode = str(config.actor_rollout_ref.actor.policy_loss.loss_mode)
     if loss_mode not in core_algos.POLICY_LOSS_REGISTRY:
         known = ", ".join(sorted(core_algos.POLICY_LOSS_REGISTRY))
         raise RecipeConfigError(

@@ -7,8 +7,6 @@ import subprocess
 import sys
 import textwrap
 
-import pytest
-
 from recipe_apo import plugin
 
 
@@ -77,7 +75,7 @@ def test_version_check_warns_only_off_the_pin():
     assert "verl==0.9.1" in message and "verl 0.8.0" in message
 
 
-def test_register_is_idempotent_and_refuses_to_shadow_another_apo():
+def test_register_is_idempotent_and_never_shadows_another_apo():
     from verl.trainer.ppo import core_algos
 
     plugin.register()
@@ -89,7 +87,48 @@ def test_register_is_idempotent_and_refuses_to_shadow_another_apo():
 
     core_algos.POLICY_LOSS_REGISTRY["apo"] = impostor
     try:
-        with pytest.raises(RuntimeError, match="another policy loss is already registered as 'apo'"):
-            plugin.register()
+        plugin.register()  # the others register; "apo" is left to its holder, and recorded
+        assert core_algos.POLICY_LOSS_REGISTRY["apo"] is impostor
+        assert plugin.taken_message("policy loss", "loss_mode", "apo").startswith(
+            "loss_mode=apo: this verl registers a policy loss of its own under that name (")
     finally:
         core_algos.POLICY_LOSS_REGISTRY["apo"] = original
+        plugin.TAKEN.clear()
+
+
+def test_a_name_verl_already_holds_leaves_the_others_registered_and_its_run_refused():
+    """verl pull request #7497 registers a ``codapo`` of its own when verl is imported: the recipe's other
+    estimators and losses still register, and a run of ``method=codapo`` is refused in one line rather than run
+    verl's different CoDaPO under the recipe's name."""
+    result = run_python(
+        """
+        import verl
+        from verl.trainer.ppo import core_algos
+
+        @core_algos.register_adv_est("codapo")
+        def verls_own_codapo(**kwargs):
+            raise AssertionError("never called")
+
+        import recipe_apo.plugin as plugin
+        from omegaconf import OmegaConf
+        from recipe_apo.errors import RecipeError
+        from recipe_apo.integration.validation import _check_registered_names
+
+        print("registered:", sorted(n for n in ("apo", "agpo") if n in core_algos.ADV_ESTIMATOR_REGISTRY),
+              sorted(n for n in ("apo", "apo_one_sided", "agpo", "agpo_clip") if n in core_algos.POLICY_LOSS_REGISTRY))
+        print("codapo holder:", core_algos.ADV_ESTIMATOR_REGISTRY["codapo"].__name__)
+        config = OmegaConf.create({"algorithm": {"adv_estimator": "codapo"},
+                                   "actor_rollout_ref": {"actor": {"policy_loss": {"loss_mode": "vanilla"}}}})
+        try:
+            _check_registered_names(config, False)
+        except RecipeError as exc:
+            print("refused:", exc)
+        """,
+        env={"VERL_USE_EXTERNAL_PLUGINS": "none"},
+    )
+    assert result.returncode == 0, result.stderr
+    assert "registered: ['agpo', 'apo'] ['agpo', 'agpo_clip', 'apo', 'apo_one_sided']" in result.stdout
+    assert "codapo holder: verls_own_codapo" in result.stdout
+    refused = next(line for line in result.stdout.splitlines() if line.startswith("refused:"))
+    assert refused.startswith("refused: algorithm.adv_estimator=codapo: this verl registers an advantage estimator "
+                              "of its own under that name (__main__.verls_own_codapo)")
