@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -49,9 +50,28 @@ NEW_CLUSTER_ONLY = ("num_cpus", "num_gpus", "resources", "labels", "object_store
 # settings (the reward pool's, the hf rollout's pacing), the warnings the rehearsal silences.
 FORWARDED_ENV = ("VERL_FILE_LOGGER_ROOT", "VERL_FILE_LOGGER_PATH", "PYTHONWARNINGS")
 FORWARDED_PREFIX = "RECIPE_APO_"
-# Where the command's `start` records the cluster for its `stop`.
-STATE_FILE = Path(tempfile.gettempdir()) / "recipe-apo-local-cluster.json"
 START_TIMEOUT_S = 120.0
+# The mark `start` leaves in the temp dir it made, holding the cluster's token: `stop` removes a folder only when it
+# holds the mark with the recorded token, so a record that names another folder removes nothing.
+MARK = ".recipe-apo-local-cluster"
+TEMP_PREFIX = "ray-apo-"
+
+
+def state_file() -> Path:
+    """Where the command's ``start`` records the cluster for its ``stop``: in a folder of this user's own (mode 700
+    in the system's temp folder), so that another user cannot plant a record for ``stop`` to act on."""
+    return Path(tempfile.gettempdir()) / f"recipe-apo-{os.getuid()}" / "local-cluster.json"
+
+
+def _own_folder(path: Path, create: bool) -> None:
+    """``path`` is a folder of this user's, writable by no one else (made so when ``create``); else a one-line
+    ``LocalClusterError``."""
+    if create:
+        path.mkdir(mode=0o700, exist_ok=True)
+    info = path.lstat()
+    if not path.is_dir() or path.is_symlink() or info.st_uid != os.getuid() or info.st_mode & 0o022:
+        raise LocalClusterError(f"{path}: not a folder of this user's that no one else can write; remove it (or "
+                                "have its owner remove it) and start the cluster again")
 
 
 class LocalClusterError(RecipeError):
@@ -67,6 +87,8 @@ class LocalCluster:
     # The `ray start --block` process of each node, head first; each leads a process group holding its node's
     # Ray processes.
     pids: list[int] = field(default_factory=list)
+    # A random token, also in the temp dir's mark (``MARK``): what ``stop`` checks before it removes anything.
+    token: str = ""
 
     def overrides(self) -> list[str]:
         """What a rehearsal run adds to its command line to run on this cluster."""
@@ -166,10 +188,11 @@ def start(nodes: int = 2, gpus_per_node: int = 1, cpus_per_node: int = CPUS_PER_
     if nodes < 1 or gpus_per_node < 1:
         raise LocalClusterError(f"--nodes={nodes} --gpus-per-node={gpus_per_node}: both must be at least 1")
     # Short, in the system's temp folder: Ray's sockets live under it, and a socket path has at most 107 characters.
-    temp_dir = str(temp_dir or tempfile.mkdtemp(prefix="ray-apo-"))
+    temp_dir = str(temp_dir or tempfile.mkdtemp(prefix=TEMP_PREFIX))
     env = {**os.environ, **NODE_ENV, **_auth_env()}
     env.pop("RAY_ADDRESS", None)  # the head starts a cluster of its own
-    cluster = LocalCluster(f"127.0.0.1:{_free_port()}", nodes, gpus_per_node, temp_dir)
+    cluster = LocalCluster(f"127.0.0.1:{_free_port()}", nodes, gpus_per_node, temp_dir, token=secrets.token_hex(16))
+    (Path(temp_dir) / MARK).write_text(cluster.token)
     deadline = time.monotonic() + START_TIMEOUT_S
     try:
         for index in range(nodes):
@@ -191,7 +214,9 @@ def start(nodes: int = 2, gpus_per_node: int = 1, cpus_per_node: int = CPUS_PER_
 def stop(cluster: LocalCluster, grace_s: float = 15.0) -> None:
     """Stop the cluster's nodes and remove its temp dir: SIGTERM to each ``ray start`` (Ray stops its node's
     processes, in a few seconds; a SIGTERM to the whole group instead leaves the raylet and the GCS waiting on
-    each other), then SIGKILL to whatever is left in each node's process group."""
+    each other), then SIGKILL to whatever is left in each node's process group. Only what ``start`` made: a
+    process of this user's whose command line is that node's ``ray start`` (its ``--temp-dir``), and the temp dir
+    when it holds the cluster's mark (``check_record`` refuses a record that names anything else)."""
     leaders = [pid for pid in cluster.pids if _is_node(pid, cluster)]
     for pid in reversed(leaders):  # the head last: the other nodes leave it first
         _signal(os.kill, pid, signal.SIGTERM)
@@ -205,16 +230,57 @@ def stop(cluster: LocalCluster, grace_s: float = 15.0) -> None:
             os.waitpid(pid, 0)  # started by this process (not so for the command's stop): reap it
         except ChildProcessError:
             pass
-    shutil.rmtree(cluster.temp_dir, ignore_errors=True)
+    if _marked(cluster):
+        shutil.rmtree(cluster.temp_dir, ignore_errors=True)
+
+
+def _marked(cluster: LocalCluster) -> bool:
+    """The temp dir holds the mark ``start`` left with this cluster's token."""
+    try:
+        return bool(cluster.token) and (Path(cluster.temp_dir) / MARK).read_text() == cluster.token
+    except OSError:
+        return False
 
 
 def _is_node(pid: int, cluster: LocalCluster) -> bool:
-    """Whether ``pid`` is still one of the cluster's ``ray start``: the command's ``stop`` reads the ids from a
-    file, and the id of a node that has died since may be another process's by now."""
+    """Whether ``pid`` is still one of the cluster's ``ray start``, a process of this user's whose arguments hold
+    ``ray start`` and ``--temp-dir=<the cluster's>``: the command's ``stop`` reads the ids from a file, and the id
+    of a node that has died since may be another process's by now."""
     try:
-        return cluster.temp_dir in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+        if Path(f"/proc/{pid}").stat().st_uid != os.getuid():
+            return False
+        arguments = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
     except OSError:
         return False
+    return "start" in arguments and f"--temp-dir={cluster.temp_dir}" in arguments
+
+
+def check_record(record: Any, path: Path) -> LocalCluster:
+    """The cluster a state file records, checked before ``stop`` acts on it: its fields and their types, whole
+    positive pids, and a temp dir that ``start`` made (an absolute ``ray-apo-*`` folder of the system's temp
+    folder, this user's, holding the mark with the recorded token). Anything else is one ``LocalClusterError``
+    line naming the file; nothing is stopped or removed."""
+    def bad(why: str) -> LocalClusterError:
+        return LocalClusterError(f"{path}: {why}; not a cluster this command started: nothing was stopped or "
+                                 f"removed (delete the file if no cluster of yours is running)")
+
+    fields_ = {"address": str, "nodes": int, "gpus_per_node": int, "temp_dir": str, "pids": list, "token": str}
+    if not isinstance(record, dict) or set(record) != set(fields_):
+        raise bad("not the record of a local cluster")
+    for key, kind in fields_.items():
+        if not isinstance(record[key], kind) or isinstance(record[key], bool):
+            raise bad(f"{key} is not a {kind.__name__}")
+    if not all(isinstance(pid, int) and not isinstance(pid, bool) and pid > 1 for pid in record["pids"]):
+        raise bad("pids are not process ids")
+    cluster = LocalCluster(**record)
+    folder = Path(cluster.temp_dir)
+    if not folder.is_absolute() or folder.parent != Path(tempfile.gettempdir()) or \
+            not folder.name.startswith(TEMP_PREFIX):
+        raise bad(f"temp_dir {cluster.temp_dir!r} is not a {TEMP_PREFIX}* folder of {tempfile.gettempdir()}")
+    if folder.exists():
+        if folder.is_symlink() or folder.lstat().st_uid != os.getuid() or not _marked(cluster):
+            raise bad(f"temp_dir {cluster.temp_dir} does not hold this cluster's mark")
+    return cluster
 
 
 def _signal(send, pid: int, sig: int) -> None:
@@ -254,20 +320,31 @@ def main(argv: Optional[list[str]] = None) -> int:
     commands.add_parser("stop", help="stop the cluster that start started")
     args = parser.parse_args(argv)
     try:
+        state = state_file()
+        if args.command == "stop" and not state.parent.exists():
+            raise LocalClusterError(f"no local cluster is recorded in {state}")
+        _own_folder(state.parent, create=args.command == "start")
         if args.command == "start":
-            if STATE_FILE.exists():
-                raise LocalClusterError(f"a local cluster is already recorded in {STATE_FILE}: stop it first")
+            if state.exists():
+                raise LocalClusterError(f"a local cluster is already recorded in {state}: stop it first")
             cluster = start(args.nodes, args.gpus_per_node)
-            STATE_FILE.write_text(json.dumps(asdict(cluster)))
+            descriptor = os.open(state, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(descriptor, "w") as handle:
+                handle.write(json.dumps(asdict(cluster)))
             print(f"address: {cluster.address}")
             print(f"overrides: {' '.join(cluster.overrides())}")
             print(f"run the rehearsal from {Path.cwd()} (the nodes' working folder); nodes' output: "
                   f"{cluster.temp_dir}/node*.log")
             return 0
-        if not STATE_FILE.exists():
-            raise LocalClusterError(f"no local cluster is recorded in {STATE_FILE}")
-        stop(LocalCluster(**json.loads(STATE_FILE.read_text())))
-        STATE_FILE.unlink()
+        if not state.is_file():
+            raise LocalClusterError(f"no local cluster is recorded in {state}")
+        try:
+            record = json.loads(state.read_text())
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            raise LocalClusterError(f"{state}: unreadable ({type(exc).__name__}); nothing was stopped or removed "
+                                    "(delete the file if no cluster of yours is running)") from None
+        stop(check_record(record, state))
+        state.unlink()
         print("stopped")
         return 0
     except LocalClusterError as exc:

@@ -4,6 +4,7 @@ tests/vllm/test_two_nodes.py)."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -101,10 +102,81 @@ def test_the_nodes_get_what_the_driver_gives_a_raylet_it_starts():
     assert local_cluster.NODE_ENV == DRIVER_ENV
 
 
-def test_the_command_says_what_it_cannot_do_in_one_line(tmp_path, monkeypatch, capsys):
-    record = tmp_path / "cluster.json"
-    monkeypatch.setattr(local_cluster, "STATE_FILE", record)
+@pytest.fixture
+def own_tmp(tmp_path, monkeypatch):
+    """The system's temp folder moved to ``tmp_path`` (the state file's folder and the clusters' temp dirs)."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    return tmp_path
+
+
+def test_the_command_says_what_it_cannot_do_in_one_line(own_tmp, capsys):
+    record = local_cluster.state_file()
+    assert record.parent.parent == own_tmp and str(os.getuid()) in record.parent.name
     assert local_cluster.main(["stop"]) == 1
     assert capsys.readouterr().err == f"local_cluster: error: no local cluster is recorded in {record}\n"
     assert local_cluster.main(["start", "--nodes", "0"]) == 1
     assert "--nodes=0 --gpus-per-node=1: both must be at least 1" in capsys.readouterr().err
+    assert record.parent.stat().st_mode & 0o777 == 0o700  # made by start: this user's alone
+
+
+def stop_with(record_text, capsys) -> str:
+    state = local_cluster.state_file()
+    state.parent.mkdir(mode=0o700, exist_ok=True)
+    if isinstance(record_text, bytes):
+        state.write_bytes(record_text)
+    else:
+        state.write_text(record_text)
+    assert local_cluster.main(["stop"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"local_cluster: error: {state}: ")
+    assert state.exists()  # the record stays for its owner to look at
+    return err
+
+
+def test_stop_acts_only_on_what_start_made(own_tmp, capsys):
+    """A record that names a folder or processes start did not make (planted, or left by an older version, or an
+    empty temp_dir that every command line contains) stops nothing and removes nothing."""
+    import json
+    import subprocess
+
+    victim = own_tmp / "ray-apo-victim"
+    victim.mkdir()
+    (victim / "precious").write_text("keep")
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", str(victim)])
+    try:
+        base = {"address": "127.0.0.1:1", "nodes": 1, "gpus_per_node": 1, "pids": [bystander.pid], "token": "t"}
+        for temp_dir in (str(victim), "", "/", str(own_tmp), "relative/ray-apo-x", "/etc/ray-apo-x"):
+            assert "nothing was stopped or removed" in stop_with(json.dumps({**base, "temp_dir": temp_dir}), capsys)
+        (victim / local_cluster.MARK).write_text("another token")
+        assert "does not hold this cluster's mark" in stop_with(json.dumps({**base, "temp_dir": str(victim)}), capsys)
+        for text in ("{", "[1, 2]", '{"temp_dir": "x"}', b"\xff\xfe", json.dumps({**base, "temp_dir": str(victim),
+                                                                                 "pids": ["1"]})):
+            stop_with(text, capsys)
+        assert bystander.poll() is None and (victim / "precious").read_text() == "keep"
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def test_stop_removes_its_own_marked_folder(own_tmp, capsys):
+    import json
+
+    folder = own_tmp / "ray-apo-mine"
+    folder.mkdir()
+    (folder / local_cluster.MARK).write_text("tok")
+    state = local_cluster.state_file()
+    state.parent.mkdir(mode=0o700)
+    state.write_text(json.dumps({"address": "127.0.0.1:1", "nodes": 1, "gpus_per_node": 1, "pids": [],
+                                 "token": "tok", "temp_dir": str(folder)}))
+    assert local_cluster.main(["stop"]) == 0 and capsys.readouterr().out == "stopped\n"
+    assert not folder.exists() and not state.exists()
+
+
+def test_a_state_folder_others_can_write_is_refused(own_tmp, capsys):
+    folder = local_cluster.state_file().parent
+    folder.mkdir(mode=0o777)
+    folder.chmod(0o777)
+    assert local_cluster.main(["stop"]) == 1
+    assert "not a folder of this user's that no one else can write" in capsys.readouterr().err
