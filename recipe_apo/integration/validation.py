@@ -20,7 +20,15 @@ from recipe_apo.integration.sampling import TARGET as SAMPLING_TARGET
 from recipe_apo.integration.verl_settings import check_token_budgets, check_trainer_mode, check_v1_settings
 from recipe_apo.methods import catalog
 from recipe_apo.methods.base import Launch
-from recipe_apo.methods.checks import AGG_MODES, NORM_MODE, OWN_AGGREGATION, check_choice, check_integer, check_number
+from recipe_apo.methods.checks import (
+    AGG_MODES,
+    L0_BOUNDS,
+    NORM_MODE,
+    OWN_AGGREGATION,
+    check_choice,
+    check_integer,
+    check_number,
+)
 from recipe_apo.methods.errors import MethodConfigError
 
 __all__ = [
@@ -228,7 +236,8 @@ def _check_aggregation(config: Any, rehearsal: bool) -> None:
             "set it to data.max_response_length"
         )
     if scale is not None:
-        check_number("actor_rollout_ref.actor.loss_scale_factor", scale, RecipeConfigError, low=0, low_open=True)
+        check_number("actor_rollout_ref.actor.loss_scale_factor", scale, RecipeConfigError, low=L0_BOUNDS[0],
+                     high=L0_BOUNDS[1])
 
 
 def _check_rollout_name(config: Any, rehearsal: bool) -> None:

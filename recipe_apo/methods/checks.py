@@ -18,8 +18,9 @@ import torch
 from recipe_apo.methods.errors import BatchInputError
 
 __all__ = [
-    "AGG_MODES", "NORM_MODE", "OWN_AGGREGATION", "RATIO_BAND", "check_choice", "check_finite", "check_flag",
-    "check_integer", "check_no_overflow", "check_number", "check_shapes", "effective_agg_mode", "output_dtype",
+    "AGG_MODES", "L0_BOUNDS", "NORM_MODE", "OWN_AGGREGATION", "RATIO_BAND", "TEMPERATURE_BOUNDS", "check_choice",
+    "check_finite", "check_flag", "check_integer", "check_no_overflow", "check_number", "check_shapes",
+    "effective_agg_mode", "output_dtype",
 ]
 
 NORM_MODE = "seq-mean-token-sum-norm"
@@ -31,6 +32,12 @@ RATIO_BAND = 0.2
 # Policy losses of verl 0.9.1 that aggregate their own way, whatever loss_agg_mode says. geo_mean never calls
 # agg_loss: its torch.mean over sequences is seq-mean-token-mean's shape, but per micro-batch.
 OWN_AGGREGATION = {"sapo": "seq-mean-token-mean", "geo_mean": "seq-mean-token-mean"}
+# The gate's temperatures tau_+/-: the gate is (4 / tau) sigmoid(tau (r - 1)); below about 1e-38 it turns NaN and
+# 1e-40 made a loss -inf, far above 1e3 its slope vanishes for every ratio off 1. The paper's are 1-1.5.
+TEMPERATURE_BOUNDS = (1e-3, 1e3)
+# L0, a number of tokens dividing every response's summed loss: below 1 it multiplies instead (1e-40 gave -inf),
+# above 1e7 (longer than any response) the gradient underflows (1e300 gave 0).
+L0_BOUNDS = (1.0, 1e7)
 
 
 def effective_agg_mode(loss_mode: Any, loss_agg_mode: Any) -> str:

@@ -19,6 +19,8 @@ import copy
 from dataclasses import MISSING, dataclass, field
 from typing import Any, NewType, Optional
 
+from recipe_apo.methods.checks import L0_BOUNDS, TEMPERATURE_BOUNDS
+
 MODES = ("train", "signal", "league")
 TASKS = ("reverse", "modsum")
 # algorithm.zero_variance in the testbed: the recipe's two, and the exact reference the recipe cannot run.
@@ -235,7 +237,7 @@ class Actor:
     # seq-mean-token-mean (GRPO's 1/|o_i|), seq-mean-token-sum-norm (1/L0), token-mean, ...
     loss_agg_mode: str = setting("seq-mean-token-mean", choices=LOSS_AGG_MODES)
     # L0 for seq-mean-token-sum-norm (the presets set ${data.max_response_length}).
-    loss_scale_factor: Optional[float] = setting(None, low=0, high=1e9, low_open=True)
+    loss_scale_factor: Optional[float] = setting(None, low=L0_BOUNDS[0], high=L0_BOUNDS[1])
     # Hard clip range of vanilla PPO-style losses, and the dual-clip bound for A < 0 (verl's defaults).
     clip_ratio: float = setting(0.2, low=0, high=100, low_open=True)
     clip_ratio_low: float = setting(0.2, low=0, high=100, low_open=True)
@@ -243,8 +245,8 @@ class Actor:
     # AGPO (method=agpo_dual) turns the dual clip off with 1e9, a bound no ratio reaches.
     clip_ratio_c: float = setting(3.0, low=1, high=1e12, low_open=True)
     # Soft-gate temperatures of the apo and sapo losses (verl's defaults; the apo preset sets 1.0 / 1.5).
-    tau_pos: float = setting(1.0, low=0, high=1000, low_open=True)
-    tau_neg: float = setting(1.05, low=0, high=1000, low_open=True)
+    tau_pos: float = setting(1.0, low=TEMPERATURE_BOUNDS[0], high=TEMPERATURE_BOUNDS[1])
+    tau_neg: float = setting(1.05, low=TEMPERATURE_BOUNDS[0], high=TEMPERATURE_BOUNDS[1])
     # No entropy bonus.
     entropy_coeff: float = setting(0.0, fixed="the testbed has no entropy bonus")
     # No KL loss by default; with use_kl_loss (method=agpo_dual's preset), verl's KL loss

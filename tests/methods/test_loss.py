@@ -191,11 +191,27 @@ def test_missing_l0_for_the_constant_norm_mode_is_refused():
 
 
 @pytest.mark.parametrize("mode", LOSSES)
-@pytest.mark.parametrize("key, value", [("tau_pos", 0.0), ("tau_neg", -1.0)])
-def test_non_positive_temperature_is_refused(key, value, mode):
+@pytest.mark.parametrize("key, value, said", [("tau_pos", 0.0, ">= 0.001"), ("tau_neg", -1.0, ">= 0.001"),
+                                              ("tau_pos", 1e-39, ">= 0.001"), ("tau_neg", 1e-4, ">= 0.001"),
+                                              ("tau_pos", 1e4, "<= 1000.0")])
+def test_a_temperature_that_would_break_the_gate_is_refused(key, value, said, mode):
+    """Below about 1e-38 the gate's loss is NaN (1e-40: -inf); the bounds stop well before."""
     log_prob, old, adv, mask = batch([8], [1.0])
-    with pytest.raises(ValueError, match=rf"^actor_rollout_ref.actor.{key} \(loss_mode={mode}\) must be > 0.0"):
+    with pytest.raises(ValueError, match=rf"^actor_rollout_ref.actor.{key} \(loss_mode={mode}\) must be {said}"):
         apo_loss(log_prob, old, adv, mask, actor_config(**{key: value}, loss_mode=mode))
+
+
+@pytest.mark.parametrize("mode", LOSSES)
+def test_the_bounds_give_a_finite_loss_and_gradient(mode):
+    log_ratio = torch.full((2, WIDTH), 3.0)
+    for tau_pos, tau_neg, l0 in ((1e-3, 1e-3, 1.0), (1e3, 1e3, 1e7)):
+        log_prob, old, adv, mask = batch([8, 4], [1.0, -1.0], log_ratio=log_ratio)
+        log_prob.requires_grad_(True)
+        config = actor_config(tau_pos=tau_pos, tau_neg=tau_neg, loss_mode=mode)
+        object.__setattr__(config, "global_batch_info", {"loss_scale_factor": l0})
+        loss, _ = apo_loss(log_prob, old, adv, mask, config)
+        loss.backward()
+        assert torch.isfinite(loss) and torch.isfinite(log_prob.grad).all()
 
 
 def test_gate_metrics_by_hand():
@@ -215,7 +231,7 @@ def test_gate_metrics_by_hand():
 
 
 @pytest.mark.parametrize("mode", LOSSES)
-@pytest.mark.parametrize("value", [-24, 0, 0.0, float("nan"), float("inf"), True, "24"])
+@pytest.mark.parametrize("value", [-24, 0, 0.0, 1e-40, 0.5, 1e300, float("nan"), float("inf"), True, "24"])
 def test_an_unusable_l0_is_refused_by_the_loss_itself(value, mode):
     """Plain verl passes loss_scale_factor through unchecked: the loss must refuse what would flip or blow it up."""
     log_prob, old, adv, mask = batch([8, 4], [1.0, -1.0])
@@ -223,7 +239,7 @@ def test_an_unusable_l0_is_refused_by_the_loss_itself(value, mode):
     # As verl's ppo_loss hands it over, per micro-batch.
     object.__setattr__(config, "global_batch_info", {"loss_scale_factor": value})
     message = (rf"^actor_rollout_ref.actor.loss_scale_factor \(L0, loss_mode={mode}\) "
-               r"must be (a finite number|> 0.0), got")
+               r"must be (a finite number|>= 1.0|<= 10000000.0), got")
     with pytest.raises(ValueError, match=message):
         apo_loss(log_prob, old, adv, mask, config)
 

@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 from recipe_apo.methods.apo import LOSS, ONE_SIDED_LOSS, uses_apo
 from recipe_apo.methods.apo.settings import ApoSettings
 from recipe_apo.methods.base import Launch
-from recipe_apo.methods.checks import check_number
+from recipe_apo.methods.checks import TEMPERATURE_BOUNDS, check_number
 from recipe_apo.methods.errors import MethodConfigError
 
 # How a refusal names the trainers that run the recipe's own driver code.
@@ -56,13 +56,14 @@ def check_std_normalisation(launch: Launch) -> None:
 
 
 def check_temperatures(launch: Launch) -> None:
-    """Refuses APO's losses (the gate and its one-sided form) without temperatures > 0 (tau_pos, tau_neg): the gate
-    divides by them."""
+    """Refuses APO's losses (the gate and its one-sided form) with temperatures (tau_pos, tau_neg) outside
+    ``TEMPERATURE_BOUNDS``: the gate divides by them, and a tiny one makes the loss NaN or infinite."""
     actor = launch.config.actor_rollout_ref.actor
     if str(actor.policy_loss.loss_mode) not in (LOSS, ONE_SIDED_LOSS):
         return
+    low, high = TEMPERATURE_BOUNDS
     for key in ("tau_pos", "tau_neg"):
-        check_number(f"actor_rollout_ref.actor.{key}", actor.get(key), MethodConfigError, low=0, low_open=True)
+        check_number(f"actor_rollout_ref.actor.{key}", actor.get(key), MethodConfigError, low=low, high=high)
 
 
 def warn_multi_output_loops(launch: Launch) -> Optional[str]:

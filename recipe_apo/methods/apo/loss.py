@@ -33,7 +33,7 @@ from typing import Any, Optional
 
 import torch
 
-from recipe_apo.methods.checks import NORM_MODE, RATIO_BAND, check_number
+from recipe_apo.methods.checks import L0_BOUNDS, NORM_MODE, RATIO_BAND, TEMPERATURE_BOUNDS, check_number
 from recipe_apo.methods.errors import MethodConfigError
 
 # The log-ratio clamp of verl's own policy losses.
@@ -45,7 +45,8 @@ _LOW_WEIGHT_LOGIT = math.log((1.0 + math.sqrt(0.5)) / (1.0 - math.sqrt(0.5)))
 
 def _temperature(config: Any, key: str, mode: str) -> float:
     name = f"actor_rollout_ref.actor.{key} (loss_mode={mode})"
-    return float(check_number(name, getattr(config, key), MethodConfigError, low=0.0, low_open=True))
+    low, high = TEMPERATURE_BOUNDS
+    return float(check_number(name, getattr(config, key), MethodConfigError, low=low, high=high))
 
 
 def _aggregation_kwargs(config: Any, loss_agg_mode: str, mode: str) -> dict:
@@ -64,7 +65,7 @@ def _aggregation_kwargs(config: Any, loss_agg_mode: str, mode: str) -> dict:
         # Checked here, not only in the recipe's validation: plain verl hands the value over unchecked, and a
         # negative L0 flips the loss's sign, 0 makes it -inf.
         check_number(f"actor_rollout_ref.actor.loss_scale_factor (L0, loss_mode={mode})", scale, MethodConfigError,
-                     low=0.0, low_open=True)
+                     low=L0_BOUNDS[0], high=L0_BOUNDS[1])
     return info
 
 
