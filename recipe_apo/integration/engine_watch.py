@@ -64,6 +64,10 @@ class EngineWatch:
     @classmethod
     def from_config(cls, config: Any) -> "EngineWatch":
         settings = config.get("rollout_watch") or {}
+        unknown = sorted(set(settings) - {"interval_s", "timeout_s"})
+        if unknown:
+            raise RecipeConfigError(f"rollout_watch.{unknown[0]}: not a setting of the engine watch; its settings: "
+                                    "interval_s, timeout_s")
         return cls(*checked_settings(settings.get("interval_s", 5), settings.get("timeout_s", 120)))
 
     def __enter__(self) -> "EngineWatch":
@@ -177,7 +181,15 @@ def ray_logs() -> str:
         return "/tmp/ray/session_latest/logs"
 
 
+# Seconds. Below 0.1 s the watch would ask the servers without pause; past a day a wait is no watch (and from about
+# 9.3e9 s Python's waits overflow: the watch's thread died and the run went on unwatched).
+INTERVAL_BOUNDS = (0.1, 3600.0)
+TIMEOUT_BOUNDS = (1.0, 86400.0)
+
+
 def checked_settings(interval_s: Any, timeout_s: Any) -> tuple[float, float]:
-    interval = check_number("rollout_watch.interval_s", interval_s, RecipeConfigError, low=0, low_open=True)
-    timeout = check_number("rollout_watch.timeout_s", timeout_s, RecipeConfigError, low=0, low_open=True)
+    interval = check_number("rollout_watch.interval_s", interval_s, RecipeConfigError, low=INTERVAL_BOUNDS[0],
+                            high=INTERVAL_BOUNDS[1])
+    timeout = check_number("rollout_watch.timeout_s", timeout_s, RecipeConfigError, low=TIMEOUT_BOUNDS[0],
+                           high=TIMEOUT_BOUNDS[1])
     return float(interval), float(timeout)

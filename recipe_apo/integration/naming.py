@@ -51,7 +51,7 @@ from recipe_apo.integration.errors import RecipeConfigError
 # Validation (its files and its sampling, val_kwargs) does not change what is trained: more validation samples on a
 # resumed run stay that run.
 LOCATION_KEYS = ("method", "dry_run", "run_name.", "data.val_files", "actor_rollout_ref.rollout.val_kwargs.",
-                 "trainer.", "ray_kwargs.", "hydra.", "actor_rollout_ref.rollout.name")
+                 "trainer.", "ray_kwargs.", "hydra.", "actor_rollout_ref.rollout.name", "rollout_watch.")
 # trainer.* is plumbing, but for verl's V1 trainer settings: an asynchronous mode trains on staler responses.
 TRAINED_TRAINER_KEYS = ("trainer.v1.",)
 SYNC_MODES = ("sync", "apo_sync")

@@ -102,8 +102,11 @@ def test_the_settings_default_to_5_and_120_seconds():
 
 
 @pytest.mark.parametrize("interval, timeout, message", [
-    (0, 120, "rollout_watch.interval_s must be > 0, got 0"),
-    (5, -1, "rollout_watch.timeout_s must be > 0, got -1"),
+    (0, 120, "rollout_watch.interval_s must be >= 0.1, got 0"),
+    (1e-9, 120, "rollout_watch.interval_s must be >= 0.1, got 1e-09"),
+    (5, -1, "rollout_watch.timeout_s must be >= 1.0, got -1"),
+    (5, 9.3e9, "rollout_watch.timeout_s must be <= 86400.0, got 9300000000.0"),
+    (1e10, 120, "rollout_watch.interval_s must be <= 3600.0, got 10000000000.0"),
     ("5", 120, "rollout_watch.interval_s must be a finite number, got '5'"),
     (5, float("inf"), "rollout_watch.timeout_s must be a finite number, got inf"),
 ])
@@ -120,8 +123,21 @@ def test_a_bad_setting_is_refused_at_launch():
 
     config = compose_recipe("method=apo", "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.n=8",
                             "rollout_watch.timeout_s=0")
-    with pytest.raises(RecipeConfigError, match=r"^rollout_watch.timeout_s must be > 0, got 0$"):
+    with pytest.raises(RecipeConfigError, match=r"^rollout_watch.timeout_s must be >= 1.0, got 0$"):
         validate_recipe_config(config)
+    typo = compose_recipe("method=apo", "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.n=8",
+                          "+rollout_watch.timeout=600")
+    with pytest.raises(RecipeConfigError, match=r"^rollout_watch.timeout: not a setting of the engine watch; its "
+                                                r"settings: interval_s, timeout_s$"):
+        validate_recipe_config(typo)
+
+
+def test_the_watchs_settings_do_not_name_the_run():
+    """A run restarted with a longer timeout is the same run: it resumes its checkpoints."""
+    from recipe_apo.integration.naming import experiment_name
+
+    assert experiment_name("apo", ["rollout_watch.timeout_s=600", "rollout_watch.interval_s=1"]) == \
+        experiment_name("apo", [])
 
 
 def test_the_driver_says_the_dead_engine_in_one_line_and_exits_1(capsys, monkeypatch):
