@@ -251,6 +251,22 @@ def _check_rollout_name(config: Any, rehearsal: bool) -> None:
         )
 
 
+# torch's, numpy's and vLLM's seeding all take a whole number in [0, 2^32 - 1].
+SEED_MAX = 2**32 - 1
+
+
+def _check_data_seed(config: Any, rehearsal: bool) -> None:
+    """Refuses a data.seed that is not null or a whole number in [0, 2^32 - 1]: verl hands it to torch's
+    ``manual_seed`` only inside a Ray worker, after the cluster and the model have started (``01`` and ``abc`` are
+    strings to Hydra, ``1.5`` a float, ``2^70`` overflows the seeding)."""
+    seed = config.data.get("seed", None)
+    if seed is None:
+        return
+    hint = " (a string: Hydra reads 01 as '01'; write 1)" if isinstance(seed, str) and seed.strip().isdigit() else ""
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= SEED_MAX:
+        raise RecipeConfigError(f"data.seed={seed!r}: null or a whole number in [0, {SEED_MAX}]{hint}")
+
+
 def _check_rollout_watch(config: Any, rehearsal: bool) -> None:
     """Refuses a rollout_watch setting that is not a positive number of seconds (the driver's watch on the engines)."""
     EngineWatch.from_config(config)
@@ -288,6 +304,7 @@ CHECKERS: tuple[Callable[[Any, bool], None], ...] = (
     _check_rollout_name,
     _check_rollout_watch,
     _check_group_size,
+    _check_data_seed,
 )
 
 

@@ -435,3 +435,26 @@ def test_the_recipes_features_pass_in_the_asynchronous_trainers_but_codapos_resa
 
     trainer = get_trainer_cls(mode)
     assert trainer in (ApoColocateAsyncTrainer, ApoSeparateAsyncTrainer) and trainer.VERL_MODE == mode[4:]
+
+
+@pytest.mark.parametrize("seed, said", [
+    ("01", "data.seed='01': null or a whole number in [0, 4294967295] (a string: Hydra reads 01 as '01'; write 1)"),
+    ("1.5", "data.seed=1.5: null or a whole number in [0, 4294967295]"),
+    ("abc", "data.seed='abc': null or a whole number in [0, 4294967295]"),
+    ("1180591620717411303424", "data.seed=1180591620717411303424: null or a whole number in [0, 4294967295]"),
+    ("true", "data.seed=True: null or a whole number in [0, 4294967295]"),
+    ("-1", "data.seed=-1: null or a whole number in [0, 4294967295]"),
+])
+def test_a_seed_torch_cannot_take_is_refused_before_ray_starts(seed, said):
+    from helpers.composing import compose_recipe
+
+    from recipe_apo.errors import RecipeError
+    from recipe_apo.integration.validation import validate_recipe_config
+
+    config = compose_recipe("method=apo", "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.n=8",
+                            f"data.seed={seed}")
+    with pytest.raises(RecipeError) as refused:
+        validate_recipe_config(config)
+    assert str(refused.value) == said
+    validate_recipe_config(compose_recipe("method=apo", "actor_rollout_ref.rollout.name=vllm",
+                                          "actor_rollout_ref.rollout.n=8", "data.seed=4294967295"))
