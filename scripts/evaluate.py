@@ -117,12 +117,45 @@ class Estimate(NamedTuple):
 Row = tuple[str, Sequence[Any], Any]  # (name, one cell per benchmark, the average): Estimate, str or None
 
 
+class EvaluateError(ValueError):
+    """A file or a setting the evaluation cannot use; the message, one line, names it and the way out."""
+
+
+def _score_ok(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and \
+        0.0 <= value <= 1.0
+
+
 def read_scores(path: str) -> list[dict]:
     """Rows of a scores.jsonl: {"benchmark": str, "score": float in [0, 1], "scores": [...], ...}, one per
-    problem (``scores``: each sample's score; files without it count ``score`` as one sample)."""
+    problem (``scores``: each sample's score; files without it count ``score`` as one sample), checked: every
+    score a number in [0, 1], ``score`` the mean of ``scores`` where both are given, a problem (benchmark, index)
+    once, and at least one row."""
     from recipe_apo.integration.jsonl import read_rows
 
-    return [row for _, row in read_rows(path, ("benchmark", "score"), "not a scores.jsonl of scripts/evaluate.py")]
+    rows, seen = [], set()
+    for number, row in read_rows(path, ("benchmark", "score"), "not a scores.jsonl of scripts/evaluate.py",
+                                 error=EvaluateError):
+        where = f"{path}:{number}"
+        if not isinstance(row["benchmark"], str) or not row["benchmark"]:
+            raise EvaluateError(f"{where}: benchmark {row['benchmark']!r} is not a benchmark's name")
+        if not _score_ok(row["score"]):
+            raise EvaluateError(f"{where}: score {row['score']!r} is not a number in [0, 1]")
+        scores = row.get("scores")
+        if scores is not None:
+            if not isinstance(scores, list) or not scores or not all(_score_ok(s) for s in scores):
+                raise EvaluateError(f"{where}: scores {str(scores)[:80]} is not a non-empty list of numbers in [0, 1]")
+            if abs(sum(scores) / len(scores) - row["score"]) > 1e-9:
+                raise EvaluateError(f"{where}: score {row['score']!r} is not the mean of its scores "
+                                    f"({sum(scores) / len(scores):.6g}): pass@1 and pass@k would disagree")
+        key = (row["benchmark"], json.dumps(row.get("index", number)))
+        if key in seen:
+            raise EvaluateError(f"{where}: {row['benchmark']} problem {row.get('index', number)} is scored twice")
+        seen.add(key)
+        rows.append(row)
+    if not rows:
+        raise EvaluateError(f"{path}: no scored problem (an empty scores file)")
+    return rows
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -356,10 +389,16 @@ def count_warnings(name: str, summary: dict[str, Estimate]) -> list[str]:
 
 
 def group_runs(paths: Sequence[str], names: Sequence[str]) -> list[tuple[str, list[str]]]:
-    """(name, its files), in order of first appearance: files given one --name are one method's runs."""
+    """(name, its files), in order of first appearance: files given one --name are one method's runs. A file
+    without a --name is a row of its own, named after its folder (after its path where two folders share a name):
+    files are pooled as seeds only when named so."""
+    if len(names) > len(paths):
+        raise EvaluateError(f"{len(names)} --name for {len(paths)} files: give one --name per file")
+    unnamed = paths[len(names):]
+    defaults = [_default_name(path) for path in unnamed]
+    defaults = [d if defaults.count(d) == 1 and d not in names else path for d, path in zip(defaults, unnamed)]
     groups: dict[str, list[str]] = {}
-    for index, path in enumerate(paths):
-        name = names[index] if index < len(names) else _default_name(path)
+    for path, name in zip(paths, list(names) + defaults):
         groups.setdefault(name, []).append(path)
     return list(groups.items())
 
@@ -370,7 +409,7 @@ def group_runs(paths: Sequence[str], names: Sequence[str]) -> list[tuple[str, li
 VALIDATION, GENERATION = "validation", "generation"
 
 
-class MixedScoring(ValueError):
+class MixedScoring(EvaluateError):
     """Scores files of both paths in one table."""
 
 
@@ -378,7 +417,12 @@ def tables_from_files(paths: Sequence[str], names: Sequence[str], paper: bool) -
     """The report of score files; files of the validation path and of the generation path are never pooled in
     one table: the two score one checkpoint differently (validation gives a truncated answer 0, generation
     scores it as it reads), so their figures differ by the share of truncated right answers."""
-    files = {path: read_scores(path) for path in dict.fromkeys(paths)}
+    repeated = sorted({os.path.realpath(p) for p in paths if sum(os.path.realpath(q) == os.path.realpath(p)
+                                                                   for q in paths) > 1})
+    if repeated:
+        raise EvaluateError(f"{repeated[0]} is given twice: one file is one run (a seed counted twice would "
+                            "shrink the SE across runs)")
+    files = {path: read_scores(path) for path in paths}
     origins = {path: {row.get("scored_by", GENERATION) for row in rows} for path, rows in files.items()}
     validation = [p for p, o in origins.items() if VALIDATION in o]
     generation = [p for p, o in origins.items() if GENERATION in o]
@@ -387,7 +431,15 @@ def tables_from_files(paths: Sequence[str], names: Sequence[str], paper: bool) -
             f"{validation[0]} was scored from a validation dump and {generation[0]} from generations: one table "
             "takes one of the two (validation scores a truncated answer 0, generation as it reads); tabulate "
             "them apart")
-    runs = [(name, [summarize(files[path]) for path in group]) for name, group in group_runs(paths, names)]
+    groups = group_runs(paths, names)
+    for name, group in groups:
+        problems = {path: {(row["benchmark"], json.dumps(row.get("index"))) for row in files[path]} for path in group}
+        first = group[0]
+        for path in group[1:]:
+            if problems[path] != problems[first]:
+                raise EvaluateError(f"{path} and {first}, both --name {name!r}, score different problems: seeds of "
+                                    "one method must be scored on the same problems to be pooled")
+    runs = [(name, [summarize(files[path]) for path in group]) for name, group in groups]
     return report(runs, paper)
 
 
@@ -525,16 +577,15 @@ def reward_scorer(path: str = DEFAULT_REWARD_PATH, name: str = DEFAULT_REWARD_NA
 def score_generations(path: str, out_path: str, timeout: float, score_many: Optional[ScoreMany] = None) -> list[dict]:
     """Score ``responses`` of a generations parquet with the training reward (or ``score_many``, e.g.
     ``reward_scorer(...)``); write scores.jsonl."""
-    import pandas as pd
 
     from recipe_apo.reward import last_boxed_answer
 
     score_many = score_many or reward_scorer()
 
-    frame = pd.read_parquet(path)
+    frame = _read_parquet(path)
     missing = {"data_source", "reward_model", "responses"} - set(frame.columns)
     if missing:
-        raise ValueError(f"{path}: missing columns {sorted(missing)} (expected main_generation_server's output)")
+        raise EvaluateError(f"{path}: missing columns {sorted(missing)} (expected main_generation_server's output)")
     items, owners = [], []
     for row_index, row in enumerate(frame.itertuples(index=False)):
         reward_model = _as_dict(row.reward_model)
@@ -655,10 +706,23 @@ def run(command: list[str], dry_run: bool) -> None:
 
 def benchmark_files(data_dir: str, names: Sequence[str]) -> list[str]:
     files = [os.path.join(os.path.expanduser(data_dir), f"{name}.parquet") for name in names]
-    missing = [f for f in files if not os.path.exists(f)]
+    missing = [f for f in files if not os.path.isfile(f)]
     if missing:
-        raise FileNotFoundError(f"missing {', '.join(missing)}: run scripts/prepare_data.py --out-dir {data_dir}")
+        raise EvaluateError(f"missing {', '.join(missing)}: run scripts/prepare_data.py --out-dir {data_dir} "
+                            "(or give --data-dir)")
     return files
+
+
+def _read_parquet(path: str) -> Any:
+    """A parquet file as a frame; one ``EvaluateError`` line for a file pandas cannot read."""
+    import pandas as pd
+
+    if not os.path.isfile(path):
+        raise EvaluateError(f"{path}: {'a folder, not a file' if os.path.isdir(path) else 'no such file'}")
+    try:
+        return pd.read_parquet(path)
+    except Exception as exc:  # pyarrow raises several kinds for a truncated or foreign file
+        raise EvaluateError(f"{path}: not a readable parquet file ({type(exc).__name__})") from None
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -672,19 +736,18 @@ def scores_from_validation(dump: str, data_dir: str, names: Sequence[str]) -> li
     it holds the prompts of ``data.val_files`` in order (verl's ``data.validation_shuffle`` is false), each
     repeated ``val_kwargs.n`` times, so the problems come from the prepared files of ``names`` in that order,
     and every response's ground truth must be its problem's."""
-    import pandas as pd
 
     from recipe_apo.integration.jsonl import read_rows
 
     hint = "not a validation dump of verl (trainer.validation_data_dir)"
-    responses = [row for _, row in read_rows(dump, ("input", "gts", "score"), hint)]
+    responses = [row for _, row in read_rows(dump, ("input", "gts", "score"), hint, error=EvaluateError)]
     problems = []
     for name, path in zip(names, benchmark_files(data_dir, names)):
-        for position, row in enumerate(pd.read_parquet(path).itertuples(index=False)):
+        for position, row in enumerate(_read_parquet(path).itertuples(index=False)):
             index = _as_dict(getattr(row, "extra_info", None)).get("index", position)
             problems.append((name, index, _as_dict(row.reward_model).get("ground_truth")))
     if not problems or not responses or len(responses) % len(problems):
-        raise ValueError(f"{dump}: {len(responses)} responses are not the same number for each of the "
+        raise EvaluateError(f"{dump}: {len(responses)} responses are not the same number for each of the "
                          f"{len(problems)} problems of {', '.join(names)} (data.val_files in another order, or "
                          "other benchmarks? --benchmarks names them in data.val_files' order)")
     k = len(responses) // len(problems)
@@ -692,7 +755,7 @@ def scores_from_validation(dump: str, data_dir: str, names: Sequence[str]) -> li
     for number, (name, index, truth) in enumerate(problems):
         block = responses[number * k:(number + 1) * k]
         if any(r["input"] != block[0]["input"] or str(r["gts"]) != str(truth) for r in block):
-            raise ValueError(f"{dump}: responses {number * k + 1}-{(number + 1) * k} are not the {k} samples of "
+            raise EvaluateError(f"{dump}: responses {number * k + 1}-{(number + 1) * k} are not the {k} samples of "
                              f"{name} problem {index} (ground truth {truth!r}): validated in another order than "
                              f"--benchmarks {','.join(names)}?")
         scores = [float(r["score"]) for r in block]
@@ -857,6 +920,15 @@ def finish(runs_rows: Sequence[dict], name: str, out_dir: str, scores_path: str,
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    """The command; a file or setting it cannot use is one line on stderr, ``evaluate.py: error: ...``, exit 2."""
+    try:
+        return _main(argv)
+    except EvaluateError as exc:
+        print(f"evaluate.py: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
+
+
+def _main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     names = [part.strip() for part in args.benchmarks.split(",") if part.strip()]
@@ -865,11 +937,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(attainability_table())
         return 0
     if args.table:
-        try:
-            table, warnings = tables_from_files(args.table, args.name, args.paper)
-        except MixedScoring as exc:
-            print(f"evaluate.py: error: {exc}", file=sys.stderr)
-            return 2
+        table, warnings = tables_from_files(args.table, args.name, args.paper)
         for warning in warnings:
             print(f"warning: {warning}", file=sys.stderr)
         print(table)

@@ -337,11 +337,13 @@ def test_a_validation_dump_is_tabulated_with_its_standard_errors(tmp_path, capsy
     # The benchmarks in another order than the run validated them: refused, naming the first misfit
     with pytest.raises(ValueError, match=r"responses 1-2 are not the 2 samples of amc problem 0 \(ground truth "
                                          r"'amc-0'\): validated in another order than --benchmarks amc,aime24\?"):
-        evaluate.main(["--validation", str(dump), "--data-dir", str(data), "--benchmarks", "amc,aime24",
-                       "--out-dir", str(out)])
-    with pytest.raises(ValueError, match="10 responses are not the same number for each of the 3 problems of amc"):
-        evaluate.main(["--validation", str(dump), "--data-dir", str(data), "--benchmarks", "amc",
-                       "--out-dir", str(out)])
+        evaluate.scores_from_validation(str(dump), str(data), ["amc", "aime24"])
+    # The command says it in one line, exit status 2
+    capsys.readouterr()
+    assert evaluate.main(["--validation", str(dump), "--data-dir", str(data), "--benchmarks", "amc",
+                          "--out-dir", str(out)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "10 responses are not the same number for each of the 3 problems of amc" in err[0]
 
 
 # ---- generation ----------------------------------------------------------------------------------------------
@@ -468,3 +470,74 @@ def test_validation_and_generation_scores_are_never_pooled_in_one_table(tmp_path
     assert len(err) == 1 and err[0].startswith(f"evaluate.py: error: {paths[0]} was scored from a validation dump")
     for path in paths:  # each path alone tabulates
         assert evaluate.main(["--table", path]) == 0
+
+
+def _scores_file(path, rows):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return str(path)
+
+
+def _refused(capsys, *args) -> str:
+    capsys.readouterr()
+    assert evaluate.main(list(args)) == 2
+    err = capsys.readouterr().err.splitlines()
+    # progress lines ("[3/3] scoring ...") may come first; the error is the one last line
+    assert err and err[-1].startswith("evaluate.py: error: ") and not any("Traceback" in line for line in err), err
+    assert sum(line.startswith("evaluate.py: error: ") for line in err) == 1
+    return err[-1]
+
+
+PROBLEMS = [{"benchmark": "aime24", "index": i, "score": s, "scores": [s, s]} for i, s in enumerate([1.0, 0.0])]
+
+
+def test_files_are_pooled_only_when_named_as_seeds_of_one_method_on_the_same_problems(tmp_path, capsys):
+    grpo = _scores_file(tmp_path / "results" / "grpo.jsonl", PROBLEMS)
+    apo = _scores_file(tmp_path / "results" / "apo.jsonl", PROBLEMS)
+    # Unnamed files in one folder: a row each, never "results (2 runs)"
+    assert evaluate.main(["--table", grpo, apo]) == 0
+    out = capsys.readouterr().out
+    assert "(2 runs)" not in out and grpo in out and apo in out
+    # The same file twice is not two seeds
+    assert "is given twice" in _refused(capsys, "--table", grpo, grpo, "--name", "m", "--name", "m")
+    # Seeds of one method scored on other problems
+    other = _scores_file(tmp_path / "other.jsonl", [{**PROBLEMS[0], "index": 7}, PROBLEMS[1]])
+    assert "score different problems" in _refused(capsys, "--table", grpo, other, "--name", "m", "--name", "m")
+    # Named as seeds on the same problems: pooled
+    assert evaluate.main(["--table", grpo, apo, "--name", "m", "--name", "m"]) == 0
+    assert "| m (2 runs) |" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("row, said", [
+    ({"benchmark": "aime24", "score": 5}, "score 5 is not a number in [0, 1]"),
+    ({"benchmark": "aime24", "score": -1}, "score -1 is not a number in [0, 1]"),
+    ({"benchmark": "aime24", "score": float("nan")}, "score nan is not a number in [0, 1]"),
+    ({"benchmark": "aime24", "score": 1.0, "scores": [0, 0, 0, 0]}, "score 1.0 is not the mean of its scores"),
+    ({"benchmark": "aime24", "score": 0.5, "scores": [1, 2]}, "is not a non-empty list of numbers in [0, 1]"),
+    ({"benchmark": "", "score": 0.5}, "is not a benchmark's name"),
+])
+def test_impossible_scores_are_refused_naming_the_line(tmp_path, capsys, row, said):
+    path = _scores_file(tmp_path / "s.jsonl", [row])
+    line = _refused(capsys, "--table", path)
+    assert f"{path}:1: " in line and said in line
+
+
+def test_unreadable_inputs_are_one_line(tmp_path, capsys):
+    empty = _scores_file(tmp_path / "empty.jsonl", [])
+    assert "an empty scores file" in _refused(capsys, "--table", empty)
+    twice = _scores_file(tmp_path / "twice.jsonl", [PROBLEMS[0], PROBLEMS[0]])
+    assert "aime24 problem 0 is scored twice" in _refused(capsys, "--table", twice)
+    truncated = tmp_path / "cut.jsonl"
+    truncated.write_text('{"benchmark": "aime24", "sco')
+    assert str(truncated) in _refused(capsys, "--table", str(truncated))
+    binary = tmp_path / "bin.jsonl"
+    binary.write_bytes(b"\xff\xfe\n")
+    assert "not UTF-8" in _refused(capsys, "--table", str(binary))
+    assert "a folder, not a file" in _refused(capsys, "--table", str(tmp_path))
+    assert "cannot be read" in _refused(capsys, "--table", str(tmp_path / "missing.jsonl"))
+    bad_parquet = tmp_path / "gen.parquet"
+    bad_parquet.write_bytes(b"PAR1 not really")
+    assert "not a readable parquet file" in _refused(capsys, "--score", str(bad_parquet), "--dry-run")
+    dump = _scores_file(tmp_path / "validation" / "1.jsonl", [{"input": "x", "gts": "1", "score": 1.0}])
+    assert "missing" in _refused(capsys, "--validation", dump, "--data-dir", str(tmp_path / "nodata"))
+    assert "no such file" in _refused(capsys, "--score", str(tmp_path / "nothing.parquet"), "--dry-run")
