@@ -113,7 +113,28 @@ def test_the_vote_key_defaults_to_the_math_rule_and_loads_a_function_by_name():
     with pytest.raises(VoteKeyError, match="algorithm.agpo_dual.vote_key='os.path:nothing' cannot be loaded"):
         load_vote_key("os.path:nothing")
     with pytest.raises(VoteKeyError, match="returned int, not a string"):
-        load_vote_key("builtins:len")("abc")
+        load_vote_key("builtins:len")  # tried on a sample response at load, before any run
+
+
+@pytest.mark.parametrize("module, spec, said", [
+    (None, ":f", "'module:function', both named"),
+    (None, "m:", "'module:function', both named"),
+    ("raise RuntimeError('broken at import')", "m:f", "cannot be loaded (RuntimeError: broken at import)"),
+    ("def f(:\n", "m:f", "cannot be loaded (SyntaxError"),
+    ("def f(text):\n    raise KeyError('no answer')\n", "m:f", "fails on a sample response (KeyError"),
+    ("def f(text, other):\n    return text\n", "m:f", "fails on a sample response (TypeError"),
+])
+def test_a_vote_key_that_cannot_work_is_one_line_at_launch(tmp_path, monkeypatch, module, spec, said):
+    """What would fail at the first probe, after Ray and the model have started, is refused before."""
+    if module is not None:
+        name = f"vote_key_case_{abs(hash(module))}"
+        (tmp_path / f"{name}.py").write_text(module)
+        monkeypatch.syspath_prepend(str(tmp_path))
+        spec = spec.replace("m:", f"{name}:")
+    with pytest.raises(VoteKeyError) as refused:
+        load_vote_key(spec)
+    assert said in str(refused.value) and "\n" not in str(refused.value)
+    assert str(refused.value).startswith(f"algorithm.agpo_dual.vote_key={spec!r}")
 
 
 # ---- the loss in the actor's workers ----------------------------------------------------------------------------

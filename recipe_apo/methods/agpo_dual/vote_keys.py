@@ -47,16 +47,25 @@ def math_vote_key(text: str) -> str:
     return _SPACES.sub(" ", s).lower()
 
 
+# What the launch hands a user's key function once, so that one that raises or takes other arguments is refused
+# before Ray starts, not at the first probe.
+SAMPLE_RESPONSE = "The sum is 3 + 4 = 7, so the answer is \\boxed{7}."
+
+
 def load_vote_key(spec: Optional[str]) -> Callable[[str], str]:
-    """The key function of ``algorithm.agpo_dual.vote_key``: ``math_vote_key`` for None, else ``module:function``."""
+    """The key function of ``algorithm.agpo_dual.vote_key``: ``math_vote_key`` for None, else ``module:function``,
+    imported and called once on ``SAMPLE_RESPONSE``: anything that goes wrong is one ``VoteKeyError`` line."""
     if spec is None:
         return math_vote_key
     module_name, _, attribute = str(spec).partition(":")
+    if not module_name.strip() or not attribute.strip():
+        raise VoteKeyError(f"algorithm.agpo_dual.vote_key={spec!r}: 'module:function', both named")
     try:
         function = getattr(importlib.import_module(module_name), attribute)
-    except (ImportError, AttributeError) as exc:
+    except Exception as exc:  # a module may raise anything while it is imported (a SyntaxError too)
+        first = str(exc).splitlines()[0] if str(exc) else ""
         raise VoteKeyError(f"algorithm.agpo_dual.vote_key={spec!r} cannot be loaded "
-                           f"({type(exc).__name__}: {exc})") from None
+                           f"({type(exc).__name__}: {first})") from None
     if not callable(function):
         raise VoteKeyError(f"algorithm.agpo_dual.vote_key={spec!r} is not a function")
 
@@ -66,4 +75,13 @@ def load_vote_key(spec: Optional[str]) -> Callable[[str], str]:
             raise VoteKeyError(f"algorithm.agpo_dual.vote_key={spec!r} returned {type(key).__name__}, not a string")
         return key
 
+    try:
+        checked(SAMPLE_RESPONSE)
+    except VoteKeyError:
+        raise
+    except Exception as exc:
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        raise VoteKeyError(f"algorithm.agpo_dual.vote_key={spec!r} fails on a sample response "
+                           f"({type(exc).__name__}: {first}): it must take one response's text and return its "
+                           "answer as a string") from None
     return checked
