@@ -28,7 +28,12 @@ from recipe_apo.integration.naming import (  # experiment_name: the naming rule,
     sweep_arguments,
     swept_keys,
 )
-from recipe_apo.integration.validation import config_warnings, route_agent_loops, validate_recipe_config
+from recipe_apo.integration.validation import (
+    check_preset_runs,
+    config_warnings,
+    route_agent_loops,
+    validate_recipe_config,
+)
 from recipe_apo.integration.verl_settings import check_with_verl
 
 
@@ -50,6 +55,13 @@ def name_the_run(config: DictConfig) -> None:
     name = job_name(config, hydra_config.runtime.choices, list(hydra_config.overrides.task), swept)
     with open_dict(config):
         config.trainer.experiment_name = name
+
+
+def method_choice() -> str | None:
+    """The preset this Hydra job runs (``method=<name>``)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return HydraConfig.get().runtime.choices.get("method")
 
 
 def rehearsal_choice() -> str | None:
@@ -75,6 +87,7 @@ def prepare(config: DictConfig, rehearsal: str | None = None) -> DictConfig:
         check_rehearsal_config(config)
         for_existing_cluster(config)  # trainer.nnodes>1: the run joins the local cluster at ray_init.address
     route_agent_loops(config)  # a method that samples prompts at their own settings: its agent loop file
+    check_preset_runs(config, method_choice())
     validate_recipe_config(config, rehearsal=on_cpu)
     check_with_verl(config)
     for warning in config_warnings(config, on_cpu):

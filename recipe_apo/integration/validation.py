@@ -308,6 +308,21 @@ CHECKERS: tuple[Callable[[Any, bool], None], ...] = (
 )
 
 
+def check_preset_runs(config: Any, preset: Optional[str]) -> None:
+    """Refuses a run whose command line turns off a method its preset (``method=<preset>``) is named for: the run
+    would go on under the preset's name without it (``method=agpo_dual`` with another ``loss_mode``)."""
+    if preset is None:
+        return
+    actor = config.actor_rollout_ref.actor
+    for method in catalog.of_preset(str(preset)):
+        if not method.active(config):
+            raise RecipeConfigError(
+                f"method={preset} with algorithm.adv_estimator={config.algorithm.adv_estimator} and "
+                f"actor_rollout_ref.actor.policy_loss.loss_mode={actor.policy_loss.loss_mode}: these settings turn "
+                f"{method.title} off, and the run would still be named {preset}; drop the override, or choose the "
+                "preset of what you run")
+
+
 def validate_recipe_config(config: Any, rehearsal: bool = False) -> None:
     """Raise ``RecipeConfigError`` for the first invalid setting of a resolved trainer config.
 

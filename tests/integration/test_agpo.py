@@ -195,3 +195,33 @@ def test_the_sampling_loop_runs_the_prompts_own_loop_at_its_temperature(monkeypa
     assert params["temperature"] == 1.0  # the worker's shared parameters are left as they were
     with pytest.raises(ValueError, match="the prompt's agent loop 'recipe_sampling' is not a registered agent loop"):
         asyncio.run(loop.run(params, recipe_agent_name="recipe_sampling"))
+
+
+# ---- settings that would switch AGPO's dual feedback off or break it -------------------------------------------
+@pytest.mark.parametrize("loss_mode", ["vanilla", "apo_one_sided"])
+def test_a_loss_that_turns_it_off_is_refused_under_its_name(loss_mode):
+    """method=agpo_dual with another loss ran without a probe, a temperature or a clip, still named agpo_dual."""
+    from recipe_apo.integration.validation import check_preset_runs
+
+    config = launch(f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode}")
+    with pytest.raises(RecipeConfigError) as refused:
+        check_preset_runs(config, "agpo_dual")
+    assert str(refused.value).startswith(f"method=agpo_dual with algorithm.adv_estimator=grpo and "
+                                         f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode}: these "
+                                         "settings turn AGPO (dual) off")
+    check_preset_runs(launch(), "agpo_dual")
+
+
+def test_a_method_that_trains_on_prompts_of_its_own_is_refused_beside_it():
+    assert refusal("algorithm.adv_estimator=codapo").startswith(
+        "method=agpo_dual with CoDaPO (algorithm.adv_estimator=codapo): CoDaPO may train a step on prompts of its own")
+
+
+@pytest.mark.parametrize("overrides, said", [
+    (["algorithm.agpo_dual.base_temperature=2.0", "actor_rollout_ref.rollout.temperature=2.0"],
+     "algorithm.agpo_dual.base_temperature=2.0 is outside [min_temperature, max_temperature] = [0.5, 1.5]"),
+    (["actor_rollout_ref.rollout.temperature='1.0'"],
+     "actor_rollout_ref.rollout.temperature='1.0' with algorithm.agpo_dual.base_temperature=1.0"),
+])
+def test_temperatures_that_pin_or_misread_are_refused(overrides, said):
+    assert refusal(*overrides).startswith(said)

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from recipe_apo.methods import catalog
 from recipe_apo.methods.agpo_dual import LOSS, uses_agpo
 from recipe_apo.methods.agpo_dual.settings import AgpoSettings
 from recipe_apo.methods.agpo_dual.vote_keys import VoteKeyError, load_vote_key
-from recipe_apo.methods.base import Launch
+from recipe_apo.methods.base import Launch, MethodRuntime, load
 from recipe_apo.methods.errors import MethodConfigError
 
 
@@ -43,6 +44,13 @@ def check_agpo_launch(launch: Launch) -> None:
     if filter_groups.get("enable", False):
         raise MethodConfigError("algorithm.filter_groups.enable=true with method=agpo_dual: verl's group filter "
                                 "refills a step with prompts generated outside its probe; set it to false")
+    for other in catalog.active(config):
+        runtime = load(other.runtime) if other.runtime else None
+        if other.name != "agpo_dual" and runtime is not None and \
+                runtime.replace_prompts is not MethodRuntime.replace_prompts:
+            raise MethodConfigError(
+                f"method=agpo_dual with {other.title} (algorithm.adv_estimator={config.algorithm.adv_estimator}): "
+                f"{other.title} may train a step on prompts of its own, which AGPO has not probed; run one of them")
     correction = config.algorithm.get("rollout_correction", None) or {}
     if correction.get("bypass_mode", False):
         raise MethodConfigError("algorithm.rollout_correction.bypass_mode=true with method=agpo_dual: AGPO's clip "
@@ -54,8 +62,9 @@ def check_agpo_launch(launch: Launch) -> None:
 def check_temperature(config: Any, settings: AgpoSettings) -> None:
     """The rollout's temperature is tau_base: the probe's, and the one the actor's log-probs use (both adapters)."""
     temperature = config.actor_rollout_ref.rollout.get("temperature")
-    if temperature != settings.base_temperature:
+    if isinstance(temperature, str) or temperature != settings.base_temperature:
+        shown = repr(temperature) if isinstance(temperature, str) else temperature  # '1.0' is not 1.0
         raise MethodConfigError(
-            f"actor_rollout_ref.rollout.temperature={temperature} with algorithm.agpo_dual.base_temperature="
+            f"actor_rollout_ref.rollout.temperature={shown} with algorithm.agpo_dual.base_temperature="
             f"{settings.base_temperature}: method=agpo_dual needs them equal (tau_base is the probe's temperature "
             "and the one the actor's log-probs use); set algorithm.agpo_dual.base_temperature instead")

@@ -70,6 +70,11 @@ class AgpoSettings:
         if self.min_temperature > self.max_temperature:
             raise AgpoConfigError(f"algorithm.agpo_dual.min_temperature={self.min_temperature} is above "
                                   f"max_temperature={self.max_temperature}")
+        if not self.min_temperature <= self.base_temperature <= self.max_temperature:
+            # tau_t = clip(tau_base (1 + lambda c), min, max): a tau_base outside pins every prompt at a bound.
+            raise AgpoConfigError(f"algorithm.agpo_dual.base_temperature={self.base_temperature} is outside "
+                                  f"[min_temperature, max_temperature] = [{self.min_temperature}, "
+                                  f"{self.max_temperature}]: every prompt's temperature would sit at a bound")
         check_number(name + "temperature_gain", self.temperature_gain, AgpoConfigError, low=0.0, high=100.0)
         for key in ("average_rate", "entropy_ref_rate"):
             check_number(name + key, getattr(self, key), AgpoConfigError, low=0.0, high=1.0, low_open=True)
