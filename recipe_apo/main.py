@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from recipe_apo.errors import RecipeError, recipe_error
 from recipe_apo.integration.engine_watch import EngineWatch
+from recipe_apo.integration.errors import RecipeConfigError
 from recipe_apo.integration.modes import is_recipe_trainer, recipe_mode, verl_mode
 from recipe_apo.integration.naming import (  # experiment_name: the naming rule, from the entry point too
     check_the_sweep,
@@ -74,8 +75,16 @@ def rehearsal_choice() -> str | None:
 def prepare(config: DictConfig, rehearsal: str | None = None) -> DictConfig:
     """Name the run, resolve every interpolation here (Ray actors do not know Hydra's resolvers), pick the
     recipe's trainer for verl's mode and validate."""
-    name_the_run(config)
-    OmegaConf.resolve(config)
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        name_the_run(config)
+        OmegaConf.resolve(config)
+    except OmegaConfBaseException as exc:
+        # A setting that does not resolve (algorithm.agpo_dual=null under a preset that reads it), as one line.
+        key = str(getattr(exc, "full_key", "") or "a setting")
+        reason = " ".join(str(exc).splitlines()[0].split()) if str(exc) else type(exc).__name__
+        raise RecipeConfigError(f"{key} does not resolve: {reason}") from None
     with open_dict(config):
         # not str(): a null or a number must reach the mode check as itself, not as the text "None" or "1"
         config.trainer.v1.trainer_mode = recipe_mode(config.trainer.v1.get("trainer_mode", "sync"))

@@ -307,6 +307,12 @@ def test_the_default_config_passes_in_each_mode_and_in_the_rehearsal():
      "trainer.v1.separate_async.parameter_sync_step must be an integer >= 1, got -1"),
     ([DYNAMIC, f"{ACTOR_BUDGET}=4"], f"{ACTOR_BUDGET}=4 with actor_rollout_ref.actor.use_dynamic_bsz=true"),
     (["trainer.n_gpus_per_node=1.5"], "trainer.n_gpus_per_node must be an integer >= 1, got 1.5"),
+    # A node a preset reads, deleted (agpo_dual's rollout.temperature interpolates its base_temperature).
+    (["method=agpo_dual", "algorithm.agpo_dual=null"], "a setting does not resolve: ConfigTypeError"),
+    # The preset's method turned off by the command line (method=agpo_dual's loss replaced).
+    (["method=agpo_dual", "actor_rollout_ref.actor.policy_loss.loss_mode=vanilla"],
+     "method=agpo_dual with algorithm.adv_estimator=grpo and actor_rollout_ref.actor.policy_loss.loss_mode=vanilla: "
+     "these settings turn AGPO (dual) off"),
     # verl's own check (verl.utils.config.validate_config), which main_ppo runs before Ray: in the dry run too.
     (["data.train_batch_size=3", "actor_rollout_ref.rollout.n=3", "actor_rollout_ref.actor.ppo_mini_batch_size=3"],
      "verl's config check refused the run: real_train_batch_size (9) must be divisible by minimal possible batch "
