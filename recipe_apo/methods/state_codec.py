@@ -99,6 +99,14 @@ def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a number a state holds")
 
 
+def _finite_float(text: str) -> float:
+    """A JSON number as a float, refused when it overflows (1e400 would read as inf)."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text[:40]} is not a number a state holds (beyond a float's range)")
+    return value
+
+
 def write_state(folder: str, name: str, kind: str, step: int, state: dict) -> str:
     """Write ``state`` of method ``kind`` at ``step`` to ``folder/name`` atomically; return the path."""
     clash = [key for key in _RESERVED if key in state]
@@ -144,7 +152,7 @@ def read_state(path: str, kind: str) -> tuple[dict, Any]:
         raise StateFileError("it is missing")
     try:
         with open(path, encoding="utf-8") as handle:
-            payload = json.load(handle, parse_constant=_refuse_constant)
+            payload = json.load(handle, parse_constant=_refuse_constant, parse_float=_finite_float)
     except (OSError, ValueError, TypeError, RecursionError, OverflowError, UnicodeDecodeError) as exc:
         # RecursionError: deeply nested JSON; OverflowError: numbers too large for what they stand for.
         raise StateFileError(f"it cannot be read ({_cause(exc)})") from None

@@ -60,6 +60,7 @@ def test_a_state_round_trips_with_its_arrays_written_atomically(tmp_path):
     (None, "it is missing"),
     ("{not json", "it cannot be read (JSONDecodeError"),
     ('{"kind": "x", "v": NaN}', "it cannot be read (ValueError: NaN is not a number a state holds)"),
+    ('{"kind": "x", "v": 1e400}', "it cannot be read (ValueError: 1e400 is not a number a state holds (beyond"),
     ("[" * 100_000 + "]" * 100_000, "it cannot be read (RecursionError"),
     ('{"kind": "y"}', "it is not x's state (kind 'y')"),
     ("[1, 2]", "it cannot be read (a JSON list, not a mapping)"),
