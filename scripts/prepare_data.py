@@ -142,7 +142,22 @@ class PrepareError(RuntimeError):
 
 
 def read_local(path: str) -> list[dict]:
-    """Rows of a local JSON / JSONL / parquet / arrow file, or of a `datasets.save_to_disk` folder."""
+    """Rows of a local JSON / JSONL / parquet / arrow file, or of a `datasets.save_to_disk` folder; a file that
+    cannot be read as its kind (not UTF-8, broken JSON, a corrupt parquet or arrow file) is one ``PrepareError``
+    line naming it."""
+    import pyarrow as pa
+
+    try:
+        return _read_local(path)
+    except UnicodeDecodeError as exc:
+        raise PrepareError(f"{path}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start})") \
+            from None
+    except (pa.ArrowException, OSError) as exc:
+        first = " ".join(str(exc).split())[:160]
+        raise PrepareError(f"{path}: cannot be read ({type(exc).__name__}: {first})") from None
+
+
+def _read_local(path: str) -> list[dict]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -155,7 +170,7 @@ def read_local(path: str) -> list[dict]:
             raise PrepareError(f"{path}: a folder without .arrow or .parquet files")
         rows: list[dict] = []
         for file in files:
-            rows.extend(read_local(file))
+            rows.extend(_read_local(file))
         return rows
     if not os.path.exists(path):
         raise PrepareError(f"{path}: no such file")
@@ -175,7 +190,10 @@ def read_local(path: str) -> list[dict]:
             text = handle.read()
         stripped = text.lstrip()
         if stripped.startswith("["):
-            data = json.loads(text)
+            try:
+                data = json.loads(text)
+            except ValueError as exc:
+                raise PrepareError(f"{path}: not a JSON array of rows ({exc})") from None
         elif lower.endswith(".json") and stripped.startswith("{") and _single_json_object(text):
             data = json.loads(text)
             # {"data": [...]} / {"train": [...]}: the one list inside
@@ -466,6 +484,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     except PrepareError as exc:
         parser.error(str(exc))
     out_dir = os.path.expanduser(args.out_dir)
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        parser.error(f"--out-dir {args.out_dir}: a file, not a folder; name a folder for the parquet files")
 
     summary: list[tuple[str, str, int, int, str, str]] = []
     failed = False
@@ -495,7 +515,13 @@ def main(argv: Optional[list[str]] = None) -> int:
             summary.append((name, label, len(rows), spec.expected_rows, status, "-"))
             failed = True
             continue
-        write_parquet(rows, path)
+        try:
+            write_parquet(rows, path)
+        except OSError as exc:
+            print(f"{name:>14}: ERROR cannot write {path} ({exc.strerror or exc})", file=sys.stderr, flush=True)
+            summary.append((name, label, len(rows), spec.expected_rows, "error", "-"))
+            failed = True
+            continue
         print(f"{name:>14}: {len(rows)} rows -> {path}{note}", file=sys.stderr, flush=True)
         summary.append((name, label, len(rows), spec.expected_rows, status, path))
 

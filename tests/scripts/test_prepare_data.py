@@ -266,3 +266,28 @@ def test_runs_as_a_script(tmp_path):
                              "--file", f"aime24={src}"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "[1/1] aime24" in result.stderr and "30 rows ->" in result.stderr
+
+
+@pytest.mark.parametrize("name, content, said", [
+    ("aime.jsonl", b"\xff\xfe{}\n", "not UTF-8 text (byte 0xff"),
+    ("aime.json", b'[{"problem": "x", ', "not a JSON array of rows"),
+    ("aime.jsonl", b'{"problem": "x"\n', "aime.jsonl:1: not a JSON line"),
+    ("aime.parquet", b"PAR1 not a parquet file", "cannot be read (Arrow"),
+    ("aime.arrow", b"not arrow at all", "cannot be read ("),
+])
+def test_an_unreadable_input_is_one_error_line_naming_it(tmp_path, capsys, name, content, said):
+    src = tmp_path / name
+    src.write_bytes(content)
+    assert prep.main(["--out-dir", str(tmp_path / "out"), "--splits", "aime24", "--file", f"aime24={src}"]) == 1
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if "ERROR" in line]
+    assert len(errors) == 1 and str(src) in errors[0] and said in errors[0], err
+    assert "Traceback" not in err
+
+
+def test_an_out_dir_that_is_a_file_is_refused_before_any_work(tmp_path, capsys):
+    target = tmp_path / "a_file"
+    target.write_text("x")
+    with pytest.raises(SystemExit) as exit_:
+        prep.main(["--out-dir", str(target), "--splits", "aime24"])
+    assert exit_.value.code == 2 and "--out-dir" in capsys.readouterr().err and target.read_text() == "x"
