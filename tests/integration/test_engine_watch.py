@@ -205,3 +205,12 @@ def test_the_interrupt_ends_a_blocking_wait_of_the_main_thread():
         rescue.cancel()
         os.close(read_end)
         os.close(write_end)
+
+
+def test_the_rehearsal_waits_longer_for_a_silent_engine_and_the_command_line_still_decides():
+    """On a loaded 2-core machine a healthy CPU engine went silent past 120 s: the rehearsal waits 600 s."""
+    from helpers.composing import compose_recipe
+
+    assert compose_recipe("method=apo", "rehearsal=cpu").rollout_watch.timeout_s == 600
+    assert compose_recipe("method=apo", "rehearsal=cpu", "rollout_watch.timeout_s=30").rollout_watch.timeout_s == 30
+    assert compose_recipe("method=apo", "actor_rollout_ref.rollout.name=vllm").rollout_watch.timeout_s == 120
