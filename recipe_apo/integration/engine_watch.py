@@ -59,6 +59,7 @@ class EngineWatch:
         self._stop = threading.Event()
         self._pending: dict[str, tuple[Any, float]] = {}  # server -> (its probe under way, when it was sent)
         self._answered: set[str] = set()
+        self._seen: set[str] = set()  # every server listed at some look: one no longer listed has died
         self._thread = threading.Thread(target=self._watch, name="recipe-apo-engine-watch", daemon=True)
 
     @classmethod
@@ -102,6 +103,7 @@ class EngineWatch:
         except Exception:  # Ray shutting down: nothing left to watch
             return None
         now = time.monotonic()
+        self._seen.update(names)
         for name in names:
             state = self._look(name, now)
             if state is not None:
@@ -157,6 +159,14 @@ class EngineWatch:
             names = sorted(name for name in ray.util.list_named_actors() if SERVER_NAME.match(name))
         except Exception:
             return None
+        return self.judge_last(names, wait_s)
+
+    def judge_last(self, names: list[str], wait_s: float) -> Optional[str]:
+        """``last_look`` on the servers listed now: one the watch saw before and Ray no longer lists has died (a
+        dead actor's name is released: the rehearsal's own ``hf`` server, killed, fails the generation before the
+        next look); else the first that answers a probe with a failure."""
+        for name in sorted(self._seen - set(names)):
+            return failure_message(name, "its Ray actor has died")
         for name in names:
             probe = self._send(name)
             answered, state = self._read(probe, wait_s) if probe is not None else (False, None)

@@ -10,7 +10,13 @@ from types import SimpleNamespace
 import pytest
 from omegaconf import OmegaConf
 
-from recipe_apo.integration.engine_watch import SERVER_NAME, EngineWatch, checked_settings, engine_state
+from recipe_apo.integration.engine_watch import (
+    SERVER_NAME,
+    EngineWatch,
+    checked_settings,
+    engine_state,
+    failure_message,
+)
 from recipe_apo.integration.errors import RecipeConfigError
 
 
@@ -214,3 +220,14 @@ def test_the_rehearsal_waits_longer_for_a_silent_engine_and_the_command_line_sti
     assert compose_recipe("method=apo", "rehearsal=cpu").rollout_watch.timeout_s == 600
     assert compose_recipe("method=apo", "rehearsal=cpu", "rollout_watch.timeout_s=30").rollout_watch.timeout_s == 30
     assert compose_recipe("method=apo", "actor_rollout_ref.rollout.name=vllm").rollout_watch.timeout_s == 120
+
+
+def test_after_a_failure_a_server_seen_before_and_no_longer_listed_is_named():
+    """The rehearsal's own hf server, killed, fails the generation within seconds, before the watch's next look:
+    Ray has released its name by then. The watch saw it at an earlier look, so its last look names it."""
+    watch = ScriptedWatch([(True, None), (True, None)])
+    watch._seen.update(["hf_server_0_0", "hf_server_1_0"])
+    assert watch.judge_last(["hf_server_1_0"], 0.0) == failure_message("hf_server_0_0", "its Ray actor has died")
+    assert watch.judge_last(["hf_server_0_0", "hf_server_1_0"], 0.0) is None  # both alive and well
+    assert "the rollout engine hf_server_0_0 (hf) stopped the run: its Ray actor has died" in failure_message(
+        "hf_server_0_0", "its Ray actor has died")
