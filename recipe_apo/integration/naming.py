@@ -354,6 +354,13 @@ def check_the_sweep(config: Any, hydra_config: Any, arguments: Sequence[str]) ->
                         OmegaConf.update(scratch, key, _parse(override).value(), merge=True, force_add=True)
                     except Exception:  # the job's own composition refuses it
                         pass
+            if "data.seed" in swept:  # a seed torch cannot take would stop its job after the ones before it ran
+                from recipe_apo.integration.validation import check_data_seed
+
+                try:
+                    check_data_seed(scratch)
+                except RecipeConfigError as exc:
+                    raise RecipeConfigError(f"job #{number} of this multirun: {exc}") from None
             explicit = scratch.trainer.get("experiment_name")
             name = explicit or job_name(scratch, job_choices, task, swept)
             scratch.trainer.experiment_name = name

@@ -256,6 +256,10 @@ SEED_MAX = 2**32 - 1
 
 
 def _check_data_seed(config: Any, rehearsal: bool) -> None:
+    check_data_seed(config)
+
+
+def check_data_seed(config: Any) -> None:
     """Refuses a data.seed that is not null or a whole number in [0, 2^32 - 1]: verl hands it to torch's
     ``manual_seed`` only inside a Ray worker, after the cluster and the model have started (``01`` and ``abc`` are
     strings to Hydra, ``1.5`` a float, ``2^70`` overflows the seeding)."""

@@ -121,6 +121,15 @@ def test_a_multirun_whose_jobs_would_share_a_checkpoint_folder_is_refused_before
                             "(run name apo-actor.use_dynamic_bsz=True-rollout.n=8)")
 
 
+def test_a_multirun_with_a_seed_torch_cannot_take_is_refused_before_any_job_starts(tmp_path):
+    result = run_recipe_main("-m", "method=apo", "data.seed=1,01", *DRY, f"hydra.sweep.dir={tmp_path / 'sweep'}",
+                             cwd=tmp_path)
+    assert result.returncode == 2
+    assert "dry run:" not in result.stdout  # job #0 did not start either
+    (error,) = [line for line in result.stderr.splitlines() if "error" in line]
+    assert error.startswith("recipe-apo: error: job #1 of this multirun: data.seed='01': null or a whole number")
+
+
 def sweep_hydra(tmp_path):
     """What check_the_sweep reads of a job's HydraConfig."""
     return OmegaConf.create({"sweeper": {"_target_": "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"},
