@@ -1,21 +1,12 @@
-"""scripts/evaluate.py end to end on a CPU, and the hf rollout's OpenAI endpoint it generates through.
-
-The end-to-end test is one real run: ``scripts/evaluate.py --model <tiny checkpoint> --greedy`` starts verl's own
-``python -m verl.trainer.main_generation_server`` (its Ray cluster, a standalone ``hf`` replica with verl's
-``CheckpointEngineWorker``, the server's chat-completions endpoint over HTTP), then scores with the tiny task's
-reward. Its per-problem scores must be the checkpoint's own greedy answers, computed here with plain
-transformers, and not a random model's: generating with verl's default ``load_format=dummy`` would score as
-random weights do. About a minute on 2 cores, mostly Ray and its workers starting.
-
-The endpoint's tests run the server in this process, without Ray, over real HTTP.
-"""
+"""The hf rollout's OpenAI endpoint that scripts/evaluate.py generates through, in this process, without Ray, over
+real HTTP; and the score stage's reward functions. The whole evaluation through verl's main_generation_server (a
+Ray session) is tests/vllm/test_evaluate_generation.py."""
 
 from __future__ import annotations
 
 import asyncio
 import importlib.util
 import json
-import sys
 import threading
 from pathlib import Path
 from types import SimpleNamespace
@@ -23,23 +14,13 @@ from types import SimpleNamespace
 import aiohttp
 import pandas as pd
 import pytest
-import torch
 from helpers.paths import ROOT
+from helpers.tiny_generation import BENCHMARKS, MAX_RESPONSE, ROWS, direct_answers
 from omegaconf import OmegaConf
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
 
-from recipe_apo.cpu import chat_http, hf_server, rehearse
+from recipe_apo.cpu import chat_http, hf_server
 from recipe_apo.cpu import reward as task_reward
-from recipe_apo.cpu.make_tiny import task_rows
-
-MAX_RESPONSE = 8  # tokens: the tiny task's answers take at most 5 (4 letters and the end token)
-PROMPTS_PER_BENCHMARK = 8
-# What the CPU needs on verl's generation command beyond rollout.name (conf/rehearsal/cpu.yaml, cpu/checks.py):
-# verl's default attention is flash_attention_2, which has no CPU kernel (the hf server always computes in fp32).
-CPU_GENERATION = ("actor_rollout_ref.rollout.name=hf",
-                  "+actor_rollout_ref.model.override_config.attn_implementation=sdpa")
-# A hung run fails its test instead of holding CI (the run takes about a minute).
-RUN_TIMEOUT_S = 600
 
 
 @pytest.fixture(scope="module")
@@ -52,111 +33,10 @@ def tokenizer(tiny):
     return AutoTokenizer.from_pretrained(tiny)
 
 
-def benchmark_rows(data_source: str) -> list[dict]:
-    """Val prompts of one data source, in the layout scripts/prepare_data.py writes."""
-    rows = [r for r in task_rows("val", 4 * PROMPTS_PER_BENCHMARK, seed=0) if r["data_source"] == data_source]
-    return [
-        {
-            "data_source": data_source,
-            "prompt": row["prompt"],
-            "reward_model": {"ground_truth": row["reward_model"]["ground_truth"]},
-            "extra_info": {"index": index},
-        }
-        for index, row in enumerate(rows[:PROMPTS_PER_BENCHMARK])
-    ]
-
-
-BENCHMARKS = {"add": benchmark_rows("tiny_add"), "reverse": benchmark_rows("tiny_reverse")}
-ROWS = [row for rows in BENCHMARKS.values() for row in rows]  # main_generation_server's order: file by file
-
-
-def greedy_responses(model, tokenizer, rows: list[dict]) -> list[str]:
-    """Each prompt alone (no padding), greedy, decoded as main_generation_server's responses are."""
-    responses = []
-    for row in rows:
-        text = tokenizer.apply_chat_template(list(row["prompt"]), add_generation_prompt=True, tokenize=False)
-        ids = torch.tensor([tokenizer.encode(text, add_special_tokens=False)])
-        with torch.no_grad():
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=MAX_RESPONSE,
-                                 eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
-        responses.append(tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True))
-    return responses
-
-
-def scores(rows: list[dict], responses: list[str]) -> list[float]:
-    return [task_reward.compute_score(r["data_source"], text, r["reward_model"]["ground_truth"])
-            for r, text in zip(rows, responses)]
-
-
 @pytest.fixture(scope="module")
 def direct(tiny, tokenizer):
     """The checkpoint's greedy answers, and those of a random model of its config (seeded)."""
-    trained = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32, attn_implementation="sdpa").eval()
-    torch.manual_seed(0)
-    config = AutoConfig.from_pretrained(tiny, attn_implementation="sdpa")
-    random = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
-    real, noise = greedy_responses(trained, tokenizer, ROWS), greedy_responses(random, tokenizer, ROWS)
-    return {"responses": real, "scores": scores(ROWS, real), "random_scores": scores(ROWS, noise)}
-
-
-# ---- the end-to-end run ------------------------------------------------------------------------------------------
-def evaluate_env() -> dict[str, str]:
-    from recipe_apo.cpu.activate import DRIVER_ENV, ENV
-
-    env = {**rehearse.rehearsal_env(), **ENV, **DRIVER_ENV, "TOKENIZERS_PARALLELISM": "false"}
-    # main_generation_server calls ray.init() with no resources, which starts a local cluster (inside the
-    # run's process group, so a timeout kills it too). Ray reads this node's resources from
-    # RAY_OVERRIDE_RESOURCES: one "GPU" for verl's resource pool (the CPU platform's resource name) and, as
-    # the rehearsal config declares, more CPUs than the machine has (Ray only counts them).
-    env["RAY_OVERRIDE_RESOURCES"] = json.dumps({"CPU": 16, "GPU": 1})
-    env.pop("RAY_ADDRESS", None)  # never join a cluster someone else started
-    return env
-
-
-@pytest.fixture(scope="module")
-def evaluation(tiny, tmp_path_factory):
-    import openai  # noqa: F401  (in the test extra: verl's main_generation_server needs it; vLLM brings it on GPUs)
-    workdir = tmp_path_factory.mktemp("evaluate")
-    data_dir = workdir / "data"
-    data_dir.mkdir()
-    for name, rows in BENCHMARKS.items():
-        pd.DataFrame(rows).to_parquet(data_dir / f"{name}.parquet", index=False)
-    out = workdir / "eval"
-    # --greedy: one answer per problem, which the checkpoint's own greedy decodes below must match exactly (the
-    # default samples several per problem; its commands and statistics: tests/scripts/test_evaluate.py).
-    command = [sys.executable, str(ROOT / "scripts" / "evaluate.py"), "--model", str(tiny), "--out-dir", str(out),
-               "--data-dir", str(data_dir), "--benchmarks", ",".join(BENCHMARKS), "--ngpus", "1", "--greedy",
-               "--max-prompt-length", "64", "--max-response-length", str(MAX_RESPONSE),
-               "--reward-path", "pkg://recipe_apo.cpu.reward",
-               *(arg for override in CPU_GENERATION for arg in ("--generation-override", override))]
-    result = rehearse.run_logged(command, workdir / "evaluate.log", cwd=workdir, env=evaluate_env(),
-                                 label="evaluate", say=lambda _line: None, timeout=RUN_TIMEOUT_S)
-    assert result.returncode == 0, "\n".join(result.log.read_text().splitlines()[-40:])
-    return out, result
-
-
-def test_evaluation_scores_the_checkpoints_own_greedy_answers(evaluation, direct):
-    out, _ = evaluation
-    rows = [json.loads(line) for line in (out / "scores.jsonl").read_text().splitlines()]
-    assert [(r["benchmark"], r["index"]) for r in rows] == [(r["data_source"], r["extra_info"]["index"]) for r in ROWS]
-    assert [r["score"] for r in rows] == direct["scores"]
-    # Real weights, told apart from random ones: the checkpoint solves some problems and misses others.
-    assert 0 < sum(direct["scores"]) < len(ROWS)
-    assert sum(direct["random_scores"]) != sum(direct["scores"])
-
-
-def test_generations_are_the_checkpoints_greedy_decodes(evaluation, direct):
-    out, _ = evaluation
-    frame = pd.read_parquet(out / "generations.parquet")
-    assert [list(r) for r in frame["responses"]] == [[text] for text in direct["responses"]]
-
-
-def test_the_run_generated_through_its_own_ray_cluster_and_loaded_the_checkpoint(evaluation):
-    out, result = evaluation
-    log = result.log.read_text()
-    assert "actor_rollout_ref.rollout.load_format=auto" in log  # evaluate's command line, echoed
-    assert "Started a local Ray instance" in log  # main_generation_server's ray.init, not a leftover cluster
-    assert (out / "results.md").is_file()
+    return direct_answers(tiny, tokenizer)
 
 
 # ---- the endpoint, without Ray ------------------------------------------------------------------------------------
