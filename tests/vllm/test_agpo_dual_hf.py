@@ -1,6 +1,6 @@
 """method=agpo_dual through verl's whole loop on the CPU (the ``hf`` rollout): two steps in one Ray session, each
-checkpointed. The probe, the per-prompt temperature, the per-prompt clip in the loss and the controllers' state in
-every checkpoint.
+checkpointed (here rather than in tests/e2e for make test's time budget; the hf rollout needs no vLLM). The
+probe, the per-prompt temperature, the per-prompt clip in the loss and the controllers' state in every checkpoint.
 
 What this file leaves to others, each a Ray session (about 60 CPU-seconds on 2 cores) it does not start: the resume
 is one code path for every method's runtime (``integration/checkpoint.py``), run in the real loop by APO's
