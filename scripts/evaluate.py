@@ -52,7 +52,7 @@ import re
 import shlex
 import subprocess
 import sys
-from collections import defaultdict
+from collections import Counter, defaultdict
 from typing import Any, Callable, Iterable, NamedTuple, Optional, Sequence
 
 # (data_source written by prepare_data.py, column title in the paper's table, problems)
@@ -417,8 +417,8 @@ def tables_from_files(paths: Sequence[str], names: Sequence[str], paper: bool) -
     """The report of score files; files of the validation path and of the generation path are never pooled in
     one table: the two score one checkpoint differently (validation gives a truncated answer 0, generation
     scores it as it reads), so their figures differ by the share of truncated right answers."""
-    repeated = sorted({os.path.realpath(p) for p in paths if sum(os.path.realpath(q) == os.path.realpath(p)
-                                                                   for q in paths) > 1})
+    counts = Counter(os.path.realpath(p) for p in paths)
+    repeated = sorted(path for path, count in counts.items() if count > 1)
     if repeated:
         raise EvaluateError(f"{repeated[0]} is given twice: one file is one run (a seed counted twice would "
                             "shrink the SE across runs)")

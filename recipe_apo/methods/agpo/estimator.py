@@ -33,6 +33,7 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
+from recipe_apo.methods import driver_state
 from recipe_apo.methods.agpo.settings import AgpoSettings
 from recipe_apo.methods.checks import check_finite, check_shapes, output_dtype
 from recipe_apo.methods.errors import BatchInputError, MethodConfigError
@@ -116,5 +117,7 @@ def agpo_outcome_advantage(
     if index is None:
         raise BatchInputError("the agpo estimator needs the uid of each response (non_tensor_batch['uid'])")
     norm = read_flag(config, "norm_adv_by_std_in_grpo", True, MethodConfigError)
-    advantages, _ = compute_agpo_advantage(token_level_rewards, response_mask, index, norm, settings)
+    advantages, rows = compute_agpo_advantage(token_level_rewards, response_mask, index, norm, settings)
+    # The training rewards behind the advantages, for the runtime's metrics and dump (the recipe's trainer).
+    driver_state.record_result("agpo", {}, valid=response_mask.sum(dim=-1).cpu().numpy() > 0, **rows)
     return advantages, advantages
