@@ -1,0 +1,133 @@
+"""R2PO's two advantages (RRPO-ARR/Code at 8a2cc4d, ``simple_grpo_v1/``), one per phase of its schedule.
+
+Symbols, for response i of prompt group g (verl's uid), R_i its reward (the sum of its token-level rewards):
+
+- **rarity** (head phase; ``rollout_head_train.py::reward_rarity``, registered as ``rarity``):
+  s_i = 1 / #{j in g : R_j = R_i} (exact equality, as the source's ``unique`` counts), and
+  A_i = (s_i - mean_g s) / (std_g s + 1e-6), std the sample std (n - 1, ``torch.std``). A group whose s are all
+  equal (all rewards equal, or each reward as frequent as every other) gets A = 0: the source skips it. A rare
+  outcome is rewarded whatever its sign: the head learns to reach the outcomes the group seldom reaches.
+- **GRPO with the range skip** (policy phase; ``adaptor_grpo_split.py``): A_i = (R_i - mean_g R) / (std_g R + 1e-4)
+  (sample std), and A = 0 for a group whose rewards span less than 0.01 (max - min < 0.01).
+
+``r2po`` is the estimator a run names (``algorithm.adv_estimator=r2po``): each step it computes the advantage of
+the step's phase, which the runtime hands over (``driver_state``).
+
+Where this departs from the source, and why:
+
+- the source's batch is one group (one prompt, G = 8); here a batch holds many groups, each computed alone;
+- "all s equal" is decided on the counts (exactly), where the source compares float32 s_i - mean s to 0; the two
+  agree but where float32's mean of equal values is not the value itself;
+- statistics in float64, rounded once to the rewards' dtype (the source: float32 throughout, so the two differ in
+  the last bits); rows without a valid token (verl's padding) take no part and get A = 0;
+- a skipped group still reaches verl's loss with A = 0, where the source drops it from the batch: its tokens count
+  in the loss's token mean and, with the KL loss on, its KL term still acts (the source's skip drops it too).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from recipe_apo.methods import driver_state
+from recipe_apo.methods.checks import check_finite, check_shapes, output_dtype
+from recipe_apo.methods.errors import BatchInputError, MethodStateError
+from recipe_apo.methods.groups import centered_rewards, group_ids, group_range, response_rewards
+from recipe_apo.methods.tensors import from_float64
+
+RARITY_EPSILON = 1e-6  # the source's reward_rarity
+GRPO_EPSILON = 1e-4    # the source's policy phase
+RANGE_SKIP = 0.01      # a policy-phase group whose rewards span less is skipped
+
+# The names verl knows them by, and the name of the phase the runtime hands the ``r2po`` estimator.
+RARITY = "rarity"
+ESTIMATOR = "r2po"
+
+
+def rarity_scores(scores: np.ndarray, codes: np.ndarray, n_groups: int, valid: np.ndarray) -> tuple[np.ndarray,
+                                                                                                     np.ndarray]:
+    """(s, skipped groups): s_i = 1 / the number of valid responses of i's group with i's reward (0 for an invalid
+    row), and per group whether all its s are equal (the source skips it). Vectorized: one sort by (group, reward).
+    """
+    n = scores.shape[0]
+    rows = np.flatnonzero(valid)
+    order = rows[np.lexsort((scores[rows], codes[rows]))]
+    key_group, key_score = codes[order], scores[order]
+    starts = np.ones(order.size, dtype=bool)
+    starts[1:] = (key_group[1:] != key_group[:-1]) | (key_score[1:] != key_score[:-1])
+    run = np.cumsum(starts) - 1
+    run_sizes = np.bincount(run)
+    count = np.zeros(n)
+    count[order] = run_sizes[run]
+    s = np.divide(1.0, count, out=np.zeros(n), where=count > 0)
+    low, high = group_range(codes[rows], n_groups, count[rows])
+    return s, ~(low < high)
+
+
+def rarity_advantage(scores: np.ndarray, codes: np.ndarray, n_groups: int, valid: np.ndarray) -> tuple[np.ndarray,
+                                                                                                       np.ndarray]:
+    """(A, skipped groups): the rarity advantage of the module's docstring, float64."""
+    s, skipped = rarity_scores(scores, codes, n_groups, valid)
+    w = valid.astype(np.float64)
+    counts = np.bincount(codes, weights=w, minlength=n_groups)
+    advantage = centered_rewards(s, w, codes, counts, True, RARITY_EPSILON)
+    return np.where(valid & ~skipped[codes], advantage, 0.0), skipped
+
+
+def range_skipped_advantage(scores: np.ndarray, codes: np.ndarray, n_groups: int, valid: np.ndarray
+                            ) -> tuple[np.ndarray, np.ndarray]:
+    """(A, skipped groups): GRPO's advantage with the source's epsilon and range skip, float64."""
+    w = valid.astype(np.float64)
+    counts = np.bincount(codes, weights=w, minlength=n_groups)
+    low, high = group_range(codes[valid], n_groups, scores[valid])
+    skipped = ~(high - low >= RANGE_SKIP)  # a group with no valid response has (inf, -inf): skipped
+    advantage = centered_rewards(scores, w, codes, counts, True, GRPO_EPSILON)
+    return np.where(valid & ~skipped[codes], advantage, 0.0), skipped
+
+
+RULES = {0: rarity_advantage, 1: range_skipped_advantage}  # by phase (schedule.HEAD, schedule.POLICY)
+
+
+def compute_advantage(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Any,
+                      phase: int) -> tuple[torch.Tensor, dict[str, np.ndarray]]:
+    """The advantages of ``phase``'s rule, (batch, response_len) in the rewards' dtype (float32 for integer
+    rewards), and the per-row arrays behind them: ``valid``, ``skipped`` (the row's group was skipped)."""
+    check_shapes(token_level_rewards=token_level_rewards, response_mask=response_mask)
+    if index is None:
+        raise BatchInputError("the r2po estimators need the uid of each response (non_tensor_batch['uid'])")
+    batch_size = token_level_rewards.shape[0]
+    out_dtype = output_dtype(token_level_rewards)
+    codes, n_groups = group_ids(index, batch_size)
+    mask = torch.empty_like(response_mask, dtype=torch.float32).copy_(response_mask.detach())
+    valid = mask.sum(dim=-1).cpu().numpy() > 0
+    scores = response_rewards(token_level_rewards)
+    check_finite(scores, valid, "rewards", prefix="r2po")
+    advantage, skipped = RULES[phase](scores, codes, n_groups, valid)
+    out = mask if out_dtype == torch.float32 else torch.empty_like(response_mask, dtype=out_dtype).copy_(response_mask)
+    advantages = out.mul_(from_float64(advantage, out_dtype, out.device).unsqueeze(-1))
+    return advantages, {"valid": valid, "skipped": skipped[codes] & valid}
+
+
+def rarity_outcome_advantage(token_level_rewards: torch.Tensor, response_mask: torch.Tensor,
+                             config: Optional[Any] = None, index: Optional[np.ndarray] = None,
+                             **_: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """verl's estimator signature for ``algorithm.adv_estimator=rarity``: the head phase's rule alone."""
+    advantages, _rows = compute_advantage(token_level_rewards, response_mask, index, 0)
+    return advantages, advantages
+
+
+def r2po_outcome_advantage(token_level_rewards: torch.Tensor, response_mask: torch.Tensor,
+                           config: Optional[Any] = None, index: Optional[np.ndarray] = None,
+                           **_: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """verl's estimator signature for ``algorithm.adv_estimator=r2po``: the rule of the phase the runtime handed
+    (the recipe's trainer or the testbed), and the rows behind it for the runtime's metrics."""
+    phase = driver_state.kept(ESTIMATOR, lambda: None)
+    if phase is None:
+        raise MethodStateError("the r2po estimator reads the step's phase from R2PO's runtime: run it with the "
+                               "recipe's trainer (python -m recipe_apo.main method=r2po) or the testbed; "
+                               "algorithm.adv_estimator=rarity is the head phase's rule alone")
+    advantages, rows = compute_advantage(token_level_rewards, response_mask, index, int(phase))
+    driver_state.record_result(ESTIMATOR, {}, **rows)
+    return advantages, advantages
