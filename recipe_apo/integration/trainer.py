@@ -23,6 +23,9 @@ testbed's). It names no method: it builds the runtimes of the methods a config a
 - ``_compute_advantage``: the step's trajectories parsed once from its keys (``multi_output.Sessions``); verl's
   advantage step inside the final-output rule for the recipe's estimators and every ``estimator_inputs``; then
   ``after_advantage``: metrics, new advantages and loss columns written back, dump columns kept;
+- ``_compute_old_log_prob``, ``_compute_ref_log_prob``, ``_update_actor``: before each of verl's passes of the
+  policy, the runtimes' ``actor_call`` (the logits head of the pass, an optimizer restart) in the batch's metadata
+  (``verl_access.hand_actor_call``; the actor's workers read it: ``recipe_apo.integration.model_classes``);
 - ``_update_actor``: after verl's update of a batch, ``after_update``;
 - ``_log_rollout_data``: verl's rollout dump with the audit's and the methods' columns (a failure of those is
   named in a warning, once per run; the dump still goes out).
@@ -190,7 +193,23 @@ class RecipeHooks:
         self.dump_columns.add(self.global_steps, batch.keys, dump)
         self._last_advantage_step = (list(batch.keys), step_batch)
 
+    def _hand_actor_call(self, batch, call: str) -> None:
+        calls = [c for c in (r.actor_call(self.global_steps, call) for r in self.runtimes) if c is not None]
+        if calls:
+            head = next((c.logits_head for c in reversed(calls) if c.logits_head is not None), None)
+            restart = any(c.restart_optimizer for c in calls)
+            verl_access.hand_actor_call(batch, head, self.global_steps if restart else -1)
+
+    def _compute_old_log_prob(self, batch, metrics: dict):
+        self._hand_actor_call(batch, "old_log_probs")
+        return super()._compute_old_log_prob(batch, metrics)
+
+    def _compute_ref_log_prob(self, batch, metrics: dict):
+        self._hand_actor_call(batch, "ref_log_probs")
+        return super()._compute_ref_log_prob(batch, metrics)
+
     def _update_actor(self, batch, metrics: dict):
+        self._hand_actor_call(batch, "update")
         batch = super()._update_actor(batch, metrics)
         updating = [r for r in self.runtimes if _overrides(r, "after_update")]
         if updating:

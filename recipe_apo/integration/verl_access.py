@@ -31,6 +31,11 @@ from recipe_apo.integration.sampling import NAME as SAMPLING_LOOP
 from recipe_apo.methods.base import Probe, Prompts, StepBatch, Trajectories
 from recipe_apo.methods.errors import BatchInputError, MethodStateError
 
+# The batch metadata that names a pass's logits head, and the step whose update restarts the optimizer (-1: none),
+# read in the actor's workers by ``recipe_apo.integration.model_classes``.
+HEAD_KEY = "recipe_logits_head"
+RESTART_KEY = "recipe_optimizer_restart"
+
 # The batch fields a runtime may need (``MethodRuntime.needs``) beside uids, scores and the mask, by verl's names.
 FIELDS = {"old_log_probs": "old_log_probs", "entropy": "entropy", "advantages": "advantages"}
 
@@ -117,6 +122,17 @@ def install_column_loss(trainer: Any, columns: Sequence[str]) -> None:
     from recipe_apo.integration.column_loss import ColumnLoss, actor_loss_config
 
     trainer.actor_rollout_wg.set_loss_fn(ColumnLoss(actor_loss_config(trainer.config), tuple(columns)))
+
+
+def hand_actor_call(batch: Any, logits_head: Optional[str], restart_at: int) -> None:
+    """The actor's next pass of ``batch`` computes with ``logits_head`` (None: the model's default) and, for an
+    update, restarts the optimizer first when ``restart_at`` (the step) is >= 0: the batch handle's ``extra_info``,
+    which verl hands the workers as the batch's metadata (and keeps between passes: every pass sets both)."""
+    if logits_head is None:
+        batch.extra_info.pop(HEAD_KEY, None)
+    else:
+        batch.extra_info[HEAD_KEY] = str(logits_head)
+    batch.extra_info[RESTART_KEY] = int(restart_at)
 
 
 def policy_log_probs(trainer: Any, batch: Any) -> torch.Tensor:

@@ -19,6 +19,10 @@ A step, as both adapters run it (verl's V1 trainer step; a testbed round):
 5. ``after_advantage(step, batch)``, in catalog order (a runtime that rescales the advantages comes last): metrics,
    per-row dump columns, per-row loss columns, and possibly new advantages;
 6. the update (verl's actor, or the testbed's), then ``after_update(step, batch, host)``;
+
+Around steps 3 and 6 the host asks ``actor_call(step, call)`` for each pass of the policy (the old log-probs, the
+reference's log-probs, the update): a runtime may pick the model's logits head for it and restart the optimizer
+(R2PO's phases).
 7. ``end_step(step)``: the step's metrics.
 
 Metric names are ``<method>/<quantity>`` wherever they are logged (trainer, testbed, rehearsal, league, audit); a
@@ -35,7 +39,7 @@ from typing import Any, Callable, ContextManager, Mapping, Optional, Protocol, S
 import numpy as np
 import torch
 
-__all__ = ["Host", "Launch", "Method", "MethodRuntime", "Probe", "Prompts", "StepBatch", "StepOutput",
+__all__ = ["ActorCall", "Host", "Launch", "Method", "MethodRuntime", "Probe", "Prompts", "StepBatch", "StepOutput",
            "Trajectories", "load", "setting"]
 
 
@@ -183,6 +187,23 @@ class Launch:
         return self.verl_mode in ("colocate_async", "separate_async")
 
 
+# The logits heads of a model with a residual head (R2PO's): ``base`` its own logits z, ``roll`` z + delta.
+BASE_HEAD, ROLLOUT_HEAD = "base", "roll"
+
+# The policy's passes a runtime may set (``MethodRuntime.actor_call``): the old log-probs, the reference's, the update.
+ACTOR_CALLS = ("old_log_probs", "ref_log_probs", "update")
+
+
+@dataclass(frozen=True)
+class ActorCall:
+    """What a runtime asks of one pass of the policy: ``logits_head``, which logits the model's forward returns
+    (a model with several, such as R2PO's ``roll`` and ``base``; None: the model's own default); and, for an
+    update, ``restart_optimizer``: the optimizer's state (Adam's moments and step count) starts afresh before it."""
+
+    logits_head: Optional[str] = None
+    restart_optimizer: bool = False
+
+
 class MethodRuntime:
     """One run of a method: its state and the step-level logic both adapters drive (the module's docstring).
     Every call is optional; the base does nothing."""
@@ -238,6 +259,10 @@ class MethodRuntime:
         """The advantages are in ``batch.advantages``: this method's metrics, columns, and new advantages."""
         return StepOutput()
 
+    def actor_call(self, step: int, call: str) -> Optional[ActorCall]:
+        """What the policy's pass ``call`` (one of ``ACTOR_CALLS``) of step ``step`` should do (None: as usual)."""
+        return None
+
     def after_update(self, step: int, batch: StepBatch, host: Host) -> None:
         """The policy was updated on ``batch``."""
 
@@ -268,6 +293,13 @@ class Method:
     - ``state_file``: its runtime's file in a checkpoint folder;
     - ``plain_verl``: its estimator and loss run in plain verl's trainer too, where the recipe's checkpoint callback
       keeps its runtime's state (APO's anchor);
+    - ``hf_models``: functions (``module:function``) that register its model classes with transformers, run in
+      every process where verl builds a model (``actor_rollout_ref.model.external_lib``, which its preset names);
+    - ``vllm_models``: architecture -> ``module:Class`` of its vLLM model classes (the recipe's vLLM plugin);
+    - ``model_preparer``: ``module:function(source, target)`` making, from a plain model, the model a run of the
+      method trains (R2PO's rollout head): the CPU rehearsal prepares its tiny model with it;
+    - ``policy_head``: ``module:Class(hidden_size, vocab_size)`` of a residual logits head the testbed's policy
+      gains (``BASE_HEAD`` / ``ROLLOUT_HEAD``);
     - ``metrics``: quantity -> what it means (the metric is ``<name>/<quantity>``).
     """
 
@@ -288,6 +320,10 @@ class Method:
     estimator_needs: Optional[str] = None
     state_file: Optional[str] = None
     plain_verl: bool = False
+    hf_models: tuple[str, ...] = ()
+    vllm_models: Mapping[str, str] = field(default_factory=dict)
+    model_preparer: Optional[str] = None
+    policy_head: Optional[str] = None
     metrics: Mapping[str, str] = field(default_factory=dict)
 
     def metric(self, quantity: str) -> str:

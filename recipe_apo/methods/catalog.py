@@ -13,7 +13,7 @@ from typing import Any
 
 from recipe_apo.methods.base import Method
 
-PACKAGES = ("apo", "codapo", "agpo", "agpo_dual", "zero_variance")
+PACKAGES = ("apo", "codapo", "agpo", "agpo_dual", "r2po", "zero_variance")
 
 
 @functools.lru_cache(maxsize=None)

@@ -30,8 +30,10 @@ from typing import Iterator
 import torch
 from torch import nn
 
-HEAD = "rollout_head"        # the head's parameters are rollout_head.*
-ROLL, BASE = "roll", "base"  # logits_head: pi_roll's logits (z + delta) or pi_base's (z)
+from recipe_apo.methods.base import BASE_HEAD as BASE
+from recipe_apo.methods.base import ROLLOUT_HEAD as ROLL
+
+HEAD = "rollout_head"        # the head's parameters are rollout_head.*; logits_head ROLL: z + delta, BASE: z
 PREFIX = "R2PO"              # R2PO<Base architecture>
 INIT_STD = 1e-6              # the source's reset_adaptor: random_init(std=1e-6) on both layers
 

@@ -1,0 +1,66 @@
+"""What verl imports where it builds a model (``actor_rollout_ref.model.external_lib``, which a preset of a method
+with model classes of its own names): those classes, and the actor engine's choice of logits head per pass.
+
+- **The classes**: every method's ``hf_models`` registration runs (R2PO's rollout-head classes, which transformers'
+  ``AutoModelForCausalLM`` then picks by a checkpoint's ``architectures``). verl imports this module in each
+  process that builds a model config: the actor and reference workers, the CPU rehearsal's ``hf`` engine.
+- **The logits head**: a model with several logits heads (a ``select_logits_head`` context, R2PO's ``roll`` and
+  ``base``) computes each pass of verl's FSDP engine with the head the trainer named for that pass
+  (``verl_access.HEAD_KEY`` in the batch's metadata, set by the recipe's trainer from the runtimes'
+  ``actor_call``); with ``verl_access.RESTART_KEY`` an update first restarts the optimizer's state, once per
+  step that asks. verl 0.9.1 has no hand-off for either, so verl's ``FSDPEngineWithLMHead.forward_step`` is
+  wrapped here, in the processes that import this module only; a pass that names no head runs as verl runs it.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from recipe_apo.integration.verl_access import HEAD_KEY, RESTART_KEY
+from recipe_apo.methods import catalog
+from recipe_apo.methods.base import load
+
+
+def register_models() -> None:
+    """Every method's model classes, registered with transformers (idempotent)."""
+    for method in catalog.methods():
+        for spec in method.hf_models:
+            load(spec)()
+
+
+def _unwrapped(module):
+    return getattr(module, "_fsdp_wrapped_module", module)  # FSDP1 wraps; FSDP2 keeps the model's own object
+
+
+def select_heads_in_forward() -> None:
+    """verl's FSDP engine computes each pass with the logits head its batch names (the module's docstring)."""
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
+
+    original = FSDPEngineWithLMHead.forward_step
+    if getattr(original, "_recipe_apo_heads", False):
+        return
+
+    @functools.wraps(original)
+    def forward_step(self, micro_batch, loss_function, forward_only):
+        head = tu.get_non_tensor_data(micro_batch, HEAD_KEY, default=None)
+        if head is None:
+            return original(self, micro_batch, loss_function, forward_only)
+        model = _unwrapped(self.module)
+        select = getattr(model, "select_logits_head", None)
+        if select is None:
+            raise RuntimeError(f"the trainer asks for the logits head {head!r}, but the actor's model "
+                               f"({type(model).__name__}) has one head only")
+        restart = int(tu.get_non_tensor_data(micro_batch, RESTART_KEY, default=-1))
+        if not forward_only and restart >= 0 and getattr(self, "_recipe_apo_restarted", None) != restart:
+            self.optimizer.state.clear()  # Adam's moments and step count: as a fresh optimizer
+            self._recipe_apo_restarted = restart
+        with select(head):
+            return original(self, micro_batch, loss_function, forward_only)
+
+    forward_step._recipe_apo_heads = True
+    FSDPEngineWithLMHead.forward_step = forward_step
+
+
+register_models()
+select_heads_in_forward()

@@ -1,0 +1,60 @@
+"""R2PO (arXiv 2601.11960) as its authors' code builds it (RRPO-ARR/Code at 8a2cc4d, ``simple_grpo_v1/``):
+``method=r2po``. A residual rollout head explores; the policy learns from what it finds.
+
+- ``model`` / ``vllm_model``: the causal LM with the rollout head, pi_roll = softmax(z + delta) samples every
+  rollout, pi_base = softmax(z) is the model users keep;
+- ``schedule``: rounds of a head phase (``head_steps``) then a policy phase (``policy_steps``);
+- ``estimator``: ``rarity`` (head phase) and GRPO with the range skip (policy phase), ``r2po`` picking the phase's;
+- ``settings``: ``algorithm.r2po``; ``launch``: what the launch refuses;
+- ``runtime``: the phase of each step for the estimator and for the policy's passes (which logits head, when the
+  optimizer restarts), and ``r2po/*`` metrics.
+
+Its preset (``conf/method/r2po.yaml``) takes the released script's settings: PPO clip 0.2, the per-response token
+mean, the k3 KL to the original model with beta 0.04, no importance correction. docs/beside_apo.md states each
+departure from the released code and which of its defects are fixed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from recipe_apo.methods.base import Method, setting
+from recipe_apo.methods.r2po.settings import R2poSettings
+
+ESTIMATORS = {
+    "r2po": "recipe_apo.methods.r2po.estimator:r2po_outcome_advantage",
+    "rarity": "recipe_apo.methods.r2po.estimator:rarity_outcome_advantage",
+}
+# verl imports this module where it builds a model (actor_rollout_ref.model.external_lib, set by the preset): the
+# methods' model classes, and the actor engine's choice of logits head per pass.
+EXTERNAL_LIB = "recipe_apo.integration.model_classes"
+
+
+def uses_r2po(config: Any) -> bool:
+    """A run of ``config`` trains R2PO's two heads in phases."""
+    return str(setting(config, "algorithm.adv_estimator")) == "r2po"
+
+
+METHOD = Method(
+    name="r2po",
+    title="R2PO",
+    active=uses_r2po,
+    presets=("r2po",),
+    estimators=ESTIMATORS,
+    settings=R2poSettings,
+    settings_key="r2po",
+    runtime="recipe_apo.methods.r2po.runtime:R2poRuntime",
+    launch_checks=("recipe_apo.methods.r2po.launch:check_launch",),
+    estimator_needs="the step's phase, from R2PO's runtime",
+    hf_models=("recipe_apo.methods.r2po.model:register_hf_models",),
+    vllm_models={name: f"recipe_apo.methods.r2po.vllm_model:{name}"
+                 for name in ("R2POQwen2ForCausalLM", "R2POQwen3ForCausalLM", "R2POLlamaForCausalLM")},
+    model_preparer="recipe_apo.methods.r2po.model:add_rollout_head",
+    policy_head="recipe_apo.methods.r2po.model:RolloutHead",
+    metrics={
+        "phase": "the step's phase: 0 head (only rollout_head.* trains, on the rarity advantage), 1 policy",
+        "round": "the step's round of the schedule (a head phase then a policy phase), from 0",
+        "rarity_skipped_share": "head steps: share of responses in groups whose rarity scores are all equal (A = 0)",
+        "range_skipped_share": "policy steps: share of responses in groups whose rewards span less than 0.01 (A = 0)",
+    },
+)
