@@ -88,8 +88,11 @@ class ResidualHeadMixin:
     def _init_weights(self, module: nn.Module) -> None:
         # transformers initialises the weights a checkpoint lacks through here: the head as the source draws it.
         if any(module is layer for layer in (getattr(self, HEAD, None) or nn.Module()).children()):
+            # transformers' own normal_ leaves a weight the checkpoint loaded (it flags it) as it is.
+            from transformers import initialization
+
             with torch.no_grad():
-                module.weight.normal_(0.0, INIT_STD)
+                initialization.normal_(module.weight, 0.0, INIT_STD)
             return
         super()._init_weights(module)
 
