@@ -1,0 +1,76 @@
+"""What the launch refuses of a method=r2po run, in one line naming the setting, before Ray starts: the model without
+a rollout head, verl's rollout correction, asynchronous modes, other engines and kernels, bad algorithm.r2po.*."""
+
+from __future__ import annotations
+
+import pytest
+from helpers.composing import compose_recipe
+from helpers.in_process import run_recipe_main
+from omegaconf import open_dict
+
+from recipe_apo.integration.modes import recipe_mode
+from recipe_apo.integration.validation import RecipeConfigError, validate_recipe_config
+
+
+@pytest.fixture(scope="module")
+def head_model(tiny_task, tmp_path_factory):
+    from recipe_apo.methods.r2po.model import add_rollout_head
+
+    return add_rollout_head(tiny_task["model"], tmp_path_factory.mktemp("r2po-launch") / "model")
+
+
+def _config(*overrides: str):
+    config = compose_recipe("method=r2po", "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.n=4",
+                            *overrides, resolve=False)
+    with open_dict(config):
+        config.trainer.v1.trainer_mode = recipe_mode(config.trainer.v1.get("trainer_mode", "sync"))
+    return config
+
+
+def refusal(*overrides: str) -> str:
+    with pytest.raises(RecipeConfigError) as info:
+        validate_recipe_config(_config(*overrides), rehearsal=False)
+    assert "\n" not in str(info.value)
+    return str(info.value)
+
+
+def test_the_preset_with_a_head_model_passes(head_model):
+    validate_recipe_config(_config(f"actor_rollout_ref.model.path={head_model}"), rehearsal=False)
+
+
+def test_a_model_without_a_head_is_refused_with_the_command_that_makes_one(tiny_task):
+    message = refusal(f"actor_rollout_ref.model.path={tiny_task['model']}")
+    assert message.endswith(f"has no rollout head (architectures ['Qwen2ForCausalLM']); R2PO trains one beside the "
+                            f"policy: make a copy with one, python scripts/r2po_head.py add {tiny_task['model']} "
+                            "<folder>, and train that")
+
+
+@pytest.mark.parametrize("override, expected", [
+    ("algorithm.rollout_correction.rollout_is=token", "algorithm.rollout_correction.rollout_is=token with "
+     "algorithm.adv_estimator=r2po: R2PO's policy phase learns pi_base on pi_roll's samples with no importance "
+     "correction (as its source); set algorithm.rollout_correction.rollout_is=null"),
+    ("algorithm.rollout_correction.rollout_rs=token_k1", "algorithm.rollout_correction.rollout_rs=token_k1 with"),
+    ("algorithm.rollout_correction.bypass_mode=true", "algorithm.rollout_correction.bypass_mode=true with"),
+    ("trainer.v1.trainer_mode=colocate_async", "trainer.v1.trainer_mode=colocate_async with "
+     "algorithm.adv_estimator=r2po: a rollout of an asynchronous mode spans weight updates"),
+    ("actor_rollout_ref.rollout.name=sglang", "actor_rollout_ref.rollout.name=sglang with algorithm.adv_estimator="
+     "r2po: no rollout-head model for that engine; use one of vllm, hf"),
+    ("actor_rollout_ref.model.use_fused_kernels=true", "actor_rollout_ref.model.use_fused_kernels=true with"),
+    ("actor_rollout_ref.model.external_lib=null", "actor_rollout_ref.model.external_lib=None with "
+     "algorithm.adv_estimator=r2po: verl must import recipe_apo.integration.model_classes"),
+    ("algorithm.r2po.head_steps=0", "algorithm.r2po.head_steps must be an integer in [1, 1000000], got 0"),
+    ("algorithm.r2po.policy_steps=[40,-1]", "algorithm.r2po.policy_steps[1] must be an integer in [1, 1000000], "
+     "got -1"),
+    ("+algorithm.r2po.head_stpes=3", "unknown setting algorithm.r2po.head_stpes"),
+])
+def test_each_refusal_names_its_setting(override, expected, head_model):
+    assert expected in refusal(f"actor_rollout_ref.model.path={head_model}", override)
+
+
+def test_a_dry_run_refuses_before_ray_starts(head_model, tmp_path):
+    result = run_recipe_main("method=r2po", "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.n=4",
+                             f"actor_rollout_ref.model.path={head_model}", "algorithm.r2po.policy_steps=[]",
+                             "dry_run=true", cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        "recipe-apo: error: algorithm.r2po.policy_steps must be an integer or a non-empty list of integers, got []"]

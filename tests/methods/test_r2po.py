@@ -1,0 +1,238 @@
+"""R2PO's maths: the rarity and range-skip advantages against the source's per-group definitions
+(tests/helpers/r2po_reference.py) and hand-computed values, the schedule, the settings' refusals, the runtime's
+choice of logits head per pass, and the rollout-head model (its logits, where its gradients go, its files)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from helpers.r2po_reference import policy_advantage, reward_rarity
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from recipe_apo.methods import driver_state
+from recipe_apo.methods.base import ActorCall
+from recipe_apo.methods.errors import MethodStateError
+from recipe_apo.methods.r2po import METHOD
+from recipe_apo.methods.r2po.estimator import compute_advantage, r2po_outcome_advantage, rarity_outcome_advantage
+from recipe_apo.methods.r2po.schedule import HEAD, POLICY, phase_at
+from recipe_apo.methods.r2po.settings import R2poConfigError, R2poSettings
+
+# The reward values of the source's reward (accuracy +-1 plus format 1.25 or -1) and of 0/1 rewards.
+REWARDS = (2.25, 0.25, 0.0, -2.0, 1.0)
+
+
+def batch(groups: list[list[float]], order: np.ndarray | None = None):
+    scores = [r for g in groups for r in g]
+    uids = [f"g{i}" for i, g in enumerate(groups) for _ in g]
+    n = len(scores)
+    order = np.arange(n) if order is None else order
+    rewards = torch.zeros(n, 3)
+    rewards[:, 1] = torch.tensor(scores, dtype=torch.float32)[order]
+    mask = torch.ones(n, 3)
+    return rewards, mask, np.array(uids, dtype=object)[order], order
+
+
+# ---- the rarity advantage (head phase) --------------------------------------------------------------------------
+def test_rarity_by_hand():
+    # s = 1, 1/3, 1/3, 1/3: mean 1/2, sample std 1/3; A = (s - 1/2) / (1/3 + 1e-6)
+    rewards, mask, uids, _ = batch([[1.0, 0.0, 0.0, 0.0]])
+    advantages, _ = rarity_outcome_advantage(rewards, mask, index=uids)
+    expected = torch.tensor([0.5, -1 / 6, -1 / 6, -1 / 6]) / (1 / 3 + 1e-6)
+    torch.testing.assert_close(advantages[:, 0], expected)
+    torch.testing.assert_close(advantages[:, 1], expected)  # every token its response's A
+    assert expected[0].item() == pytest.approx(1.4999955, abs=1e-6)
+
+
+@pytest.mark.parametrize("group", [[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 0.0, 0.0], [2.25, 0.25, 0.0, -2.0], [0.5]])
+def test_rarity_skips_a_group_whose_rarities_are_all_equal(group):
+    rewards, mask, uids, _ = batch([group, [1.0, 0.0, 0.0]])
+    advantages, rows = compute_advantage(rewards, mask, uids, HEAD)
+    assert advantages[: len(group)].abs().sum() == 0
+    assert rows["skipped"].tolist() == [True] * len(group) + [False] * 3
+    torch.testing.assert_close(advantages[len(group):, 0], reward_rarity(torch.tensor([1.0, 0.0, 0.0])))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.sampled_from(REWARDS), min_size=1, max_size=9), min_size=1, max_size=6),
+       st.randoms(use_true_random=False))
+def test_rarity_is_the_sources_reward_rarity_group_by_group(groups, rng):
+    n = sum(len(g) for g in groups)
+    order = np.array(rng.sample(range(n), n))  # groups interleaved: the estimator groups by uid, not by position
+    rewards, mask, uids, order = batch(groups, order)
+    advantages, _ = rarity_outcome_advantage(rewards, mask, index=uids)
+    start = 0
+    expected = torch.empty(n)
+    for group in groups:
+        expected[start:start + len(group)] = reward_rarity(torch.tensor(group, dtype=torch.float32))
+        start += len(group)
+    torch.testing.assert_close(advantages[:, 0], expected[torch.from_numpy(order)], rtol=1e-5, atol=1e-5)
+
+
+def test_padding_rows_take_no_part():
+    rewards, mask, uids, _ = batch([[1.0, 0.0, 0.0, 0.0, 1.0]])
+    mask[4] = 0  # the fifth row has no valid token: the group is the first four
+    advantages, rows = compute_advantage(rewards, mask, uids, HEAD)
+    torch.testing.assert_close(advantages[:4, 0], reward_rarity(torch.tensor([1.0, 0.0, 0.0, 0.0])))
+    assert advantages[4].abs().sum() == 0 and rows["valid"].tolist() == [True] * 4 + [False]
+
+
+# ---- GRPO with the range skip (policy phase) --------------------------------------------------------------------
+def test_policy_phase_by_hand_and_its_range_skip():
+    rewards, mask, uids, _ = batch([[1.0, 0.0, 0.0, 0.0], [0.3, 0.305, 0.3], [2.25, -2.0]])
+    advantages, rows = compute_advantage(rewards, mask, uids, POLICY)
+    # mean 1/4, sample std 1/2: (1 - 1/4) / (1/2 + 1e-4), (0 - 1/4) / (1/2 + 1e-4)
+    torch.testing.assert_close(advantages[:4, 0], torch.tensor([0.75, -0.25, -0.25, -0.25]) / 0.5001)
+    assert advantages[4:7].abs().sum() == 0  # spans 0.005 < 0.01: skipped
+    torch.testing.assert_close(advantages[7:, 0], policy_advantage(torch.tensor([2.25, -2.0])))
+    assert rows["skipped"].tolist() == [False] * 4 + [True] * 3 + [False] * 2
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.lists(st.sampled_from(REWARDS), min_size=1, max_size=8), min_size=1, max_size=5))
+def test_policy_phase_is_the_sources_group_by_group(groups):
+    rewards, mask, uids, _ = batch(groups)
+    advantages, _ = compute_advantage(rewards, mask, uids, POLICY)
+    expected = torch.cat([policy_advantage(torch.tensor(g)) for g in groups])
+    torch.testing.assert_close(advantages[:, 0], expected, rtol=1e-5, atol=1e-5)
+
+
+def test_the_r2po_estimator_takes_the_phase_the_runtime_handed():
+    rewards, mask, uids, _ = batch([[1.0, 0.0, 0.0, 0.0]])
+    driver_state.forget("r2po")
+    with pytest.raises(MethodStateError, match="reads the step's phase from R2PO's runtime"):
+        r2po_outcome_advantage(rewards, mask, index=uids)
+    for phase in (HEAD, POLICY):
+        driver_state.keep("r2po", phase)
+        advantages, _ = r2po_outcome_advantage(rewards, mask, index=uids)
+        torch.testing.assert_close(advantages, compute_advantage(rewards, mask, uids, phase)[0])
+    driver_state.forget("r2po")
+
+
+def test_the_registered_names_are_the_estimators():
+    import recipe_apo.plugin  # noqa: F401  (registers)
+    from verl.trainer.ppo.core_algos import get_adv_estimator_fn
+
+    assert get_adv_estimator_fn("rarity") is rarity_outcome_advantage
+    assert get_adv_estimator_fn("r2po") is r2po_outcome_advantage
+
+
+# ---- the schedule and the settings ------------------------------------------------------------------------------
+def test_the_released_schedule():
+    released = R2poSettings()
+    phases = [phase_at(step, released) for step in range(1, 221)]
+    spans, start = [], 0
+    for i in range(1, len(phases) + 1):
+        if i == len(phases) or phases[i].phase != phases[start].phase:
+            spans.append((phases[start].phase, i - start))
+            start = i
+    # 20 head steps every round; 40, 40, 20, 20, ... policy steps
+    assert spans == [(0, 20), (1, 40), (0, 20), (1, 40), (0, 20), (1, 20), (0, 20), (1, 20), (0, 20)]
+    assert phase_at(61, released) == phase_at(61, released) and phase_at(61, released).round == 1
+    assert phase_at(61, released).first and not phase_at(62, released).first
+
+
+def test_phases_of_one_step():
+    one = R2poSettings(head_steps=1, policy_steps=1)
+    assert [(p.phase, p.round, p.first) for p in (phase_at(s, one) for s in (1, 2, 3, 4))] == [
+        (0, 0, True), (1, 0, True), (0, 1, True), (1, 1, True)]
+    assert R2poSettings(policy_steps=[3, 1]).policy_steps == (3, 1)
+
+
+@pytest.mark.parametrize("node, message", [
+    ({"head_steps": 0}, "algorithm.r2po.head_steps must be an integer in [1, 1000000], got 0"),
+    ({"head_steps": "20"}, "algorithm.r2po.head_steps must be an integer in [1, 1000000], got '20'"),
+    ({"head_steps": True}, "algorithm.r2po.head_steps must be an integer in [1, 1000000], got True"),
+    ({"policy_steps": []}, "algorithm.r2po.policy_steps must be an integer or a non-empty list of integers, got []"),
+    ({"policy_steps": [40, 0]}, "algorithm.r2po.policy_steps[1] must be an integer in [1, 1000000], got 0"),
+    ({"policy_steps": 2.5}, "algorithm.r2po.policy_steps must be an integer in [1, 1000000], got 2.5"),
+    ({"head_step": 3}, "unknown setting algorithm.r2po.head_step; known settings: head_steps, policy_steps"),
+])
+def test_bad_settings_are_refused_by_name(node, message):
+    with pytest.raises(R2poConfigError) as info:
+        R2poSettings.from_algorithm_config({"r2po": node})
+    assert str(info.value) == message
+
+
+# ---- the runtime ----------------------------------------------------------------------------------------------
+def test_the_runtime_picks_each_pass_head_and_restarts_at_each_phase():
+    from omegaconf import OmegaConf
+
+    config = OmegaConf.create({"algorithm": {"adv_estimator": "r2po", "r2po": {"head_steps": 2, "policy_steps": 1}}})
+    runtime = METHOD.build_runtime(config)
+    calls = {step: {call: runtime.actor_call(step, call) for call in ("old_log_probs", "ref_log_probs", "update")}
+             for step in (1, 2, 3, 4)}
+    assert calls[1] == {"old_log_probs": ActorCall("roll"), "ref_log_probs": ActorCall("base"),
+                        "update": ActorCall("roll", True)}
+    assert calls[2]["update"] == ActorCall("roll", False)  # the head phase's second step: Adam goes on
+    assert calls[3] == {"old_log_probs": ActorCall("base"), "ref_log_probs": ActorCall("base"),
+                        "update": ActorCall("base", True)}
+    assert calls[4]["update"] == ActorCall("roll", True)
+    assert runtime.end_step(3) == {"r2po/phase": 1.0, "r2po/round": 0.0}
+    runtime.begin_step(4)
+    assert driver_state.kept("r2po", lambda: None) == HEAD
+    driver_state.forget("r2po")
+
+
+# ---- the model ----------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def head_model(tiny_task, tmp_path_factory):
+    from recipe_apo.methods.r2po.model import add_rollout_head
+
+    return add_rollout_head(tiny_task["model"], tmp_path_factory.mktemp("r2po") / "model", seed=1, std=0.05)
+
+
+def _load(path):
+    from transformers import AutoModelForCausalLM
+
+    from recipe_apo.methods.r2po.model import register_hf_models
+
+    register_hf_models()
+    return AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32)
+
+
+def test_the_heads_logits_and_where_their_gradients_go(head_model, tiny_task):
+    model, plain = _load(head_model), _load(tiny_task["model"])
+    assert type(model).__name__ == "R2POQwen2ForCausalLM" and type(plain).__name__ == "Qwen2ForCausalLM"
+    tokens = torch.tensor([[5, 6, 7, 8, 9, 10]])
+    roll = model(tokens).logits
+    with model.select_logits_head("base"):
+        base = model(tokens).logits
+    torch.testing.assert_close(base, plain(tokens).logits)  # pi_base is the plain model
+    hidden = model.model(tokens).last_hidden_state
+    head = model.rollout_head
+    torch.testing.assert_close(roll, base + head.layer2(torch.relu(head.layer1(hidden))))  # z + W2 ReLU(W1 h)
+    assert (roll - base).abs().max() > 0.1
+    roll.logsumexp(-1).sum().backward()  # a loss on pi_roll trains the head alone
+    assert {n for n, p in model.named_parameters() if p.grad is not None} == {"rollout_head.layer1.weight",
+                                                                            "rollout_head.layer2.weight"}
+    model.zero_grad(set_to_none=True)
+    with model.select_logits_head("base"):
+        model(tokens).logits.logsumexp(-1).sum().backward()
+    assert not any(p.grad is not None for n, p in model.named_parameters() if n.startswith("rollout_head."))
+    with pytest.raises(ValueError, match="logits head 'both': the model has 'roll' and 'base'"):
+        with model.select_logits_head("both"):
+            pass
+
+
+def test_add_draws_the_head_as_reset_adaptor_and_strip_gives_the_plain_model(tiny_task, tmp_path):
+    from recipe_apo.methods.r2po.model import RolloutHeadError, add_rollout_head, strip_rollout_head
+
+    path = add_rollout_head(tiny_task["model"], tmp_path / "head", seed=7)
+    model = _load(path)
+    assert json.loads((path / "config.json").read_text())["architectures"] == ["R2POQwen2ForCausalLM"]
+    generator = torch.Generator().manual_seed(7)
+    for layer in (model.rollout_head.layer1, model.rollout_head.layer2):  # N(0, 1e-6^2), as drawn, as loaded
+        torch.testing.assert_close(layer.weight, torch.empty_like(layer.weight).normal_(0, 1e-6, generator=generator))
+    kept = strip_rollout_head(path, tmp_path / "kept")
+    assert json.loads((kept / "config.json").read_text())["architectures"] == ["Qwen2ForCausalLM"]
+    assert (kept / "tokenizer.json").is_file()
+    tokens = torch.tensor([[3, 4, 5]])
+    torch.testing.assert_close(_load(kept)(tokens).logits, _load(tiny_task["model"])(tokens).logits)
+    with pytest.raises(RolloutHeadError, match="has a rollout head already"):
+        add_rollout_head(path, tmp_path / "twice")
+    with pytest.raises(RolloutHeadError, match="has no rollout head"):
+        strip_rollout_head(kept, tmp_path / "again")
