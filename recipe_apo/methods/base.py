@@ -298,8 +298,8 @@ class Method:
     - ``vllm_models``: architecture -> ``module:Class`` of its vLLM model classes (the recipe's vLLM plugin);
     - ``model_preparer``: ``module:function(source, target)`` making, from a plain model, the model a run of the
       method trains (R2PO's rollout head): the CPU rehearsal prepares its tiny model with it;
-    - ``policy_head``: ``module:Class(hidden_size, vocab_size)`` of a residual logits head the testbed's policy
-      gains (``BASE_HEAD`` / ``ROLLOUT_HEAD``);
+    - ``policy_head``: ``module:function(hidden_size, vocab_size, generator)`` making the residual logits head the
+      testbed's policy gains (its logits ``BASE_HEAD`` or ``ROLLOUT_HEAD``);
     - ``metrics``: quantity -> what it means (the metric is ``<name>/<quantity>``).
     """
 

@@ -5,15 +5,23 @@ by any temperature (``log_probs_and_entropy`` adds each position's token entropy
 token from the same weights, at temperature 1 or at a temperature per row (AGPO's per-prompt tau_t). The trainer
 recomputes the behaviour policy's log probabilities with ``log_probs`` after sampling, as verl recomputes
 ``old_log_prob`` with the actor, so the first update of a round is exactly on-policy (ratio 1).
+
+A method whose model has a residual logits head (``Method.policy_head``: R2PO's rollout head) gives the policy one
+(``add_residual_head``): its logits are then the base head's z or, with ``logits_head`` ``roll`` (the default once
+added: sampling draws from it), z + delta(h) on the GRU's output h, both entering the residual detached so that a
+loss on them trains the residual alone; ``select_logits_head`` picks one for a pass. The evaluation samples the
+base head, the model a user keeps.
 """
 
 from __future__ import annotations
 
-from typing import Optional
+import contextlib
+from typing import Iterator, Optional
 
 import torch
 from torch import nn
 
+from recipe_apo.methods.base import BASE_HEAD, ROLLOUT_HEAD
 from recipe_apo.testbed.task import EOS, PAD, SEP, Task
 
 
@@ -28,10 +36,32 @@ class TokenPolicy(nn.Module):
         banned = torch.zeros(vocab_size)
         banned[[PAD, SEP]] = float("-inf")
         self.register_buffer("banned", banned, persistent=False)
+        self.residual: Optional[nn.Module] = None
+        self.logits_head = BASE_HEAD
+
+    def add_residual_head(self, residual: nn.Module) -> None:
+        """A residual logits head delta(h) (the module's docstring); the policy then samples z + delta."""
+        self.residual = residual
+        self.logits_head = ROLLOUT_HEAD
+
+    @contextlib.contextmanager
+    def select_logits_head(self, name: str) -> Iterator[None]:
+        """The logits are ``name``'s (``base`` or, with a residual head, ``roll``) while held."""
+        if name not in (BASE_HEAD, ROLLOUT_HEAD) or (name == ROLLOUT_HEAD and self.residual is None):
+            raise ValueError(f"logits head {name!r}: the policy has {BASE_HEAD!r}"
+                             + (f" and {ROLLOUT_HEAD!r}" if self.residual is not None else " only"))
+        previous, self.logits_head = self.logits_head, name
+        try:
+            yield
+        finally:
+            self.logits_head = previous
 
     def step_logits(self, tokens: torch.Tensor, state: torch.Tensor | None = None):
         out, state = self.rnn(self.embed(tokens), state)
-        return self.head(out) + self.banned, state
+        logits = self.head(out)
+        if self.residual is not None and self.logits_head == ROLLOUT_HEAD:
+            logits = logits.detach() + self.residual(out.detach())
+        return logits + self.banned, state
 
     def log_probs(self, prompts: torch.Tensor, responses: torch.Tensor) -> torch.Tensor:
         """log pi(o_t | x, o_<t) for every response position, [n, L0]; 0 after the end token.

@@ -201,6 +201,16 @@ class Rollout:
     # algorithm.agpo_dual.base_temperature, its probe's temperature; its training samples are drawn at each prompt's
     # tau_t, and its log-probs stay unscaled, as AGPO's source takes them.
     temperature: float = setting(1.0, low=0, high=100, low_open=True)
+    # verl's engine hands back its own log-probs for training/rollout_probs_diff_* (method=r2po's preset sets it):
+    # the testbed samples with the policy itself, so there is no difference to measure and it changes nothing.
+    calculate_log_probs: bool = False
+
+
+@dataclass
+class Model:
+    # What verl imports where it builds a model (method=r2po's preset: the rollout-head classes). The testbed's
+    # policy is its own, and gains a method's residual head from the method's declaration: it changes nothing.
+    external_lib: Optional[str] = setting(None, choices=("recipe_apo.integration.model_classes",))
 
 
 @dataclass
@@ -258,6 +268,7 @@ class Actor:
 
 @dataclass
 class ActorRolloutRef:
+    model: Model = field(default_factory=Model)
     rollout: Rollout = field(default_factory=Rollout)
     actor: Actor = field(default_factory=Actor)
 

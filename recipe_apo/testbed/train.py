@@ -28,7 +28,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from recipe_apo.methods import catalog
-from recipe_apo.methods.base import Probe, Prompts, StepBatch, Trajectories
+from recipe_apo.methods.base import BASE_HEAD, Probe, Prompts, StepBatch, Trajectories, load
 from recipe_apo.methods.group_stats import length_by_outcome, live_rows
 from recipe_apo.testbed.errors import TestbedSettingError
 from recipe_apo.testbed.modsum import ModSumTask
@@ -42,8 +42,9 @@ BUCKETS = ("hard", "medium", "easy")
 
 # Independent random streams of a seed; methods share all of them except what their own updates change. _PROBE:
 # a runtime's probe (``TestbedHost.probe``), apart so that its training samples read the stream the others read;
-# _REFILL: the prompts and samples of the group filter's refills (``MethodRun.filter_groups``), apart likewise.
-_PRETRAIN, _PROMPTS, _EVAL_SET, _SAMPLING, _EVAL_SAMPLING, _SHUFFLE, _PROBE, _REFILL = range(8)
+# _REFILL: the prompts and samples of the group filter's refills (``MethodRun.filter_groups``), apart likewise;
+# _RESIDUAL: the draw of a residual logits head (``MethodRun._build_policy``).
+_PRETRAIN, _PROMPTS, _EVAL_SET, _SAMPLING, _EVAL_SAMPLING, _SHUFFLE, _PROBE, _REFILL, _RESIDUAL = range(9)
 
 
 def generator(seed: int, stream: int, step: int = 0) -> torch.Generator:
@@ -97,8 +98,10 @@ class SeedSetup:
 
 
 def evaluate(policy: TokenPolicy, task: Task, prompts, k, samples: int, gen) -> torch.Tensor:
-    """Per-prompt success rate over ``samples`` sampled responses (temperature 1, the policy RL trains)."""
-    responses = policy.sample(prompts.repeat_interleave(samples, 0), task.max_response_length, gen)
+    """Per-prompt success rate over ``samples`` sampled responses (temperature 1, the policy RL trains; its base
+    head, the model a user keeps, where a method gave it a residual one)."""
+    with policy.select_logits_head(BASE_HEAD):
+        responses = policy.sample(prompts.repeat_interleave(samples, 0), task.max_response_length, gen)
     reward = task.score(prompts.repeat_interleave(samples, 0), k.repeat_interleave(samples, 0), responses)["reward"]
     return reward.view(-1, samples).mean(dim=1)
 
@@ -217,15 +220,14 @@ class MethodRun:
     def __init__(self, cfg: DictConfig, setup: SeedSetup) -> None:
         self.cfg, self.setup = cfg, setup
         self.task = make_task(cfg)
-        self.policy = self._build_policy()
-        self.policy.load_state_dict(setup.init_state)
+        self.methods = catalog.active(cfg)
+        self.policy = self._build_policy(residual=True)
         self.group = group_size(cfg)
         self.actor = actor_config(cfg.actor_rollout_ref.actor, self.group)
         optim = cfg.actor_rollout_ref.actor.optim
         self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=optim.lr, betas=tuple(optim.betas),
                                            weight_decay=optim.weight_decay)
         self.sampling, self.shuffling = generator(setup.seed, _SAMPLING), generator(setup.seed, _SHUFFLE)
-        self.methods = catalog.active(cfg)
         self.runtimes = [r for r in (m.build_runtime(cfg) for m in self.methods) if r is not None]
         self.needs = frozenset().union(*(r.needs for r in self.runtimes))
         self.host = TestbedHost(self, generator(setup.seed, _PROBE))
@@ -235,19 +237,32 @@ class MethodRun:
         # The reference policy of verl's KL loss (use_kl_loss): the run's initial policy.
         self.reference: Optional[TokenPolicy] = None
         if self.actor.use_kl_loss:
-            self.reference = self._build_policy()
-            self.reference.load_state_dict(setup.init_state)
+            self.reference = self._build_policy(residual=False)
         self.staleness = int(cfg.get("staleness", 0))  # checked by runner.check_method
         # The sampling policy of a stale run: the trained policy's weights of `staleness` rounds ago.
-        self.behaviour = self._build_policy() if self.staleness else None
+        self.behaviour = self._build_policy(residual=True) if self.staleness else None
         self.past: deque = deque(maxlen=self.staleness + 1)
         self.history: dict[str, list[float]] = {}
         self.evals: dict[str, list[float]] = {"round": [], "overall": [], **{b: [] for b in BUCKETS}}
 
-    def _build_policy(self) -> TokenPolicy:
+    def _build_policy(self, residual: bool) -> TokenPolicy:
+        """The seed's initial policy; with ``residual``, the residual logits head an active method's model has
+        (``Method.policy_head``), drawn from the seed's own stream."""
         cfg = self.cfg
-        return build_policy(self.task, cfg.policy.embed_dim, cfg.policy.hidden_dim, cfg.policy.layers,
-                            self.setup.seed)
+        policy = build_policy(self.task, cfg.policy.embed_dim, cfg.policy.hidden_dim, cfg.policy.layers,
+                              self.setup.seed)
+        policy.load_state_dict(self.setup.init_state)
+        heads = [m.policy_head for m in self.methods if m.policy_head] if residual else []
+        if heads:
+            policy.add_residual_head(load(heads[0])(cfg.policy.hidden_dim, self.task.vocab_size,
+                                                    generator(self.setup.seed, _RESIDUAL)))
+        return policy
+
+    def actor_pass(self, step: int, call: str) -> tuple[str, bool]:
+        """The runtimes' ``actor_call`` for a pass of the policy: (its logits head, restart the optimizer first)."""
+        calls = [c for c in (r.actor_call(step, call) for r in self.runtimes) if c is not None]
+        head = next((c.logits_head for c in reversed(calls) if c.logits_head is not None), None)
+        return head or self.policy.logits_head, any(c.restart_optimizer for c in calls)
 
     def record(self, key: str, value: float) -> None:
         self.history.setdefault(key, []).append(float(value))
@@ -278,13 +293,18 @@ class MethodRun:
         metrics, loss_columns = self.advantages(step, batch, step_batch)
         advantages = step_batch.advantages
         ref_log_prob = None
-        if self.reference is not None:
+        if self.reference is not None:  # the initial policy, without a residual head: its base head
             with torch.no_grad():
                 ref_log_prob = self.reference.log_probs(batch["prompts"], batch["responses"])
         if on_round is not None:
             on_round(r, batch, old_log_prob, advantages)
-        update = ppo_update(self.policy, self.optimizer, self.actor, batch, advantages, old_log_prob, self.shuffling,
-                            runtimes=self.runtimes, loss_columns=loss_columns, ref_log_prob=ref_log_prob)
+        head, restart = self.actor_pass(step, "update")
+        if restart:
+            self.optimizer.state.clear()  # Adam's moments and step count, as a fresh optimizer's
+        with self.policy.select_logits_head(head):
+            update = ppo_update(self.policy, self.optimizer, self.actor, batch, advantages, old_log_prob,
+                                self.shuffling, runtimes=self.runtimes, loss_columns=loss_columns,
+                                ref_log_prob=ref_log_prob)
         self.host.batch = batch
         for runtime in self.runtimes:
             runtime.after_update(step, step_batch, self.host)
@@ -343,7 +363,8 @@ class MethodRun:
         batch = rollout(sampler, self.task, prompts, k, self.group, self.refills if refill else self.sampling,
                         temperature)
         entropy = None
-        with torch.no_grad():
+        head, _ = self.actor_pass(step, "old_log_probs")
+        with torch.no_grad(), sampler.select_logits_head(head):
             if "entropy" in self.needs:
                 old_log_prob, entropy = sampler.log_probs_and_entropy(batch["prompts"], batch["responses"])
             else:

@@ -113,8 +113,9 @@ def test_the_r2po_estimator_takes_the_phase_the_runtime_handed():
 
 
 def test_the_registered_names_are_the_estimators():
-    import recipe_apo.plugin  # noqa: F401  (registers)
     from verl.trainer.ppo.core_algos import get_adv_estimator_fn
+
+    import recipe_apo.plugin  # noqa: F401  (registers)
 
     assert get_adv_estimator_fn("rarity") is rarity_outcome_advantage
     assert get_adv_estimator_fn("r2po") is r2po_outcome_advantage

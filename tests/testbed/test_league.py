@@ -29,7 +29,7 @@ def tiny_league(hydra_ctx, tmp_path_factory):
     return out, run_league(TINY_LEAGUE, out, show_progress=False)
 
 
-def test_the_league_config_names_seven_methods_and_six_scenarios(hydra_ctx):
+def test_the_league_config_names_its_methods_and_scenarios(hydra_ctx):
     from hydra import compose
 
     from recipe_apo.testbed.configs import league_entries
@@ -37,7 +37,8 @@ def test_the_league_config_names_seven_methods_and_six_scenarios(hydra_ctx):
 
     cfg = compose(config_name="testbed", overrides=["mode=league"])
     entries = league_entries(cfg)
-    assert list(entries) == ["grpo", "grpo_zv", "drgrpo", "apo", "apo_zv", "codapo", "agpo_dual", "agpo", "apo_prior",
+    assert list(entries) == ["grpo", "grpo_zv", "drgrpo", "apo", "apo_zv", "codapo", "agpo_dual", "agpo", "r2po",
+                             "apo_prior",
                              "apo_one_sided", "grpo_2n", "drgrpo_2n", "apo_2n"]
     assert entries["apo_zv"] == ["method=apo", "algorithm.zero_variance=exclude"]
     assert entries["apo_prior"] == ["method=apo", "algorithm.apo.anchor_order=prior"]

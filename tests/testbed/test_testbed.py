@@ -52,9 +52,9 @@ def test_smoke_every_method_writes_its_files_with_finite_numbers(tiny_run):
     out, summary = tiny_run
     for name in ("summary.json", "report.md", "success.png", "length.png", "anchor.png", "grad_norm.png"):
         assert (out / name).stat().st_size > 0, name
-    assert list(summary["methods"]) == ["grpo", "drgrpo", "apo", "codapo", "agpo_dual", "agpo"]
+    assert list(summary["methods"]) == ["grpo", "drgrpo", "apo", "codapo", "agpo_dual", "agpo", "r2po"]
     on_disk = json.loads((out / "summary.json").read_text())
-    for label in ("grpo", "drgrpo", "apo", "codapo", "agpo_dual", "agpo"):
+    for label in ("grpo", "drgrpo", "apo", "codapo", "agpo_dual", "agpo", "r2po"):
         for seed in ("0", "1"):
             run = on_disk["runs"][label][seed]
             # len_correct may be NaN in a round without a correct response; everything headline is finite.
@@ -252,8 +252,8 @@ def test_collect_gathers_jobs_into_one_table(tiny_run, tmp_path):
     text = collect(tmp_path)
     rows = text.split("## Across jobs")[0].splitlines()
     for value in ("1.1", "2.0"):
-        assert sum(row.startswith(f"| algorithm.apo.lambda_scale={value} |") for row in rows) == 6  # methods
-    assert (tmp_path / "collected.md").exists() and len(json.loads((tmp_path / "collected.json").read_text())) == 12
+        assert sum(row.startswith(f"| algorithm.apo.lambda_scale={value} |") for row in rows) == 7  # methods
+    assert (tmp_path / "collected.md").exists() and len(json.loads((tmp_path / "collected.json").read_text())) == 14
 
 
 def test_collect_orders_jobs_by_number_and_states_a_single_seeds_mean_alone(tiny_run, tmp_path):
@@ -267,7 +267,7 @@ def test_collect_orders_jobs_by_number_and_states_a_single_seeds_mean_alone(tiny
         (job / "summary.json").write_text((out / "summary.json").read_text())
         (job / ".hydra" / "overrides.yaml").write_text(f"- rounds={number}\n")
     rows = [line for line in collect(tmp_path).splitlines() if line.startswith("| rounds=")]
-    assert [row.split(" | ")[0] for row in rows[::6]] == ["| rounds=1", "| rounds=2", "| rounds=10"]  # 6 methods
+    assert [row.split(" | ")[0] for row in rows[::7]] == ["| rounds=1", "| rounds=2", "| rounds=10"]  # 7 methods
     assert mean_and_spread("{:.3f}", 0.5, float("nan")) == "0.500 (one seed)"
     assert mean_and_spread("{:.3f}", 0.5, 0.01) == "0.500 +- 0.010"
 

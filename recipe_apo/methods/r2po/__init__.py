@@ -50,7 +50,7 @@ METHOD = Method(
     vllm_models={name: f"recipe_apo.methods.r2po.vllm_model:{name}"
                  for name in ("R2POQwen2ForCausalLM", "R2POQwen3ForCausalLM", "R2POLlamaForCausalLM")},
     model_preparer="recipe_apo.methods.r2po.model:add_rollout_head",
-    policy_head="recipe_apo.methods.r2po.model:RolloutHead",
+    policy_head="recipe_apo.methods.r2po.model:new_rollout_head",
     metrics={
         "phase": "the step's phase: 0 head (only rollout_head.* trains, on the rarity advantage), 1 policy",
         "round": "the step's round of the schedule (a head phase then a policy phase), from 0",

@@ -67,6 +67,13 @@ class RolloutHead(nn.Module):
             layer.weight.normal_(0.0, std, generator=generator)
 
 
+def new_rollout_head(hidden_size: int, vocab_size: int, generator: torch.Generator | None = None) -> RolloutHead:
+    """A rollout head drawn as ``reset_adaptor`` draws it (the testbed's policy gains one: ``Method.policy_head``)."""
+    head = RolloutHead(hidden_size, vocab_size)
+    head.reset(generator=generator)
+    return head
+
+
 class ResidualHeadMixin:
     """What a family's causal LM class gains (put first in the bases): the rollout head and ``logits_head``."""
 
