@@ -33,11 +33,11 @@ actor_rollout_ref:
 
 
 def test_the_presets_in_todays_order_with_their_titles():
-    assert presets.names() == ("grpo", "drgrpo", "apo", "codapo", "agpo_dual", "agpo")
-    assert [p.title for p in presets.presets()] == ["GRPO", "Dr. GRPO", "APO", "CoDaPO", "AGPO (dual)", "AGPO"]
+    assert presets.names() == ("grpo", "drgrpo", "apo", "codapo", "agpo_dual", "agpo", "r2po")
+    assert [p.title for p in presets.presets()] == ["GRPO", "Dr. GRPO", "APO", "CoDaPO", "AGPO (dual)", "AGPO", "R2PO"]
     assert set(presets.names()) == {path.stem for path in METHOD_DIR.glob("*.yaml")}  # every file, none other
     assert presets.preset("drgrpo").title == "Dr. GRPO"
-    with pytest.raises(KeyError, match="presets: grpo, drgrpo, apo, codapo, agpo_dual, agpo"):
+    with pytest.raises(KeyError, match="presets: grpo, drgrpo, apo, codapo, agpo_dual, agpo, r2po"):
         presets.preset("ppo")
 
 
@@ -89,7 +89,7 @@ def test_undeclared_presets_come_last_by_name(tmp_path, monkeypatch):
     (tmp_path / "beta.yaml").write_text("# @package _global_\nalgorithm: {adv_estimator: grpo}\n")
     (tmp_path / "notes.txt").write_text("not a preset")
     monkeypatch.setattr(presets, "_directory", lambda: tmp_path)
-    assert presets.names() == ("grpo", "drgrpo", "apo", "codapo", "agpo_dual", "agpo", "beta", "zeta")
+    assert presets.names() == ("grpo", "drgrpo", "apo", "codapo", "agpo_dual", "agpo", "r2po", "beta", "zeta")
     assert presets.preset("zeta").title == "zeta"
 
 
@@ -139,7 +139,7 @@ def test_an_extra_preset_appears_everywhere(extra_preset, capsys, monkeypatch):
     from recipe_apo.integration import replay
     from recipe_apo.testbed.configs import method_configs
 
-    order = ("grpo", "drgrpo", EXTRA, "apo", "codapo", "agpo_dual", "agpo")
+    order = ("grpo", "drgrpo", EXTRA, "apo", "codapo", "agpo_dual", "agpo", "r2po")
     assert presets.names() == order
     assert presets.settings(EXTRA) == presets.MethodSettings("rloo", False, "vanilla", "seq-mean-token-sum-norm")
 
@@ -184,4 +184,4 @@ def test_an_extra_preset_appears_everywhere(extra_preset, capsys, monkeypatch):
     assert parse(f"method={EXTRA}").stdout == f"{EXTRA}\n"
     refused = parse("method=ppo")
     assert refused.returncode == 2
-    assert "(agpo, agpo_dual, apo, codapo, drgrpo, grpo, rloo), got 'ppo'" in refused.stderr
+    assert "(agpo, agpo_dual, apo, codapo, drgrpo, grpo, r2po, rloo), got 'ppo'" in refused.stderr

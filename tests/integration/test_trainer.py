@@ -213,7 +213,8 @@ def test_node_check_names_a_node_without_the_plugin(transfer_queue, monkeypatch)
         check_apo_on_every_node(timeout_s=120)
     message = str(info.value)
     assert message.startswith("recipe-apo: the recipe's estimators/losses are not registered on Ray node(s) ")
-    assert "missing estimator apo, estimator codapo, estimator agpo, loss apo, loss apo_one_sided, loss agpo" in message
+    assert ("missing estimator apo, estimator codapo, estimator agpo, estimator r2po, estimator rarity, loss apo, "
+            "loss apo_one_sided, loss agpo") in message
     assert message.endswith(cluster.INSTALL_HINT) and "\n" not in message
 
 

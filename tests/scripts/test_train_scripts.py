@@ -172,10 +172,12 @@ def test_method_from_environment_and_default(compose):
 
 
 def test_bad_method_is_refused():
+    from recipe_apo.integration import presets
+
     result = script_command(SCRIPTS["7b"], "method=ppo")
     # The message names every preset (the files of conf/method/, by file name).
     assert result.returncode == 2 and (f"method must be one of the presets in conf/method/ "
-                                       f"({', '.join(sorted(METHODS))}), got 'ppo'") in result.stderr
+                                       f"({', '.join(sorted(presets.names()))}), got 'ppo'") in result.stderr
 
 
 def test_further_overrides_pass_through_and_win(compose):
