@@ -10,8 +10,9 @@
 ``architectures`` ``R2PO<Base>`` (Qwen2, Qwen3 and Llama families). ``strip`` writes the same model without the
 head, its ``architectures`` the family's own: what vLLM, transformers or verl's evaluation then load as any model.
 A training checkpoint's actor is FSDP shards: merge it first with verl's model merger
-(``python -m verl.model_merger merge --backend fsdp --local_dir <step>/actor --target_dir <merged>``; keep the
-recipe importable there so that the merger loads the rollout-head class: docs/beside_apo.md).
+(``python -m verl.model_merger merge --backend fsdp --local_dir <step>/actor --target_dir <merged>``), which writes
+the head's weights under the family's own architecture (transformers would drop them silently on load); ``strip``
+takes that folder too (docs/beside_apo.md).
 """
 
 from __future__ import annotations

@@ -88,10 +88,10 @@ STAGES = ("gen", "old_log_prob", "adv", "update_actor", "update_weights", "save_
 HOST_STAGES = ("recipe_probe", "recipe_policy_log_probs")
 # The last step's method metrics the table shows (``<method>/<quantity>``, as the trainer logs them): APO's anchor
 # and weights, its gate; AGPO's dual feedback's mean temperature and clip, and KL_bar; AGPO's shaped reward and
-# the share of its micro-batches whose loss it clipped at 0.
+# the share of its micro-batches whose loss it clipped at 0; R2PO's phase (0 head, 1 policy).
 METHOD_METRICS = ("apo/anchor", "apo/batch_success", "apo/weight_pos_mean", "apo/weight_neg_mean",
                   "actor/apo_gate_weight", "agpo_dual/temperature_mean", "agpo_dual/clip_eps_mean",
-                  "agpo_dual/kl_avg", "agpo/shaped_reward_mean", "actor/agpo_loss_clipped")
+                  "agpo_dual/kl_avg", "agpo/shaped_reward_mean", "actor/agpo_loss_clipped", "r2po/phase")
 
 
 def tiny_overrides(paths: dict) -> list[str]:

@@ -237,3 +237,12 @@ def test_add_draws_the_head_as_reset_adaptor_and_strip_gives_the_plain_model(tin
         add_rollout_head(path, tmp_path / "twice")
     with pytest.raises(RolloutHeadError, match="has no rollout head"):
         strip_rollout_head(kept, tmp_path / "again")
+    # verl's model merger writes the head's weights under the family's own architecture: strip takes that too.
+    merged = tmp_path / "merged"
+    merged.mkdir()
+    for file in path.iterdir():
+        (merged / file.name).write_bytes(file.read_bytes())
+    config = json.loads((merged / "config.json").read_text())
+    (merged / "config.json").write_text(json.dumps({**config, "architectures": ["Qwen2ForCausalLM"]}))
+    torch.testing.assert_close(_load(strip_rollout_head(merged, tmp_path / "kept2"))(tokens).logits,
+                               _load(tiny_task["model"])(tokens).logits)

@@ -194,15 +194,29 @@ def add_rollout_head(source: str | Path, target: str | Path, seed: int = 0, std:
     return target
 
 
+def _weight_names(source: Path) -> set[str]:
+    from safetensors import safe_open
+
+    names: set[str] = set()
+    for path in source.glob("*.safetensors"):
+        with safe_open(str(path), framework="pt") as weights:
+            names.update(weights.keys())
+    return names
+
+
 def strip_rollout_head(source: str | Path, target: str | Path) -> Path:
     """The model users keep (pi_base) at ``target``: ``source``'s weights without ``rollout_head.*``, its
-    ``architectures`` the family's own. Refuses a model without a head."""
+    ``architectures`` the family's own. ``source`` names a rollout-head architecture, or holds ``rollout_head.*``
+    weights under the family's own (what verl's model merger writes of a checkpoint). Refuses a model with
+    neither."""
     from transformers import AutoConfig
 
     source, target = Path(source), Path(target)
-    if not has_rollout_head(_config(source)):
-        raise RolloutHeadError(f"{source} has no rollout head (architectures {_config(source).get('architectures')})")
+    if not has_rollout_head(_config(source)) and not any(n.startswith(HEAD + ".") for n in _weight_names(source)):
+        raise RolloutHeadError(f"{source} has no rollout head (architectures {_config(source).get('architectures')}, "
+                               f"no {HEAD}.* weights)")
     config = AutoConfig.from_pretrained(source)
+    config.architectures = [residual_class(config.model_type).__name__]
     model = residual_class(config.model_type).from_pretrained(source, config=config, torch_dtype="auto")
     base = _base_class(config.model_type)
     config.architectures = [base.__name__]
