@@ -132,6 +132,31 @@ def one_line(error: BaseException) -> str:
     return str(error).removeprefix("recipe-apo: ")
 
 
+def prepare_models(config: DictConfig) -> None:
+    """A method whose model carries parts of its own (``Method.model_preparer``: R2PO's rollout head) trains the
+    model its preparer gives: the run's own, or a copy made once in the run's checkpoint folder (said in one line).
+    Before Ray starts, and not in a dry run (it writes)."""
+    from pathlib import Path
+
+    from recipe_apo.methods import catalog
+    from recipe_apo.methods.base import load
+
+    for method in catalog.active(config):
+        if method.model_preparer is None:
+            continue
+        source = str(config.actor_rollout_ref.model.path)
+        folder = Path(str(config.trainer.default_local_dir)).expanduser().resolve() / f"{method.name}_model"
+        try:
+            model = load(method.model_preparer)(source, folder)
+        except (ValueError, OSError) as exc:
+            raise RecipeConfigError(f"actor_rollout_ref.model.path={source}: {exc}") from None
+        if Path(model) != Path(source).expanduser().resolve():
+            print(f"recipe-apo: {method.title} trains {model}, a copy of {source} with what its model adds",
+                  flush=True)
+            with open_dict(config):
+                config.actor_rollout_ref.model.path = str(model)
+
+
 def run(config: DictConfig, rehearsal: str | None = None) -> None:
     if rehearsal == "cpu":
         # This process (the driver) needs the CPU platform before verl's device detection below; Ray's workers
@@ -183,6 +208,11 @@ def main(config: DictConfig) -> Any:
     if config.get("dry_run", False):
         print("dry run: stopping before Ray starts", flush=True)
         return
+    try:
+        prepare_models(config)
+    except RecipeError as exc:
+        print(f"recipe-apo: error: {one_line(exc)}", file=sys.stderr)
+        sys.exit(2)
     run(config, rehearsal)
 
 

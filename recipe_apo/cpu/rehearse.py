@@ -50,7 +50,7 @@ PROJECT = "rehearsal"
 # Written into --out by every rehearsal: what a later rehearsal may clear there.
 MARKER = ".recipe-apo-rehearsal"
 # What a rehearsal writes into --out beside the tiny model (kept: make_tiny rebuilds it the same way).
-OUTPUTS = ("checkpoints", "metrics", "logs", "audit", "summary.md", "models")
+OUTPUTS = ("checkpoints", "metrics", "logs", "audit", "summary.md")
 
 
 class RehearsalError(RecipeError):
@@ -360,34 +360,30 @@ def rehearse(out: Path, steps: int, methods: Sequence[str], say: Callable[[str],
         raise RehearsalRefused(f"--out {out}: {exc}") from None
     except OSError as exc:
         raise RehearsalError(f"--out {out}: cannot write the tiny model ({exc})") from None
-    groups = model_groups(methods, paths, out / "models", say)
-    phases: dict[str, tuple[Path, dict[str, str]]] = {}
+    phases = {}
     for phase, total in (("train", steps), ("resume", steps + 1)):
-        root, names = out / "metrics" / phase, {}
-        for index, (group_paths, group) in enumerate(groups):
-            label = phase if len(groups) == 1 else f"{phase}-{index + 1}"
-            result = run_logged(
-                recipe_command(group, group_paths, f"trainer.total_training_steps={total}",
-                               f"trainer.save_freq={total}", engine=engine),
-                out / "logs" / f"{label}.log", cwd=out, env=rehearsal_env(root), label=label, say=say,
-            )
-            if result.returncode != 0:
-                say(f"rehearsal: the {phase} run failed; the end of {result.log}:")
-                say("\n".join(result.log.read_text().splitlines()[-25:]))
-                return 1
-            jobs = experiment_names(result.log)
-            if len(jobs) != len(group):
-                raise RehearsalError(f"the {phase} run started {len(jobs)} job(s) for {len(group)} method(s): "
-                                     f"see {result.log}")
-            for method, name in zip(group, jobs):
-                metrics = metrics_file(root, name)
-                check_steps(method, phase, read_metrics(metrics) if metrics.exists() else [], total, result.log)
-                names[method] = name
+        root = out / "metrics" / phase
+        result = run_logged(
+            recipe_command(methods, paths, f"trainer.total_training_steps={total}", f"trainer.save_freq={total}",
+                           engine=engine),
+            out / "logs" / f"{phase}.log", cwd=out, env=rehearsal_env(root), label=phase, say=say,
+        )
+        if result.returncode != 0:
+            say(f"rehearsal: the {phase} run failed; the end of {result.log}:")
+            say("\n".join(result.log.read_text().splitlines()[-25:]))
+            return 1
+        names = experiment_names(result.log)
+        if len(names) != len(methods):
+            raise RehearsalError(f"the {phase} run started {len(names)} job(s) for {len(methods)} method(s): "
+                                 f"see {result.log}")
+        for method, name in zip(methods, names):
+            metrics = metrics_file(root, name)
+            check_steps(method, phase, read_metrics(metrics) if metrics.exists() else [], total, result.log)
         phases[phase] = (root, names)
     summaries = []
-    for method in methods:
-        experiment = phases["train"][1][method]
-        runs = [read_metrics(metrics_file(root, names[method])) for root, names in phases.values()]
+    for index, method in enumerate(methods):
+        experiment = phases["train"][1][index]
+        runs = [read_metrics(metrics_file(root, names[index])) for root, names in phases.values()]
         summaries.append(summarize(method, runs, str(out / "checkpoints" / PROJECT / experiment)))
     table = format_table(summaries)
     (out / "summary.md").write_text(table + "\n")
@@ -397,27 +393,6 @@ def rehearse(out: Path, steps: int, methods: Sequence[str], say: Callable[[str],
     say(f"\nrehearsal: done in {time.perf_counter() - started:.0f} s; seconds per step leave out each run's first "
         f"step. Table: {out / 'summary.md'}; bias audit of the runs' rollouts: {audit}")
     return 0
-
-
-def model_groups(methods: Sequence[str], paths: dict, folder: Path,
-                 say: Callable[[str], None] = print) -> list[tuple[dict, list[str]]]:
-    """The methods in runs of one model each, in their order: the tiny model, and for a method whose model must
-    carry something of its own (``Method.model_preparer``: R2PO's rollout head) the copy prepared in
-    ``folder/<method>``; each group is one command (a multirun of its methods)."""
-    from recipe_apo.methods import catalog
-    from recipe_apo.methods.base import load
-
-    groups: dict[str, tuple[dict, list[str]]] = {}
-    for method in methods:
-        preparer = next((m.model_preparer for m in catalog.of_preset(method) if m.model_preparer), None)
-        method_paths = paths
-        if preparer is not None:
-            target = folder / method
-            load(preparer)(paths["model"], target)
-            say(f"rehearsal: {method} trains {target}, the tiny model prepared for it")
-            method_paths = {**paths, "model": target}
-        groups.setdefault(str(method_paths["model"]), (method_paths, []))[1].append(method)
-    return list(groups.values())
 
 
 def audit_runs(folders: Sequence[Path], out: Path, names: Sequence[str]) -> Path:

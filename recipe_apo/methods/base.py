@@ -296,8 +296,9 @@ class Method:
     - ``hf_models``: functions (``module:function``) that register its model classes with transformers, run in
       every process where verl builds a model (``actor_rollout_ref.model.external_lib``, which its preset names);
     - ``vllm_models``: architecture -> ``module:Class`` of its vLLM model classes (the recipe's vLLM plugin);
-    - ``model_preparer``: ``module:function(source, target)`` making, from a plain model, the model a run of the
-      method trains (R2PO's rollout head): the CPU rehearsal prepares its tiny model with it;
+    - ``model_preparer``: ``module:function(source, folder)`` giving the model a run of the method trains from the
+      run's model (R2PO's: a copy with a rollout head, made once in ``folder``), called by the launch before Ray
+      starts;
     - ``policy_head``: ``module:function(hidden_size, vocab_size, generator)`` making the residual logits head the
       testbed's policy gains (its logits ``BASE_HEAD`` or ``ROLLOUT_HEAD``);
     - ``metrics``: quantity -> what it means (the metric is ``<name>/<quantity>``).

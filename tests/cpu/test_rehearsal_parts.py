@@ -476,13 +476,3 @@ def test_each_vllm_engine_gets_a_base_port_outside_the_ephemeral_range():
     assert all(start <= p < stop and (p - start) % step == 0 and p + step <= low for p in ports)
     assert len(set(ports)) > 50  # drawn per engine, not one port for all
 
-
-def test_a_method_whose_model_carries_its_own_parts_runs_on_a_prepared_copy(tiny_task, tmp_path):
-    import json
-
-    groups = rehearse.model_groups(["grpo", "r2po", "apo"], tiny_task, tmp_path / "models", say=lambda line: None)
-    assert [(paths["model"], methods) for paths, methods in groups] == [
-        (tiny_task["model"], ["grpo", "apo"]), (tmp_path / "models" / "r2po", ["r2po"])]
-    prepared = json.loads((tmp_path / "models" / "r2po" / "config.json").read_text())
-    assert prepared["architectures"] == ["R2POQwen2ForCausalLM"]  # R2PO's rollout head (scripts/r2po_head.py add)
-    assert groups[1][0]["train"] == tiny_task["train"]

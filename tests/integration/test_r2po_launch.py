@@ -3,6 +3,9 @@ a rollout head, verl's rollout correction, asynchronous modes, other engines and
 
 from __future__ import annotations
 
+import json
+import shutil
+
 import pytest
 from helpers.composing import compose_recipe
 from helpers.in_process import run_recipe_main
@@ -38,11 +41,39 @@ def test_the_preset_with_a_head_model_passes(head_model):
     validate_recipe_config(_config(f"actor_rollout_ref.model.path={head_model}"), rehearsal=False)
 
 
-def test_a_model_without_a_head_is_refused_with_the_command_that_makes_one(tiny_task):
-    message = refusal(f"actor_rollout_ref.model.path={tiny_task['model']}")
-    assert message.endswith(f"has no rollout head (architectures ['Qwen2ForCausalLM']); R2PO trains one beside the "
-                            f"policy: make a copy with one, python scripts/r2po_head.py add {tiny_task['model']} "
-                            "<folder>, and train that")
+def test_a_model_that_is_no_local_folder_is_refused_with_what_to_do():
+    message = refusal("actor_rollout_ref.model.path=Qwen/Qwen2.5-Math-1.5B")
+    assert message == ("actor_rollout_ref.model.path=Qwen/Qwen2.5-Math-1.5B with algorithm.adv_estimator=r2po: R2PO "
+                       "trains a rollout head beside the policy, added to a local copy of the model; download the "
+                       "model and give its folder, or make the copy yourself: python scripts/r2po_head.py add "
+                       "<model folder> <folder>")
+
+
+def test_a_plain_local_model_trains_as_a_copy_with_the_head_made_once(tiny_task, tmp_path, capsys):
+    from recipe_apo.main import prepare_models
+
+    def run(model, checkpoints="ckpt"):
+        return _config(f"actor_rollout_ref.model.path={model}", f"trainer.default_local_dir={tmp_path / checkpoints}")
+
+    config = run(tiny_task["model"])
+    validate_recipe_config(config, rehearsal=False)  # a plain local model passes: the launch prepares it
+    prepare_models(config)
+    copy = tmp_path / "ckpt" / "r2po_model"
+    assert config.actor_rollout_ref.model.path == str(copy)
+    assert json.loads((copy / "config.json").read_text())["architectures"] == ["R2POQwen2ForCausalLM"]
+    assert capsys.readouterr().out == (f"recipe-apo: R2PO trains {copy}, a copy of {tiny_task['model']} with what "
+                                       "its model adds\n")
+    stamp = (copy / "model.safetensors").stat().st_mtime_ns
+    again = run(tiny_task["model"])
+    prepare_models(again)  # a resume finds the copy and keeps it
+    assert again.actor_rollout_ref.model.path == str(copy) and (copy / "model.safetensors").stat().st_mtime_ns == stamp
+    head = run(copy, "other")
+    prepare_models(head)  # a model with the head trains as it is
+    assert head.actor_rollout_ref.model.path == str(copy) and not (tmp_path / "other").exists()
+    other = tmp_path / "other-model"
+    shutil.copytree(tiny_task["model"], other)
+    with pytest.raises(RecipeConfigError, match=f"holds a rollout-head copy of {tiny_task['model']}, not of {other}"):
+        prepare_models(run(other))
 
 
 @pytest.mark.parametrize("override, expected", [

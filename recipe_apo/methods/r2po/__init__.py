@@ -49,7 +49,7 @@ METHOD = Method(
     hf_models=("recipe_apo.methods.r2po.model:register_hf_models",),
     vllm_models={name: f"recipe_apo.methods.r2po.vllm_model:{name}"
                  for name in ("R2POQwen2ForCausalLM", "R2POQwen3ForCausalLM", "R2POLlamaForCausalLM")},
-    model_preparer="recipe_apo.methods.r2po.model:add_rollout_head",
+    model_preparer="recipe_apo.methods.r2po.model:model_for_run",
     policy_head="recipe_apo.methods.r2po.model:new_rollout_head",
     metrics={
         "phase": "the step's phase: 0 head (only rollout_head.* trains, on the rarity advantage), 1 policy",

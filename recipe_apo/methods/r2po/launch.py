@@ -10,7 +10,6 @@ from typing import Any
 from recipe_apo.methods.base import Launch, setting
 from recipe_apo.methods.errors import MethodConfigError
 from recipe_apo.methods.r2po import EXTERNAL_LIB, uses_r2po
-from recipe_apo.methods.r2po.model import has_rollout_head
 
 # verl's rollout correction: any of these on adds an importance weight (or rejection) between the sampler and the
 # learner, which the source has none of.
@@ -65,8 +64,9 @@ def check_launch(launch: Launch) -> None:
 
 
 def check_model(config: Any) -> None:
-    """The model must carry a rollout head (``scripts/r2po_head.py add`` makes one) and verl must import the
-    recipe's model classes where it builds a model (``actor_rollout_ref.model.external_lib``)."""
+    """verl must import the recipe's model classes where it builds a model (``actor_rollout_ref.model.external_lib``),
+    and the model must carry a rollout head or be a local folder (the launch then trains a copy with one, made in
+    the run's checkpoint folder: ``recipe_apo.main``)."""
     lib = setting(config, "actor_rollout_ref.model.external_lib")
     if lib != EXTERNAL_LIB:
         raise MethodConfigError(
@@ -75,13 +75,11 @@ def check_model(config: Any) -> None:
     path = setting(config, "actor_rollout_ref.model.path")
     folder = Path(str(path)).expanduser()
     if not folder.is_dir():
-        return  # a hub name or a remote path: the workers load it, and refuse a plain model there
+        raise MethodConfigError(
+            f"actor_rollout_ref.model.path={path} with algorithm.adv_estimator=r2po: R2PO trains a rollout head "
+            "beside the policy, added to a local copy of the model; download the model and give its folder, or "
+            f"make the copy yourself: python scripts/r2po_head.py add <model folder> <folder>")
     try:
-        model_config = json.loads((folder / "config.json").read_text())
+        json.loads((folder / "config.json").read_text())
     except (OSError, ValueError) as exc:
         raise MethodConfigError(f"actor_rollout_ref.model.path={path}: no readable config.json ({exc})") from exc
-    if not has_rollout_head(model_config):
-        raise MethodConfigError(
-            f"actor_rollout_ref.model.path={path} has no rollout head (architectures "
-            f"{model_config.get('architectures')}); R2PO trains one beside the policy: make a copy with one, "
-            f"python scripts/r2po_head.py add {path} <folder>, and train that")

@@ -204,6 +204,33 @@ def _weight_names(source: Path) -> set[str]:
     return names
 
 
+# What model_for_run writes beside a copy it made: the model it was made from.
+MADE_FROM = "r2po_made_from.json"
+
+
+def model_for_run(source: str | Path, folder: str | Path) -> Path:
+    """The model a run of R2PO trains: ``source`` when it carries a rollout head, else a copy with one in
+    ``folder``, made once (a resumed run finds it, and the reference model of the KL is its start). A copy made
+    from another model is refused, never overwritten."""
+    source, folder = Path(source).expanduser().resolve(), Path(folder)
+    if has_rollout_head(_config(source)):
+        return source
+    record = folder / MADE_FROM
+    if folder.exists():
+        try:
+            made_from = json.loads(record.read_text())["source"]
+        except (OSError, ValueError, KeyError, TypeError):
+            raise RolloutHeadError(f"{folder} exists but holds no rollout-head copy the recipe made (no readable "
+                                   f"{MADE_FROM}); remove it, or give the run another checkpoint folder") from None
+        if made_from != str(source):
+            raise RolloutHeadError(f"{folder} holds a rollout-head copy of {made_from}, not of {source}; remove it, "
+                                   "or give the run another checkpoint folder")
+        return folder
+    add_rollout_head(source, folder)
+    record.write_text(json.dumps({"source": str(source), "seed": 0, "std": INIT_STD}) + "\n")
+    return folder
+
+
 def strip_rollout_head(source: str | Path, target: str | Path) -> Path:
     """The model users keep (pi_base) at ``target``: ``source``'s weights without ``rollout_head.*``, its
     ``architectures`` the family's own. ``source`` names a rollout-head architecture, or holds ``rollout_head.*``
