@@ -228,9 +228,31 @@ class PolicyLoss:
     loss_mode: str = "vanilla"
 
 
+# verl's FSDP engine: FSDP1 or per-parameter shards (method=r2po's preset sets fsdp2 for its actor and reference).
+# The testbed's policy trains in one process without FSDP: it changes nothing here.
+FSDP_STRATEGIES = ("fsdp", "fsdp2")
+
+
+@dataclass
+class FsdpConfig:
+    strategy: str = setting("fsdp", choices=FSDP_STRATEGIES)
+
+
+@dataclass
+class Ref:
+    """verl's reference model's engine; the testbed's reference is the run's initial policy (no effect here)."""
+
+    strategy: str = setting("fsdp", choices=FSDP_STRATEGIES)
+    fsdp_config: FsdpConfig = field(default_factory=FsdpConfig)
+
+
 @dataclass
 class Actor:
     """verl's actor fields; the preset sets those the method defines."""
+
+    # verl's engine (FSDP_STRATEGIES: no effect here).
+    strategy: str = setting("fsdp", choices=FSDP_STRATEGIES)
+    fsdp_config: FsdpConfig = field(default_factory=FsdpConfig)
 
     # Prompts per mini-batch (verl's unit); data.train_batch_size / this = optimizer steps per epoch.
     ppo_mini_batch_size: int = setting(16, low=1, high=65_536)
@@ -271,6 +293,7 @@ class ActorRolloutRef:
     model: Model = field(default_factory=Model)
     rollout: Rollout = field(default_factory=Rollout)
     actor: Actor = field(default_factory=Actor)
+    ref: Ref = field(default_factory=Ref)
 
 
 # --- mode=signal ---------------------------------------------------------------------------------------------

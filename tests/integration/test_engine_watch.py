@@ -200,7 +200,7 @@ def test_the_interrupt_ends_a_blocking_wait_of_the_main_thread():
 
     read_end, write_end = os.pipe()
     timer = threading.Timer(0.5, interrupt_main_thread)
-    rescue = threading.Timer(5.0, os.write, (write_end, b"x"))  # without the interrupt the read returns, and fails
+    rescue = threading.Timer(30.0, os.write, (write_end, b"x"))  # without the interrupt the read returns, and fails
     timer.start()
     rescue.start()
     try:

@@ -86,6 +86,9 @@ def test_a_plain_local_model_trains_as_a_copy_with_the_head_made_once(tiny_task,
      "algorithm.adv_estimator=r2po: a rollout of an asynchronous mode spans weight updates"),
     ("actor_rollout_ref.rollout.name=sglang", "actor_rollout_ref.rollout.name=sglang with algorithm.adv_estimator="
      "r2po: no rollout-head model for that engine; use one of vllm, hf"),
+    ("actor_rollout_ref.actor.strategy=fsdp", "actor_rollout_ref.actor.strategy=fsdp with algorithm.adv_estimator="
+     "r2po: each phase trains part of the model, and only FSDP2 (per-parameter shards) leaves the idle part without "
+     "gradients"),
     ("actor_rollout_ref.model.use_fused_kernels=true", "actor_rollout_ref.model.use_fused_kernels=true with"),
     ("actor_rollout_ref.model.external_lib=null", "actor_rollout_ref.model.external_lib=None with "
      "algorithm.adv_estimator=r2po: verl must import recipe_apo.integration.model_classes"),

@@ -21,9 +21,11 @@ def hydra_ctx():
 def _run(overrides):
     from hydra import compose
 
+    from recipe_apo.testbed.runner import check_method
     from recipe_apo.testbed.train import MethodRun, prepare_seed
 
     cfg = compose(config_name="testbed", overrides=[*TINY_RUN, "method=r2po", *overrides])
+    check_method(cfg)  # the preset's verl settings (FSDP2, external_lib, ...) pass the testbed's checks
     return MethodRun(cfg, prepare_seed(cfg, 0))
 
 

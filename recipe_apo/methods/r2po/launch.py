@@ -15,7 +15,10 @@ from recipe_apo.methods.r2po import EXTERNAL_LIB, uses_r2po
 # learner, which the source has none of.
 CORRECTIONS = ("rollout_is", "rollout_rs")
 ENGINES = ("vllm", "hf")        # rollout engines with a rollout-head model (vLLM's class; the rehearsal's hf)
-STRATEGIES = ("fsdp", "fsdp2")  # the actor engines whose forward the recipe hands the logits head
+# The actor engine whose forward the recipe hands the logits head, and that shards each parameter alone: FSDP1
+# (verl's "fsdp", use_orig_params=false by default) flattens the head with the policy's parameters, so a phase's
+# idle ones get zero gradients instead of none, and AdamW's weight decay moves them.
+STRATEGIES = ("fsdp2",)
 
 
 def check_launch(launch: Launch) -> None:
@@ -42,12 +45,13 @@ def check_launch(launch: Launch) -> None:
             f"trainer.v1.trainer_mode={launch.verl_mode} with algorithm.adv_estimator=r2po: a rollout of an "
             "asynchronous mode spans weight updates, so at a phase switch it samples from the other phase's head; "
             "run R2PO in sync mode")
-    actor = setting(config, "actor_rollout_ref.actor") or {}
-    strategy = str(actor.get("strategy", "fsdp"))
-    if strategy not in STRATEGIES:
-        raise MethodConfigError(f"actor_rollout_ref.actor.strategy={strategy} with algorithm.adv_estimator=r2po: "
-                                "the rollout head is selected in verl's FSDP engine; use one of "
-                                f"{', '.join(STRATEGIES)}")
+    for key in ("actor_rollout_ref.actor.strategy", "actor_rollout_ref.actor.fsdp_config.strategy"):
+        strategy = str(setting(config, key, "fsdp"))
+        if strategy not in STRATEGIES:
+            raise MethodConfigError(
+                f"{key}={strategy} with algorithm.adv_estimator=r2po: each phase trains part of the model, and only "
+                "FSDP2 (per-parameter shards) leaves the idle part without gradients, so that AdamW's weight decay "
+                f"does not move it; set {key}=fsdp2 (the r2po preset does)")
     engine = str(setting(config, "actor_rollout_ref.rollout.name", "vllm"))
     if engine not in ENGINES:
         raise MethodConfigError(f"actor_rollout_ref.rollout.name={engine} with algorithm.adv_estimator=r2po: no "

@@ -15,7 +15,9 @@ checkpoint's ``architectures`` names; ``register_hf_models`` lets transformers' 
 that name (plain checkpoints of the family still load their own class).
 
 ``add_rollout_head`` makes such a checkpoint from a plain one, the head drawn as the source's ``reset_adaptor``
-(every weight N(0, 1e-6^2)); ``strip_rollout_head`` gives back the plain model (pi_base) for inference.
+(every weight N(0, 1e-6^2)); ``model_for_run`` gives the model a run trains (the run's own when it has the head,
+else such a copy, made once in the run's checkpoint folder); ``strip_rollout_head`` gives back the plain model
+(pi_base) for inference.
 """
 
 from __future__ import annotations
@@ -94,7 +96,8 @@ class ResidualHeadMixin:
 
     def _init_weights(self, module: nn.Module) -> None:
         # transformers initialises the weights a checkpoint lacks through here: the head as the source draws it.
-        if any(module is layer for layer in (getattr(self, HEAD, None) or nn.Module()).children()):
+        head = self._modules.get(HEAD)  # absent while the family's own __init__ initialises its weights
+        if head is not None and any(module is layer for layer in head.children()):
             # transformers' own normal_ leaves a weight the checkpoint loaded (it flags it) as it is.
             from transformers import initialization
 
