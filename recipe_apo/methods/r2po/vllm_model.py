@@ -1,7 +1,7 @@
 """R2PO's model on vLLM's side: a family's vLLM class whose logits add the rollout head, z + delta (pi_roll, which
 samples every rollout), and whose weight loading takes ``rollout_head.*`` (``model`` has the symbols). vLLM picks it
 by the checkpoint's ``architectures`` (``R2POQwen2ForCausalLM`` ...), registered by the recipe's vLLM plugin
-(``recipe_apo.plugin.register_vllm_models``); verl's weight sync after each update hands it the actor's parameters
+(``recipe_apo.integration.vllm_models``); verl's weight sync after each update hands it the actor's parameters
 by their Hugging Face names, the head's among them. Imported in vLLM's processes only.
 """
 
