@@ -88,8 +88,7 @@ def test_each_phase_moves_its_own_parameters_and_restarts_adam(hf_runs, head_mod
         if step % 2:  # head steps
             assert moved == head, step
         else:
-            assert moved and not moved & head, step
-            assert moved == set(before) - head - {"lm_head.weight"} or moved == set(before) - head, step
+            assert moved == set(before) - head, step  # every other weight has a gradient, and AdamW moves it
         before = after
         # Adam's state: only the phase's parameters, one step old (the optimizer restarted at the phase's start).
         optim = torch.load(ckpt / f"global_step_{step}" / "actor" / "optim_world_size_1_rank_0.pt",
