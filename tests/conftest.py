@@ -12,11 +12,11 @@ from recipe_apo.cpu import vllm_engine
 
 # The files that take longest, first: make test's two xdist workers then finish within a short file of each other
 # (longest-processing-time order). The first starts two Ray sessions (about 60 CPU-seconds a session on 2 cores,
-# most of it the processes of a run importing torch and verl), the next one session of 3 steps on two workers;
+# most of it the processes of a run importing torch and verl), the next one session of one step;
 # the other whole-loop files follow, then the slowest of the rest (over 25 s each, measured), then the rest as
 # collected. xdist's own order (the files with the most tests first; pyproject's --no-loadscope-reorder turns it
 # off) started the whole-loop files last and left one worker alone at the end. A stale list costs time, not results.
-LONGEST_FIRST = ("e2e/test_apo_resume.py", "e2e/test_codapo_pair.py")
+LONGEST_FIRST = ("e2e/test_apo_resume.py", "e2e/test_baselines.py")
 SLOW_UNIT_FILES = ("testbed/test_testbed.py", "integration/test_recipe.py", "integration/test_trainer.py",
                    "scripts/test_train_scripts.py")
 

@@ -4,7 +4,7 @@ and the audit on it. One fixture for all of it: every Ray session costs about 60
 
 One FSDP worker: a second costs a third more CPU a session (two more processes and gloo), and what two workers
 change is the loss's, not the anchor's. The whole loop on 2 data-parallel workers with dynamic batch sizes is
-CoDaPO's (tests/e2e/test_codapo_pair.py; APO's in make test-vllm: tests/vllm/test_two_nodes.py and
+CoDaPO's (tests/vllm/test_codapo_pair.py; APO's in make test-vllm: tests/vllm/test_two_nodes.py and
 test_async_data_parallel.py); that APO's update is the same with 1 and 2 workers, and with any cut into
 micro-batches, is checked one level down, through verl's FSDP2 engine for every preset
 (tests/e2e/test_gradient_invariance.py); that the estimator does not depend on the order verl balances rows into,

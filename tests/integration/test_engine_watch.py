@@ -195,9 +195,13 @@ def test_the_interrupt_ends_a_blocking_wait_of_the_main_thread():
     """The watch's interrupt reaches a main thread blocked in a system call (here a read on a pipe nobody writes),
     which ``_thread.interrupt_main`` alone leaves blocked until the call returns."""
     import os
+    import signal
 
     from recipe_apo.integration.engine_watch import interrupt_main_thread
 
+    # Python's own SIGINT handler, as a driver has it: a library an earlier test of this process imported (the
+    # suite runs many in one worker) may have installed another, which raises nothing.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     read_end, write_end = os.pipe()
     timer = threading.Timer(0.5, interrupt_main_thread)
     rescue = threading.Timer(30.0, os.write, (write_end, b"x"))  # without the interrupt the read returns, and fails
@@ -211,6 +215,7 @@ def test_the_interrupt_ends_a_blocking_wait_of_the_main_thread():
         rescue.cancel()
         os.close(read_end)
         os.close(write_end)
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_the_rehearsal_waits_longer_for_a_silent_engine_and_the_command_line_still_decides():

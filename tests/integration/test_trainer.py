@@ -109,7 +109,7 @@ def test_codapo_step_gets_the_old_log_probs_and_the_zero_variance_scale_then_res
     """Groups e1 [1, 1] and h2 [0, 0] are dead; e2 and h1 are half right with old mean log-probs -0.3/-0.4 and
     -0.5/-0.6. Worked by hand: w = exp(group mean) * 1 + 0.1, A = +-0.5 / (sqrt(0.5) + 1e-6), and token-mean's
     zero-variance scale T / T_live = 22 / 12. Then step 2's prompts, in this run and in a run resumed from step
-    1's checkpoint (the whole loop runs the pair in one run: tests/e2e/test_codapo_pair.py)."""
+    1's checkpoint (the whole loop runs the pair in one run: tests/vllm/test_codapo_pair.py)."""
     from verl.utils import tensordict_utils as tu
 
     config = recipe_config(tmp_path, "algorithm.zero_variance=exclude", "data.train_batch_size=4", method="codapo")

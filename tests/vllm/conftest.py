@@ -7,7 +7,9 @@ its sampler and log-probs, and the weight transport from the FSDP actor into vLL
 a Ray session on 2 cores (each of six processes imports vLLM), so the modules combine what they check.
 ``test_two_nodes.py`` (``trainer.nnodes=2`` on two local Ray nodes) generates with the ``hf`` backend: the nodes,
 not the engine, are under test there, and it is here for ``make test``'s time budget, as are
-``test_agentic_async_apo.py`` (partial rollouts need the ``hf`` backend's pacing) and ``test_plain_verl.py``
+``test_agentic_async_apo.py`` (partial rollouts need the ``hf`` backend's pacing), ``test_codapo_pair.py``
+(CoDaPO's pair on 2 workers with the ``hf`` backend), ``test_r2po.py`` (R2PO on both engines) and
+``test_plain_verl.py``
 (README's plain ``verl.trainer.main_ppo`` command, with its own vLLM rollout), ``test_agpo.py`` (AGPO's
 train, checkpoint and resume on the ``hf`` backend), ``test_agpo_dual_hf.py`` (AGPO's dual feedback on the
 ``hf`` backend) and ``test_evaluate_generation.py`` (scripts/evaluate.py
@@ -19,8 +21,9 @@ from __future__ import annotations
 import pytest
 
 # Longest first, so that make test-vllm's two xdist workers end close together (tests/conftest.py's rule).
-LONGEST_FIRST = ("test_baselines.py", "test_r2po.py", "test_async_data_parallel.py", "test_apo_sync.py",
-                 "test_agpo_dual.py", "test_agpo.py", "test_agpo_dual_hf.py", "test_plain_verl.py", "test_two_nodes.py",
+LONGEST_FIRST = ("test_baselines.py", "test_r2po.py", "test_codapo_pair.py", "test_async_data_parallel.py",
+                 "test_apo_sync.py", "test_agpo_dual.py", "test_agpo.py", "test_agpo_dual_hf.py", "test_plain_verl.py",
+                 "test_two_nodes.py",
                  "test_agentic_async_apo.py", "test_evaluate_generation.py", "test_dead_engine.py")
 
 
