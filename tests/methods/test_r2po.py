@@ -56,6 +56,18 @@ def test_rarity_skips_a_group_whose_rarities_are_all_equal(group):
     torch.testing.assert_close(advantages[len(group):, 0], reward_rarity(torch.tensor([1.0, 0.0, 0.0])))
 
 
+def test_equal_rarities_whose_float32_mean_is_off_by_a_bit_train_as_the_source_trains_them():
+    # 9 responses in three thirds: s = 1/3 each, and float32's mean of nine 1/3 is not 1/3: the source's
+    # (s - mean) / (std + 1e-6) is then a small constant, not 0, and the group is not skipped.
+    group = [2.25, 2.25, 2.25, 0.25, 0.25, 0.25, 0.0, 0.0, 0.0]
+    rewards, mask, uids, _ = batch([group, [1.0, 1.0, 0.0, 0.0]])
+    advantages, rows = compute_advantage(rewards, mask, uids, HEAD)
+    expected = reward_rarity(torch.tensor(group))
+    assert expected.abs().min() > 0.02 and len(set(expected.tolist())) == 1
+    torch.testing.assert_close(advantages[:9, 0], expected)
+    assert rows["skipped"].tolist() == [False] * 9 + [True] * 4
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.lists(st.sampled_from(REWARDS), min_size=1, max_size=9), min_size=1, max_size=6),
        st.randoms(use_true_random=False))

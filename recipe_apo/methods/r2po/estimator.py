@@ -16,8 +16,9 @@ the step's phase, which the runtime hands over (``driver_state``).
 Where this departs from the source, and why:
 
 - the source's batch is one group (one prompt, G = 8); here a batch holds many groups, each computed alone;
-- "all s equal" is decided on the counts (exactly), where the source compares float32 s_i - mean s to 0; the two
-  agree but where float32's mean of equal values is not the value itself;
+- a group whose s are all equal is found on the counts (exactly), and given what the source's float32 arithmetic
+  gives it (``equal_rarity``): 0 (skipped), or where float32's mean of the equal s is not s itself (a group of 9 in
+  three thirds) the small constant the source trains on;
 - statistics in float64, rounded once to the rewards' dtype (the source: float32 throughout, so the two differ in
   the last bits); rows without a valid token (verl's padding) take no part and get A = 0;
 - a skipped group still reaches verl's loss with A = 0, where the source drops it from the batch: its tokens count
@@ -26,6 +27,7 @@ Where this departs from the source, and why:
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Optional
 
 import numpy as np
@@ -48,9 +50,9 @@ ESTIMATOR = "r2po"
 
 def rarity_scores(scores: np.ndarray, codes: np.ndarray, n_groups: int, valid: np.ndarray) -> tuple[np.ndarray,
                                                                                                      np.ndarray]:
-    """(s, skipped groups): s_i = 1 / the number of valid responses of i's group with i's reward (0 for an invalid
-    row), and per group whether all its s are equal (the source skips it). Vectorized: one sort by (group, reward).
-    """
+    """(s, equal): s_i = 1 / the number of valid responses of i's group with i's reward (0 for an invalid row), and
+    per group whether all its s are equal (a group with no valid response counts as equal). Vectorized: one sort by
+    (group, reward)."""
     n = scores.shape[0]
     rows = np.flatnonzero(valid)
     order = rows[np.lexsort((scores[rows], codes[rows]))]
@@ -66,13 +68,35 @@ def rarity_scores(scores: np.ndarray, codes: np.ndarray, n_groups: int, valid: n
     return s, ~(low < high)
 
 
+@functools.lru_cache(maxsize=None)
+def equal_rarity(size: int, count: int) -> float:
+    """The source's rarity of every response of a group of ``size`` whose s are all 1 / ``count``: 0 where float32's
+    mean of the equal s is s itself (the source skips the group), else the constant its float32 arithmetic gives
+    (a group of 9 in three thirds of 3: s - mean s is one last bit, divided by its std + 1e-6: 0.0289). Computed as
+    the source computes it, once per (size, count)."""
+    s = torch.full((size,), 1.0 / count, dtype=torch.float32)
+    centered = s - s.mean()
+    if bool((centered == 0).all()):
+        return 0.0
+    return float((centered / (s.std() + RARITY_EPSILON))[0])
+
+
 def rarity_advantage(scores: np.ndarray, codes: np.ndarray, n_groups: int, valid: np.ndarray) -> tuple[np.ndarray,
                                                                                                        np.ndarray]:
-    """(A, skipped groups): the rarity advantage of the module's docstring, float64."""
-    s, skipped = rarity_scores(scores, codes, n_groups, valid)
+    """(A, skipped groups): the rarity advantage of the module's docstring, float64; a group whose s are all equal
+    gets ``equal_rarity`` (0 but for float32's last bit), and is skipped where that is 0."""
+    s, equal = rarity_scores(scores, codes, n_groups, valid)
     w = valid.astype(np.float64)
     counts = np.bincount(codes, weights=w, minlength=n_groups)
     advantage = centered_rewards(s, w, codes, counts, True, RARITY_EPSILON)
+    constant = np.zeros(n_groups)
+    sizes = counts.astype(np.int64)
+    count_of = np.zeros(n_groups, dtype=np.int64)
+    count_of[codes[valid]] = np.rint(1.0 / s[valid]).astype(np.int64)
+    for size, count in {(int(a), int(b)) for a, b in zip(sizes[equal], count_of[equal]) if a > 0}:  # a few pairs
+        constant[equal & (sizes == size) & (count_of == count)] = equal_rarity(size, count)
+    advantage = np.where(equal[codes], constant[codes], advantage)
+    skipped = equal & (constant == 0)
     return np.where(valid & ~skipped[codes], advantage, 0.0), skipped
 
 
