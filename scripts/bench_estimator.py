@@ -18,6 +18,8 @@ Every method is called the way verl calls it:
 - ``codapo``: ``get_adv_estimator_fn("codapo")`` with the same config, inside ``driver_state.handed`` with random
   float32 old log-probs (what the recipe's trainer hands it). CoDaPO's own code loops over responses in Python
   as verl's ``grpo`` does, so ``codapo/grpo`` is the gain of the vectorized version.
+- ``rarity``: R2PO's head-phase estimator, ``get_adv_estimator_fn("rarity")`` with the same config (one sort of
+  the batch by group and reward).
 - ``floor``: the least any outcome estimator does: group the uids (``pandas.factorize``), sum each response's
   rewards, and write a float32 (batch, length) output, the mask times one value per row. ``apo/floor`` is what
   APO costs beyond that.
@@ -27,8 +29,8 @@ other processes on the machine falls on all methods in the same time window. It 
 method made of many small multi-threaded torch ops stalls far more than one made of a few large ones when
 another process holds a core, so the table header gives the 1-min load average; trust ratios from a quiet
 machine (or compare with ``--threads 1``). The table gives the median per method and the ratios of medians,
-with the targets apo <= 0.05x grpo, apo <= 2x floor, apo <= 0.5x grpo_vectorized and codapo <= 0.1x grpo at
-65,536 responses, on both inputs.
+with the targets apo <= 0.05x grpo, apo <= 2x floor, apo <= 0.5x grpo_vectorized, codapo <= 0.1x grpo and
+rarity <= 2x floor at 65,536 responses, on both inputs.
 
 Run from the repository root::
 
@@ -56,10 +58,10 @@ from typing import Callable
 import numpy as np
 import torch
 
-METHODS = ("apo", "grpo", "grpo_vectorized", "codapo", "floor")
+METHODS = ("apo", "grpo", "grpo_vectorized", "codapo", "rarity", "floor")
 # Targets are stated for this size only.
 TARGET_SIZE = 65_536
-TARGETS = {"apo/grpo": 0.05, "apo/floor": 2.0, "apo/grpo_vectorized": 0.5, "codapo/grpo": 0.1}
+TARGETS = {"apo/grpo": 0.05, "apo/floor": 2.0, "apo/grpo_vectorized": 0.5, "codapo/grpo": 0.1, "rarity/floor": 2.0}
 # Input name -> (mask dtype, response length; None: --length).
 INPUTS = {"int64-mask": (torch.int64, None), "float-mask-256": (torch.float32, 256)}
 # Above this size verl's per-response Python loop is slow enough that --skip-slow thins its repeats.
@@ -95,6 +97,7 @@ def make_methods(batch: dict) -> dict[str, Callable[[], object]]:
     apo_fn = core_algos.get_adv_estimator_fn("apo")
     grpo_vec_fn = core_algos.get_adv_estimator_fn("grpo_vectorized")
     codapo_fn = core_algos.get_adv_estimator_fn("codapo")
+    rarity_fn = core_algos.get_adv_estimator_fn("rarity")
     rewards, mask, index = batch["token_level_rewards"], batch["response_mask"], batch["index"]
 
     def apo():
@@ -114,12 +117,16 @@ def make_methods(batch: dict) -> dict[str, Callable[[], object]]:
         with handed(old_log_probs=batch["old_log_probs"]):
             return codapo_fn(token_level_rewards=rewards, response_mask=mask, config=config, index=index)
 
+    def rarity():
+        return rarity_fn(token_level_rewards=rewards, response_mask=mask, config=config, index=index)
+
     def floor():
         pd.factorize(index)
         sums = rewards.sum(dim=-1)
         return torch.empty_like(mask, dtype=torch.float32).copy_(mask).mul_(sums.unsqueeze(-1))
 
-    return {"apo": apo, "grpo": grpo, "grpo_vectorized": grpo_vectorized, "codapo": codapo, "floor": floor}
+    return {"apo": apo, "grpo": grpo, "grpo_vectorized": grpo_vectorized, "codapo": codapo, "rarity": rarity,
+            "floor": floor}
 
 
 def time_call(fn: Callable[[], object]) -> float:
@@ -181,15 +188,16 @@ def fmt_ratio(value, target, n) -> str:
 def render(results: list[dict]) -> str:
     lines = [
         "| input | responses | apo median ms | grpo median ms (calls) | grpo_vectorized median ms "
-        "| codapo median ms | floor median ms | " + " | ".join(TARGETS) + " |",
-        "|---|---:|---:|---:|---:|---:|---:|" + "---|" * len(TARGETS),
+        "| codapo median ms | rarity median ms | floor median ms | " + " | ".join(TARGETS) + " |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|" + "---|" * len(TARGETS),
     ]
     for row in results:
         n, med = row["responses"], row["median_s"]
         lines.append(
             f"| {row['input']} (length {row['length']}) | {n:,} | {fmt_ms(med['apo'])} "
             f"| {fmt_ms(med['grpo'])} ({len(row['samples_s']['grpo'])}) "
-            f"| {fmt_ms(med['grpo_vectorized'])} | {fmt_ms(med['codapo'])} | {fmt_ms(med['floor'])} | "
+            f"| {fmt_ms(med['grpo_vectorized'])} | {fmt_ms(med['codapo'])} | {fmt_ms(med['rarity'])} "
+            f"| {fmt_ms(med['floor'])} | "
             + " | ".join(fmt_ratio(row["ratios"][key], target, n) for key, target in TARGETS.items()) + " |"
         )
     return "\n".join(lines)
