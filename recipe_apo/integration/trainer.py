@@ -53,7 +53,7 @@ from recipe_apo.integration.modes import RECIPE_TRAINERS
 from recipe_apo.integration.multi_output import Sessions, final_output_rule
 from recipe_apo.integration.rollout_dump import AuditFields, RowColumns
 from recipe_apo.methods import catalog
-from recipe_apo.methods.base import MethodRuntime, Probe, Prompts, StepBatch
+from recipe_apo.methods.base import ActorCall, MethodRuntime, Probe, Prompts, StepBatch
 
 TRAINER_NAME = RECIPE_TRAINERS["sync"]
 
@@ -194,11 +194,10 @@ class RecipeHooks:
         self._last_advantage_step = (list(batch.keys), step_batch)
 
     def _hand_actor_call(self, batch, call: str) -> None:
-        calls = [c for c in (r.actor_call(self.global_steps, call) for r in self.runtimes) if c is not None]
-        if calls:
-            head = next((c.logits_head for c in reversed(calls) if c.logits_head is not None), None)
-            restart = any(c.restart_optimizer for c in calls)
-            verl_access.hand_actor_call(batch, head, self.global_steps if restart else -1)
+        asked = ActorCall.of([r.actor_call(self.global_steps, call) for r in self.runtimes])
+        if asked is not None:
+            verl_access.hand_actor_call(batch, asked.logits_head,
+                                        self.global_steps if asked.restart_optimizer else -1)
 
     def _compute_old_log_prob(self, batch, metrics: dict):
         self._hand_actor_call(batch, "old_log_probs")

@@ -203,6 +203,16 @@ class ActorCall:
     logits_head: Optional[str] = None
     restart_optimizer: bool = False
 
+    @classmethod
+    def of(cls, calls: Sequence[Optional["ActorCall"]]) -> Optional["ActorCall"]:
+        """The runtimes' calls for one pass as one (None: none asked anything): the last head named, and a restart
+        if any asks for one."""
+        asked = [c for c in calls if c is not None]
+        if not asked:
+            return None
+        head = next((c.logits_head for c in reversed(asked) if c.logits_head is not None), None)
+        return cls(head, any(c.restart_optimizer for c in asked))
+
 
 class MethodRuntime:
     """One run of a method: its state and the step-level logic both adapters drive (the module's docstring).

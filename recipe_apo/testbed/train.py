@@ -28,7 +28,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from recipe_apo.methods import catalog
-from recipe_apo.methods.base import BASE_HEAD, Probe, Prompts, StepBatch, Trajectories, load
+from recipe_apo.methods.base import BASE_HEAD, ActorCall, Probe, Prompts, StepBatch, Trajectories, load
 from recipe_apo.methods.group_stats import length_by_outcome, live_rows
 from recipe_apo.testbed.errors import TestbedSettingError
 from recipe_apo.testbed.modsum import ModSumTask
@@ -260,9 +260,8 @@ class MethodRun:
 
     def actor_pass(self, step: int, call: str) -> tuple[str, bool]:
         """The runtimes' ``actor_call`` for a pass of the policy: (its logits head, restart the optimizer first)."""
-        calls = [c for c in (r.actor_call(step, call) for r in self.runtimes) if c is not None]
-        head = next((c.logits_head for c in reversed(calls) if c.logits_head is not None), None)
-        return head or self.policy.logits_head, any(c.restart_optimizer for c in calls)
+        asked = ActorCall.of([r.actor_call(step, call) for r in self.runtimes]) or ActorCall()
+        return asked.logits_head or self.policy.logits_head, asked.restart_optimizer
 
     def record(self, key: str, value: float) -> None:
         self.history.setdefault(key, []).append(float(value))

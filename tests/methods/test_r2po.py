@@ -144,7 +144,7 @@ def test_the_released_schedule():
             start = i
     # 20 head steps every round; 40, 40, 20, 20, ... policy steps
     assert spans == [(0, 20), (1, 40), (0, 20), (1, 40), (0, 20), (1, 20), (0, 20), (1, 20), (0, 20)]
-    assert phase_at(61, released) == phase_at(61, released) and phase_at(61, released).round == 1
+    assert phase_at(61, released).round == 1 and phase_at(60, released).round == 0
     assert phase_at(61, released).first and not phase_at(62, released).first
 
 

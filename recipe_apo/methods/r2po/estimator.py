@@ -48,11 +48,11 @@ RARITY = "rarity"
 ESTIMATOR = "r2po"
 
 
-def rarity_scores(scores: np.ndarray, codes: np.ndarray, n_groups: int, valid: np.ndarray) -> tuple[np.ndarray,
+def reward_counts(scores: np.ndarray, codes: np.ndarray, n_groups: int, valid: np.ndarray) -> tuple[np.ndarray,
                                                                                                      np.ndarray]:
-    """(s, equal): s_i = 1 / the number of valid responses of i's group with i's reward (0 for an invalid row), and
-    per group whether all its s are equal (a group with no valid response counts as equal). Vectorized: one sort by
-    (group, reward)."""
+    """(count, equal): per row the number of valid responses of its group with its reward (0 for an invalid row;
+    s_i = 1 / count_i), and per group whether all its counts are equal (a group with no valid response counts as
+    equal). Vectorized: one sort by (group, reward)."""
     n = scores.shape[0]
     rows = np.flatnonzero(valid)
     order = rows[np.lexsort((scores[rows], codes[rows]))]
@@ -61,11 +61,10 @@ def rarity_scores(scores: np.ndarray, codes: np.ndarray, n_groups: int, valid: n
     starts[1:] = (key_group[1:] != key_group[:-1]) | (key_score[1:] != key_score[:-1])
     run = np.cumsum(starts) - 1
     run_sizes = np.bincount(run)
-    count = np.zeros(n)
+    count = np.zeros(n, dtype=np.int64)
     count[order] = run_sizes[run]
-    s = np.divide(1.0, count, out=np.zeros(n), where=count > 0)
     low, high = group_range(codes[rows], n_groups, count[rows])
-    return s, ~(low < high)
+    return count, ~(low < high)
 
 
 @functools.lru_cache(maxsize=None)
@@ -85,16 +84,17 @@ def rarity_advantage(scores: np.ndarray, codes: np.ndarray, n_groups: int, valid
                                                                                                        np.ndarray]:
     """(A, skipped groups): the rarity advantage of the module's docstring, float64; a group whose s are all equal
     gets ``equal_rarity`` (0 but for float32's last bit), and is skipped where that is 0."""
-    s, equal = rarity_scores(scores, codes, n_groups, valid)
+    count, equal = reward_counts(scores, codes, n_groups, valid)
+    s = np.divide(1.0, count, out=np.zeros(count.size), where=count > 0)
     w = valid.astype(np.float64)
     counts = np.bincount(codes, weights=w, minlength=n_groups)
     advantage = centered_rewards(s, w, codes, counts, True, RARITY_EPSILON)
     constant = np.zeros(n_groups)
     sizes = counts.astype(np.int64)
-    count_of = np.zeros(n_groups, dtype=np.int64)
-    count_of[codes[valid]] = np.rint(1.0 / s[valid]).astype(np.int64)
-    for size, count in {(int(a), int(b)) for a, b in zip(sizes[equal], count_of[equal]) if a > 0}:  # a few pairs
-        constant[equal & (sizes == size) & (count_of == count)] = equal_rarity(size, count)
+    group_count = np.zeros(n_groups, dtype=np.int64)
+    group_count[codes[valid]] = count[valid]  # one value per group where they are all equal, the only groups read
+    for size, each in {(int(a), int(b)) for a, b in zip(sizes[equal], group_count[equal]) if a > 0}:  # a few pairs
+        constant[equal & (sizes == size) & (group_count == each)] = equal_rarity(size, each)
     advantage = np.where(equal[codes], constant[codes], advantage)
     skipped = equal & (constant == 0)
     return np.where(valid & ~skipped[codes], advantage, 0.0), skipped

@@ -14,10 +14,10 @@ from recipe_apo.methods import driver_state
 from recipe_apo.methods.base import ActorCall, MethodRuntime, StepBatch, StepOutput
 from recipe_apo.methods.r2po.estimator import ESTIMATOR
 from recipe_apo.methods.r2po.model import BASE, ROLL
-from recipe_apo.methods.r2po.schedule import HEAD, Phase, phase_at
+from recipe_apo.methods.r2po.schedule import HEAD, POLICY, Phase, phase_at
 from recipe_apo.methods.r2po.settings import R2poSettings
 
-SKIPPED = {HEAD: "rarity_skipped_share", 1: "range_skipped_share"}
+SKIPPED = {HEAD: "rarity_skipped_share", POLICY: "range_skipped_share"}
 
 
 class R2poRuntime(MethodRuntime):
