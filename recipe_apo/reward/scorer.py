@@ -8,12 +8,15 @@ Scoring, in order:
 
 1. ``openai/gsm8k`` rows are left to verl's own GSM8K rule: verl's preprocessing asks for ``#### <answer>``
    there, not for a box, so its parquet files keep their meaning when this function is the reward.
-2. The answer is the content of the LAST ``\\boxed{...}`` or ``\\fbox{...}`` (balanced braces; ``\\boxed 5``
+2. reasoning-gym rows (``extra_info["reasoning_gym"]`` names the task: ``scripts/prepare_data.py --splits
+   arithmetic``) are scored by their own rule, the last number checked by reasoning-gym's checker
+   (``recipe_apo/reward/gym_answer.py``).
+3. The answer is the content of the LAST ``\\boxed{...}`` or ``\\fbox{...}`` (balanced braces; ``\\boxed 5``
    too), as in Dr. GRPO's grader. No box, an unclosed last box, an empty one, one longer than
    ``MAX_ANSWER_CHARS`` or nested deeper than ``MAX_NESTING`` scores 0.
-3. Answer and ground truths are normalized the way MATH-style graders do (percent signs dropped, ``1.5e7``
+4. Answer and ground truths are normalized the way MATH-style graders do (percent signs dropped, ``1.5e7``
    read as ``1.5 \\times 10^{7}``, a boxed ground truth unboxed); an exact match scores 1 at once.
-4. Otherwise math-verify decides (``parse`` + ``verify``, LaTeX and plain expressions), against
+5. Otherwise math-verify decides (``parse`` + ``verify``, LaTeX and plain expressions), against
    ``ground_truth`` and any alternatives in ``extra_info["answers"]``.
 
 Why worker processes: math-verify's timeouts use ``signal.alarm``, which works only in a process's main
@@ -46,6 +49,7 @@ import logging
 import re
 from typing import Any, Iterable, Optional
 
+from recipe_apo.reward import gym_answer
 from recipe_apo.reward.pool import WorkerError, _pool, shutdown
 from recipe_apo.reward.settings import DEFAULT_TIMEOUT_S, RewardConfigError, _number, env_settings
 
@@ -249,9 +253,11 @@ def compute_score(
             return 0.0
         if data_source in VERL_RULE_SOURCES:
             return _verl_rule_score(data_source, solution_str, ground_truth, extra_info)
+        if gym_answer.is_gym_row(extra_info):
+            return gym_answer.score(solution_str, ground_truth, extra_info)
         return score_answer(last_boxed_answer(solution_str), _ground_truths(ground_truth, extra_info),
                             _timeout_from(kwargs))
-    except (RewardConfigError, WorkerError):
+    except (RewardConfigError, WorkerError, gym_answer.GymRewardError):
         raise  # every score would be wrong: stop, naming the cause
     except Exception as exc:  # an answer must never take a training step down
         _warn_once(f"error:{type(exc).__name__}", "recipe_apo.reward: %s: %s; scored 0", type(exc).__name__, exc)

@@ -1,0 +1,291 @@
+"""The real-model study's report (``make real``): every figure from one JSON file, so that every verdict can be
+recomputed.
+
+``write(...)`` gathers the study's figures into ``real_cpu.json`` (per seed and per problem), then renders
+``real_cpu.md`` and ``real_cpu.png`` from that file alone; ``python -m recipe_apo.cpu.real_report
+results/real_cpu.json`` renders them again from it (no run, no model needed).
+
+Figures:
+
+- held-out pass@1: the mean over the test part's problems of each problem's share of right samples
+  (``scripts/evaluate.py``'s scores), per level and over all problems;
+- the gain over the base model, paired by problem: the mean over problems of (trained - base) and its standard
+  error (the standard deviation of the differences over the square root of the number of problems);
+- a method against another: paired by seed (the same data order), the mean over seeds of the difference in
+  held-out pass@1, its SE across seeds, and Student's t with seeds - 1 degrees of freedom: "beyond noise" when
+  |t| exceeds the two-sided 95% critical value, else "within noise";
+- the validation curve: verl's ``val-core/<level>/acc/mean@k`` at each validation step (the validation part,
+  disjoint from the test part).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+from typing import Iterable, Optional, Sequence
+
+# Two-sided 95% critical values of Student's t, degrees of freedom 1-10.
+T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
+ALL = "all"
+
+
+# ---- reading what the runs left --------------------------------------------------------------------------------
+def read_scores(path: Path) -> dict[str, dict[str, float]]:
+    """``{level: {problem index: share of right samples}}`` of a scores.jsonl of scripts/evaluate.py."""
+    table: dict[str, dict[str, float]] = {}
+    for line in Path(path).read_text().splitlines():
+        if line.strip():
+            row = json.loads(line)
+            table.setdefault(row["benchmark"], {})[str(row["index"])] = float(row["score"])
+    return table
+
+
+def read_runs(metrics_root: Path, project: str, runs: dict) -> dict:
+    """Each run's logged steps from verl's file logger, every attempt merged (a resumed step's last row wins):
+    ``{(method, seed): [ {step, ...metrics}, ... ]}``."""
+    merged = {}
+    for key, experiment in runs.items():
+        steps: dict[int, dict] = {}
+        for path in sorted(Path(metrics_root).glob(f"*/{project}/{experiment}.jsonl")):
+            for line in path.read_text().splitlines():
+                record = json.loads(line)
+                steps.setdefault(int(record["step"]), {}).update(record["data"])
+        merged[key] = [{"step": step, **steps[step]} for step in sorted(steps)]
+    return merged
+
+
+def curve(rows: Sequence[dict], levels: Sequence[str]) -> list[dict]:
+    """The validation points: ``[{"step": n, level: acc, ...}]``."""
+    points = []
+    for row in rows:
+        values = {}
+        for level in levels:
+            found = [v for k, v in row.items() if k.startswith(f"val-core/{level}/acc/mean@")]
+            if found:
+                values[level] = float(found[0])
+        if values:
+            points.append({"step": row["step"], **values})
+    return points
+
+
+def training(rows: Sequence[dict]) -> list[dict]:
+    keys = {"score": "critic/score/mean", "length": "response_length/mean", "clipped": "response_length/clip_ratio",
+            "seconds": "timing_s/step", "gen_s": "timing_s/gen", "update_s": "timing_s/update_actor"}
+    return [{"step": row["step"], **{name: float(row[key]) for name, key in keys.items() if key in row}}
+            for row in rows if "training/global_step" in row]
+
+
+# ---- statistics ---------------------------------------------------------------------------------------------------
+def mean_se(values: Sequence[float]) -> tuple[float, Optional[float]]:
+    mean = statistics.fmean(values)
+    return mean, (statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else None)
+
+
+def pass_at_1(scores: dict[str, dict[str, float]], level: str) -> float:
+    values = [v for table in _tables(scores, level) for v in table.values()]
+    return statistics.fmean(values)
+
+
+def _tables(scores: dict, level: str) -> list[dict]:
+    return list(scores.values()) if level == ALL else [scores[level]]
+
+
+def paired_gap(trained: dict, base: dict, level: str) -> tuple[float, Optional[float], int]:
+    """Mean and SE over problems of trained - base, and the number of problems (both must hold the same ones)."""
+    diffs = []
+    for name in (list(base) if level == ALL else [level]):
+        if set(trained.get(name, {})) != set(base[name]):
+            raise ValueError(f"{level}: the trained and base evaluations scored different problems")
+        diffs += [trained[name][index] - base[name][index] for index in base[name]]
+    mean, se = mean_se(diffs)
+    return mean, se, len(diffs)
+
+
+def seed_test(differences: Sequence[float]) -> dict:
+    """Paired test across seeds of per-seed differences."""
+    mean, se = mean_se(differences)
+    n = len(differences)
+    if se is None or se == 0:
+        return {"mean": mean, "se": se, "t": None, "critical": None, "seeds": n,
+                "verdict": "one seed: no verdict" if n < 2 else "no spread"}
+    t = mean / se
+    critical = T_975[min(n - 1, len(T_975)) - 1]
+    return {"mean": mean, "se": se, "t": t, "critical": critical, "seeds": n,
+            "verdict": "beyond noise" if abs(t) > critical else "within noise"}
+
+
+# ---- the figures --------------------------------------------------------------------------------------------------
+def figures(base: Path, trained: dict, metrics: dict, levels: Sequence[str]) -> dict:
+    """The study's JSON (without provenance): base and per-run held-out scores per problem, gaps, curves."""
+    base_scores = read_scores(base)
+    result = {"levels": list(levels), "base": {"scores": base_scores,
+                                               "pass1": {lv: pass_at_1(base_scores, lv) for lv in [*levels, ALL]}},
+              "runs": []}
+    for (method, seed), path in trained.items():
+        scores = read_scores(path)
+        result["runs"].append({
+            "method": method, "seed": seed, "scores": scores,
+            "curve": curve(metrics.get((method, seed), []), levels),
+            "training": training(metrics.get((method, seed), [])),
+        })
+    return result
+
+
+def derive(study: dict) -> dict:
+    """Everything the report states, from the JSON's per-problem scores alone."""
+    levels = [*study["levels"], ALL]
+    base = study["base"]["scores"]
+    rows = []
+    for run in study["runs"]:
+        row = {"method": run["method"], "seed": run["seed"], "pass1": {}, "gap": {}}
+        for level in levels:
+            row["pass1"][level] = pass_at_1(run["scores"], level)
+            mean, se, n = paired_gap(run["scores"], base, level)
+            row["gap"][level] = {"mean": mean, "se": se, "problems": n,
+                                 "beyond_3se": bool(se and mean > 3 * se)}
+        rows.append(row)
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    per_method = {}
+    for method in methods:
+        mine = [r for r in rows if r["method"] == method]
+        per_method[method] = {level: dict(zip(("mean", "se"), mean_se([r["pass1"][level] for r in mine])))
+                              for level in levels}
+        per_method[method]["seeds"] = sorted(r["seed"] for r in mine)
+    pairs = []
+    for i, a in enumerate(methods):
+        for b in methods[i + 1:]:
+            seeds = sorted({r["seed"] for r in rows if r["method"] == a} & {r["seed"] for r in rows if r["method"] == b})
+            if not seeds:
+                continue
+            by = {(r["method"], r["seed"]): r for r in rows}
+            for level in levels:
+                test = seed_test([by[(b, s)]["pass1"][level] - by[(a, s)]["pass1"][level] for s in seeds])
+                pairs.append({"a": a, "b": b, "level": level, **test})
+    return {"runs": rows, "methods": per_method, "pairs": pairs}
+
+
+# ---- rendering ----------------------------------------------------------------------------------------------------
+def _pct(value: Optional[float], signed: bool = False) -> str:
+    if value is None:
+        return "-"
+    return f"{100 * value:+.1f}" if signed else f"{100 * value:.1f}"
+
+
+def markdown(study: dict, derived: dict, plot: Optional[str], audit: Optional[str]) -> str:
+    levels = [*study["levels"], ALL]
+    prov, settings = study.get("provenance", {}), study.get("settings", {})
+    lines = ["# A real model through the recipe on a CPU: SmolLM2-135M-Instruct on reasoning-gym arithmetic", "",
+             f"Made by `{prov.get('command', '?')}` at commit `{prov.get('commit', '?')[:12]}`"
+             f"{' (with uncommitted changes)' if prov.get('dirty') else ''} on `{prov.get('host', '?')}` "
+             f"({prov.get('cores', '?')} cores, {prov.get('date', '?')}). Every figure below is recomputed from "
+             f"`real_cpu.json` by `python -m recipe_apo.cpu.real_report real_cpu.json`.", "",
+             f"Training: {settings.get('steps', '?')} steps of 8 prompts x 8 samples, verl's "
+             f"{settings.get('engine', '?')} rollout. Held-out: the test part (never trained or validated on), "
+             f"{settings.get('eval_samples', '?')} samples per problem at temperature 1, pass@1 in percent.", "",
+             "## Held-out pass@1, and the gain over the base model (paired by problem)", "",
+             "| run | " + " | ".join(levels) + " | gain (all) +- SE | > 3 SE |", "|---|" + "---:|" * (len(levels) + 2)]
+    lines.append("| base model | " + " | ".join(_pct(study["base"]["pass1"][lv]) for lv in levels) + " | - | - |")
+    for row in derived["runs"]:
+        gap = row["gap"][ALL]
+        lines.append(f"| {row['method']} seed {row['seed']} | " + " | ".join(_pct(row["pass1"][lv]) for lv in levels)
+                     + f" | {_pct(gap['mean'], True)} +- {_pct(gap['se'])} | {'yes' if gap['beyond_3se'] else 'no'} |")
+    lines += ["", "## Methods over seeds (mean +- SE across seeds)", "",
+              "| method | seeds | " + " | ".join(levels) + " |", "|---|---|" + "---:|" * len(levels)]
+    for method, figs in derived["methods"].items():
+        cells = [f"{_pct(figs[lv]['mean'])} +- {_pct(figs[lv]['se'])}" for lv in levels]
+        lines.append(f"| {method} | {', '.join(map(str, figs['seeds']))} | " + " | ".join(cells) + " |")
+    if derived["pairs"]:
+        lines += ["", "## Verdicts: paired by seed, two-sided t-test at 95%", "",
+                  "| comparison | level | mean difference | SE | t | critical | verdict |", "|---|---|---:|---:|---:|---:|---|"]
+        for pair in derived["pairs"]:
+            t = "-" if pair["t"] is None else f"{pair['t']:.2f}"
+            crit = "-" if pair["critical"] is None else f"{pair['critical']:.3f}"
+            verdict = f"**{pair['verdict']}**" if pair["verdict"] == "beyond noise" else pair["verdict"]
+            lines.append(f"| {pair['b']} - {pair['a']} | {pair['level']} | {_pct(pair['mean'], True)} | "
+                         f"{_pct(pair['se'])} | {t} | {crit} | {verdict} |")
+    lines += ["", "## Time per step (seconds, mean over each run's steps after the first)", "",
+              "| run | step | generation | update |", "|---|---:|---:|---:|"]
+    for run in study["runs"]:
+        steady = run["training"][1:] or run["training"]
+        if steady:
+            cells = [statistics.fmean(r[k] for r in steady if k in r) if any(k in r for r in steady) else None
+                     for k in ("seconds", "gen_s", "update_s")]
+            lines.append(f"| {run['method']} seed {run['seed']} | " +
+                         " | ".join("-" if c is None else f"{c:.1f}" for c in cells) + " |")
+    if plot:
+        lines += ["", f"![validation pass@1 against step]({plot})"]
+    if audit:
+        lines += ["", f"The bias audit of every run's rollouts: `{audit}`."]
+    return "\n".join(lines) + "\n"
+
+
+def plot(study: dict, path: Path) -> Optional[Path]:
+    """Validation pass@1 against step, one panel per level, one colour per method (thin: seeds; thick: their mean)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    levels = study["levels"]
+    fig, axes = plt.subplots(1, len(levels), figsize=(5 * len(levels), 3.6), squeeze=False)
+    methods = list(dict.fromkeys(run["method"] for run in study["runs"]))
+    colours = {m: f"C{i}" for i, m in enumerate(methods)}
+    for ax, level in zip(axes[0], levels):
+        ax.axhline(100 * study["base"]["pass1"][level], color="grey", ls=":", label="base (test part)")
+        for method in methods:
+            points: dict[int, list[float]] = {}
+            for run in (r for r in study["runs"] if r["method"] == method):
+                xs = [p["step"] for p in run["curve"] if level in p]
+                ys = [100 * p[level] for p in run["curve"] if level in p]
+                ax.plot(xs, ys, color=colours[method], alpha=0.3, lw=0.8)
+                for x, y in zip(xs, ys):
+                    points.setdefault(x, []).append(y)
+            xs = sorted(points)
+            ax.plot(xs, [statistics.fmean(points[x]) for x in xs], color=colours[method], lw=2, label=method)
+        ax.set_title(level)
+        ax.set_xlabel("step")
+        ax.set_ylabel("validation pass@1 (%)")
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def render(json_path: Path) -> Path:
+    """real_cpu.md and real_cpu.png beside ``json_path``, from it alone."""
+    json_path = Path(json_path)
+    study = json.loads(json_path.read_text())
+    derived = derive(study)
+    png = plot(study, json_path.with_suffix(".png"))
+    md = json_path.with_suffix(".md")
+    md.write_text(markdown(study, derived, png.name if png else None, study.get("audit")))
+    return md
+
+
+def write(results: Path, base: Path, trained: dict, metrics: dict, audit: Optional[Path], levels: Sequence[str],
+          provenance: dict, settings: dict, name: str = "real_cpu") -> Path:
+    results = Path(results)
+    results.mkdir(parents=True, exist_ok=True)
+    study = {"provenance": provenance, "settings": settings, **figures(base, trained, metrics, levels),
+             "audit": str(audit) if audit else None}
+    path = results / f"{name}.json"
+    path.write_text(json.dumps(study, indent=1, sort_keys=True) + "\n")
+    return render(path)
+
+
+def main(argv: Optional[Iterable[str]] = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 1:
+        print("usage: python -m recipe_apo.cpu.real_report REAL_CPU.json", file=sys.stderr)
+        return 2
+    print(render(Path(args[0])))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
