@@ -19,7 +19,8 @@ Three stages, each of which can run on its own:
 1. **merge** (verl checkpoints only): ``python -m verl.model_merger merge --backend fsdp`` turns
    ``global_step_N/actor`` into a Hugging Face folder under ``<out-dir>/hf_model``.
 2. **generate** (GPUs, or the CPU: a machine without a GPU gets the CPU rehearsal's settings, vLLM's CPU build
-   where installed, ``recipe_apo/cpu/generation.py``): verl's ``python -m verl.trainer.main_generation_server`` serves the model with vLLM and
+   where installed, ``recipe_apo/cpu/generation.py``):
+   verl's ``python -m verl.trainer.main_generation_server`` serves the model with vLLM and
    answers every prompt of ``<data-dir>/{aime24,amc,math500,minerva,olympiadbench}.parquet`` (made by
    ``scripts/prepare_data.py``: the Qwen-Math prompt) ``--n`` times each, sampled at ``--temperature`` and
    ``--top-p`` (``--greedy``: once, greedily, like Dr. GRPO's evaluation), at most 3,000 tokens. By default

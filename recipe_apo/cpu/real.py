@@ -111,7 +111,8 @@ def prepare_data(out: Path, say: Callable[[str], None]) -> dict[str, Path]:
                        "--part", part, "--seed", str(DATA_SEED), "--size", str(size), "--out-dir", str(folder)]
             result = subprocess.run(command, capture_output=True, text=True)
             if result.returncode != 0:
-                raise StudyError(f"data: {' '.join(command)} failed: {(result.stderr.strip().splitlines() or ['?'])[-1]}")
+                last = (result.stderr.strip().splitlines() or ["?"])[-1]
+                raise StudyError(f"data: {' '.join(command)} failed: {last}")
             stamp.write_text(json.dumps(wanted) + "\n")
         parts[part] = folder
     return parts
@@ -201,7 +202,8 @@ def train(methods: Sequence[str], seeds: Sequence[int], model: Path, data: dict[
         attempt = time.strftime("%Y%m%d-%H%M%S")
         say(f"train: seed {seed}: {', '.join(f'{m} (from step {last_step(out, names[m])})' for m in todo)}")
         result = rehearse.run_logged(
-            train_command(todo, seed, model, data, out, steps, engine), out / "logs" / f"train-seed{seed}-{attempt}.log",
+            train_command(todo, seed, model, data, out, steps, engine),
+            out / "logs" / f"train-seed{seed}-{attempt}.log",
             cwd=out, env=rehearse.rehearsal_env(out / "metrics" / attempt), label=f"seed {seed}", say=say,
             timeout=RUN_TIMEOUT_S * len(todo))
         short = [m for m in todo if last_step(out, names[m]) < steps]
@@ -211,7 +213,8 @@ def train(methods: Sequence[str], seeds: Sequence[int], model: Path, data: dict[
     return runs
 
 
-def evaluate(model: Path, name: str, data: dict[str, Path], out: Path, samples: int, say: Callable[[str], None]) -> Path:
+def evaluate(model: Path, name: str, data: dict[str, Path], out: Path, samples: int,
+             say: Callable[[str], None]) -> Path:
     """``scripts/evaluate.py`` on the test part; its scores.jsonl (kept: an evaluated model is not evaluated again)."""
     folder = out / "eval" / name
     scores = folder / "scores.jsonl"

@@ -157,7 +157,8 @@ def derive(study: dict) -> dict:
     pairs = []
     for i, a in enumerate(methods):
         for b in methods[i + 1:]:
-            seeds = sorted({r["seed"] for r in rows if r["method"] == a} & {r["seed"] for r in rows if r["method"] == b})
+            seeds = sorted({r["seed"] for r in rows if r["method"] == a}
+                           & {r["seed"] for r in rows if r["method"] == b})
             if not seeds:
                 continue
             by = {(r["method"], r["seed"]): r for r in rows}
@@ -199,7 +200,8 @@ def markdown(study: dict, derived: dict, plot: Optional[str], audit: Optional[st
         lines.append(f"| {method} | {', '.join(map(str, figs['seeds']))} | " + " | ".join(cells) + " |")
     if derived["pairs"]:
         lines += ["", "## Verdicts: paired by seed, two-sided t-test at 95%", "",
-                  "| comparison | level | mean difference | SE | t | critical | verdict |", "|---|---|---:|---:|---:|---:|---|"]
+                  "| comparison | level | mean difference | SE | t | critical | verdict |",
+                  "|---|---|---:|---:|---:|---:|---|"]
         for pair in derived["pairs"]:
             t = "-" if pair["t"] is None else f"{pair['t']:.2f}"
             crit = "-" if pair["critical"] is None else f"{pair['critical']:.3f}"

@@ -29,7 +29,8 @@ def prepare(out, *args):
 @pytest.fixture(scope="module")
 def parts(tmp_path_factory):
     root = tmp_path_factory.mktemp("gym")
-    return {part: prepare(root / part, "--part", part, "--seed", "5", "--size", "30") for part in ("train", "val", "test")}
+    return {part: prepare(root / part, "--part", part, "--seed", "5", "--size", "30")
+            for part in ("train", "val", "test")}
 
 
 def test_each_level_is_a_file_and_a_data_source_of_verl_rows(parts):
