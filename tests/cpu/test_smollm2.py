@@ -86,7 +86,8 @@ def gguf_file(reference, tmp_path_factory):
     for layer in range(config.num_hidden_layers):
         p = f"model.layers.{layer}."
         writer.add_tensor(f"blk.{layer}.attn_norm.weight", weights[p + "input_layernorm.weight"])
-        writer.add_tensor(f"blk.{layer}.attn_q.weight", llama_cpp_permute(weights[p + "self_attn.q_proj.weight"], HEADS))
+        writer.add_tensor(f"blk.{layer}.attn_q.weight",
+                          llama_cpp_permute(weights[p + "self_attn.q_proj.weight"], HEADS))
         writer.add_tensor(f"blk.{layer}.attn_k.weight",
                           llama_cpp_permute(weights[p + "self_attn.k_proj.weight"], KV_HEADS))
         writer.add_tensor(f"blk.{layer}.attn_v.weight", weights[p + "self_attn.v_proj.weight"])
