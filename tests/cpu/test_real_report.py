@@ -1,0 +1,107 @@
+"""The real-model study's report (recipe_apo/cpu/real_report.py): its figures, worked out by hand on a small study;
+the markdown and the plot rendered from the JSON alone."""
+
+import json
+import math
+
+import pytest
+
+from recipe_apo.cpu import real_report
+
+LEVELS = ["easy", "hard"]
+
+
+def scores_file(path, table):
+    path.write_text("".join(json.dumps({"benchmark": level, "index": index, "score": score, "scores": [score]}) + "\n"
+                            for level, rows in table.items() for index, score in rows.items()))
+    return path
+
+
+# Base: easy problems 0, 1 score 0.5 and 0.0; hard problems 0, 1, 2 score 0.0, 0.25, 0.0.
+BASE = {"easy": {0: 0.5, 1: 0.0}, "hard": {0: 0.0, 1: 0.25, 2: 0.0}}
+# Two methods x two seeds, each a small shift of the base.
+RUNS = {
+    ("grpo", 1): {"easy": {0: 0.5, 1: 0.5}, "hard": {0: 0.0, 1: 0.25, 2: 0.25}},
+    ("grpo", 2): {"easy": {0: 1.0, 1: 0.0}, "hard": {0: 0.0, 1: 0.5, 2: 0.0}},
+    ("apo", 1): {"easy": {0: 1.0, 1: 0.5}, "hard": {0: 0.25, 1: 0.5, 2: 0.25}},
+    ("apo", 2): {"easy": {0: 1.0, 1: 1.0}, "hard": {0: 0.0, 1: 0.5, 2: 0.5}},
+}
+
+
+@pytest.fixture()
+def study(tmp_path):
+    base = scores_file(tmp_path / "base.jsonl", BASE)
+    trained = {key: scores_file(tmp_path / f"{key[0]}{key[1]}.jsonl", table) for key, table in RUNS.items()}
+    metrics = {("apo", 1): [{"step": 0, "val-core/easy/acc/mean@2": 0.25, "val-core/hard/acc/mean@2": 0.1},
+                            {"step": 1, "training/global_step": 1, "critic/score/mean": 0.3, "timing_s/step": 40.0},
+                            {"step": 2, "training/global_step": 2, "val-core/easy/acc/mean@2": 0.5,
+                             "timing_s/step": 30.0}]}
+    path = real_report.write(tmp_path / "results", base, trained, metrics, None, LEVELS, {"command": "x"},
+                             {"steps": 2})
+    return json.loads(path.with_suffix(".json").read_text()), path
+
+
+def test_pass_at_1_and_the_paired_gain_over_the_base(study):
+    data, _ = study
+    derived = real_report.derive(data)
+    apo1 = next(r for r in derived["runs"] if (r["method"], r["seed"]) == ("apo", 1))
+    assert apo1["pass1"]["easy"] == pytest.approx(0.75)
+    assert apo1["pass1"]["hard"] == pytest.approx(1.0 / 3)
+    assert apo1["pass1"]["all"] == pytest.approx((1.0 + 0.5 + 0.25 + 0.5 + 0.25) / 5)
+    # Differences by problem: easy 0.5, 0.5; hard 0.25, 0.25, 0.25: mean 0.35, sd sqrt(0.0375) over 4 degrees.
+    gap = apo1["gap"]["all"]
+    diffs = [0.5, 0.5, 0.25, 0.25, 0.25]
+    sd = math.sqrt(sum((d - 0.35) ** 2 for d in diffs) / 4)
+    assert gap["mean"] == pytest.approx(0.35) and gap["se"] == pytest.approx(sd / math.sqrt(5))
+    assert gap["problems"] == 5 and gap["beyond_3se"] is True  # 0.35 > 3 * 0.0612
+    grpo2 = next(r for r in derived["runs"] if (r["method"], r["seed"]) == ("grpo", 2))
+    assert grpo2["gap"]["all"]["mean"] == pytest.approx((0.5 + 0.0 + 0.0 + 0.25 + 0.0) / 5)
+    assert grpo2["gap"]["all"]["beyond_3se"] is False
+    assert data["base"]["pass1"]["all"] == pytest.approx(0.75 / 5)
+
+
+def test_a_method_against_another_is_paired_by_seed(study):
+    data, _ = study
+    pair = next(p for p in real_report.derive(data)["pairs"] if p["level"] == "all")
+    assert (pair["a"], pair["b"]) == ("grpo", "apo")
+    # Per seed, apo - grpo over all problems: seed 1 (2.5 - 1.5) / 5 = 0.2, seed 2 (3.0 - 1.5) / 5 = 0.3.
+    assert pair["mean"] == pytest.approx(0.25)
+    assert pair["se"] == pytest.approx(math.sqrt(0.005) / math.sqrt(2))
+    assert pair["t"] == pytest.approx(0.25 / (math.sqrt(0.005) / math.sqrt(2)))
+    assert pair["critical"] == 12.706 and pair["verdict"] == "within noise"  # t = 5.0 < 12.706 at one degree
+
+
+def test_verdicts_beyond_noise_and_without_spread():
+    assert real_report.seed_test([0.1, 0.11, 0.12])["verdict"] == "beyond noise"  # t = 19.05 > 4.303
+    assert real_report.seed_test([0.1, -0.1, 0.05])["verdict"] == "within noise"
+    assert real_report.seed_test([0.2])["verdict"] == "one seed: no verdict"
+
+
+def test_the_curve_and_the_steps_come_from_verls_logged_rows(study):
+    data, _ = study
+    apo1 = next(r for r in data["runs"] if (r["method"], r["seed"]) == ("apo", 1))
+    assert apo1["curve"] == [{"step": 0, "easy": 0.25, "hard": 0.1}, {"step": 2, "easy": 0.5}]
+    assert [row["step"] for row in apo1["training"]] == [1, 2]
+    assert apo1["training"][0] == {"step": 1, "score": 0.3, "seconds": 40.0}
+
+
+def test_the_report_renders_from_the_json_alone(study, tmp_path):
+    data, md = study
+    text = md.read_text()
+    assert "| apo seed 1 | 75.0 | 33.3 | 50.0 | +35.0 +- 6.1 | yes |" in text
+    assert "| apo - grpo | all | +25.0 | 5.0 | 5.00 | 12.706 | within noise |" in text
+    assert (md.parent / "real_cpu.png").stat().st_size > 0
+    again = tmp_path / "again" / "real_cpu.json"
+    again.parent.mkdir()
+    again.write_text(json.dumps(data))
+    assert real_report.main([str(again)]) == 0
+    assert again.with_suffix(".md").read_text() == text
+
+
+def test_runs_scored_on_other_problems_than_the_base_are_refused(tmp_path):
+    base = {"scores": BASE}
+    other = {"easy": {0: 1.0, 7: 1.0}, "hard": BASE["hard"]}
+    study = {"levels": LEVELS, "base": base, "runs": [{"method": "apo", "seed": 1, "scores": other}]}
+    study = json.loads(json.dumps(study))  # the keys as the JSON file holds them
+    with pytest.raises(ValueError, match="easy: the trained and base evaluations scored different problems"):
+        real_report.derive(study)
