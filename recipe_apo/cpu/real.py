@@ -18,13 +18,15 @@ compared on it, over seeds, with verdicts a reader can recompute.
    and every per-seed figure as JSON beside it (``--results``, default ``results/`` for the study, ``DIR`` for
    ``--quick``).
 
-``--quick`` (``make real QUICK=1``): APO alone, one seed, ``QUICK_STEPS`` steps, in about 15 minutes; it ends by
+``--quick`` (``make real QUICK=1``): APO alone, one seed, ``QUICK_STEPS`` steps, in about 15 minutes; its held-out
+figures are verl's own validation before the first step and after the last (``QUICK_VAL_SAMPLES`` samples per
+problem of the validation part, dumped per sample and paired by problem), no separate evaluation; it ends by
 printing the base model's folder and the trained checkpoint's.
 
 What is trained (``TRAINING``) was chosen by measurement on a 2-core machine (docs/real.md): 8 prompts x 8
-samples a step, responses up to 48 tokens, learning rate 2e-5, one update per step, the old log-probs taken from
-vLLM's (``bypass_mode``: fp32 on both sides, they agree to 1e-6) and no activation checkpointing (memory is not
-short here; recomputing is).
+samples a step, responses up to 48 tokens and a cut-off one scoring 0, learning rate 2e-5, one update per step,
+the old log-probs taken from vLLM's (``bypass_mode``: fp32 on both sides, they agree to 1e-6) and no activation
+checkpointing (memory is not short here; recomputing is).
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ QUICK_STEPS = 10
 TEST_FREQ = 4
 SAVE_FREQ = 4
 VAL_SAMPLES = 2
+QUICK_VAL_SAMPLES = 4
 EVAL_SAMPLES = 8
 QUICK_EVAL_SAMPLES = 4
 MAX_PROMPT = 40      # the longest prompt is 36 tokens: padding to more costs every forward pass
@@ -66,6 +69,10 @@ RUN_TIMEOUT_S = 45 * 60
 EVAL_TIMEOUT_S = 30 * 60
 
 TRAINING = (
+    # A response the length cap cut off scores 0 (Dr. GRPO's rule, conf/truncation/zero.yaml): the base model rambles,
+    # and a cut ramble holds many numbers, the last of which is right by chance often enough to pay rambling (a
+    # pilot without it grew its responses from 34 to 42 tokens, 47% to 70% cut off, in 4 steps; docs/real.md).
+    "truncation=zero",
     "data.train_batch_size=8",
     "actor_rollout_ref.rollout.n=8",
     "actor_rollout_ref.actor.ppo_mini_batch_size=8",
@@ -132,43 +139,43 @@ def study_overrides(model: Path, data: dict[str, Path], steps: int) -> list[str]
         "reward.custom_reward_function.name=compute_score",
         *TRAINING,
         f"trainer.total_training_steps={steps}",
+        "data.val_batch_size=512",  # every validation prompt in one batch
     ]
 
 
-def run_overrides(data: dict[str, Path], out: Path, steps: int) -> list[str]:
+def run_overrides(data: dict[str, Path], steps: int, quick: bool) -> list[str]:
     """Where and how a run writes and validates: none of these names a run."""
     threads = generation.threads_env()
     return [
         f"data.val_files={files(data['val'])}",
-        "data.val_batch_size=512",
         "actor_rollout_ref.rollout.val_kwargs.do_sample=true",
         "actor_rollout_ref.rollout.val_kwargs.temperature=1.0",
-        f"actor_rollout_ref.rollout.val_kwargs.n={VAL_SAMPLES}",
+        f"actor_rollout_ref.rollout.val_kwargs.n={QUICK_VAL_SAMPLES if quick else VAL_SAMPLES}",
         "trainer.logger=[console,file]",
         f"trainer.project_name={PROJECT}",
-        f"trainer.test_freq={min(TEST_FREQ, steps)}",
+        f"trainer.test_freq={steps if quick else min(TEST_FREQ, steps)}",
+        "trainer.validation_data_dir=${trainer.default_local_dir}/validation",
         "trainer.val_before_train=true",
         f"trainer.save_freq={min(SAVE_FREQ, steps)}",
         "trainer.max_actor_ckpt_to_keep=1",
         "trainer.rollout_data_dir=${trainer.default_local_dir}/rollouts",
-        f"trainer.default_local_dir={out}/checkpoints/{PROJECT}/" + "${trainer.experiment_name}",
-        *(f"+ray_kwargs.ray_init.runtime_env.env_vars.{key}='\"{value}\"'" for key, value in threads.items()),
+        *(f'+ray_kwargs.ray_init.runtime_env.env_vars.{key}="{value}"' for key, value in threads.items()),
     ]
 
 
-def train_command(methods: Sequence[str], seed: int, model: Path, data: dict[str, Path], out: Path, steps: int,
-                  engine: str, dry_run: bool = False) -> list[str]:
+def train_command(methods: Sequence[str], seed: int, model: Path, data: dict[str, Path], steps: int, engine: str,
+                  quick: bool = False, dry_run: bool = False) -> list[str]:
     shared = study_overrides(model, data, steps)
     return [sys.executable, "-m", "recipe_apo.main", "-m", f"method={','.join(methods)}", "rehearsal=cpu",
             f"actor_rollout_ref.rollout.name={engine}", *shared, f"data.seed={seed}",
             "run_name.prefix=smollm2", f"run_name.script_overrides={len(shared) + 2}",
-            *run_overrides(data, out, steps), *(["dry_run=true"] if dry_run else [])]
+            *run_overrides(data, steps, quick), *(["dry_run=true"] if dry_run else [])]
 
 
 def experiments(methods: Sequence[str], seed: int, model: Path, data: dict[str, Path], out: Path, steps: int,
                 engine: str) -> dict[str, str]:
     """Each method's experiment name for ``seed``, as the recipe names it (a dry run: seconds, nothing started)."""
-    command = train_command(methods, seed, model, data, out, steps, engine, dry_run=True)
+    command = train_command(methods, seed, model, data, steps, engine, dry_run=True)
     result = subprocess.run(command, capture_output=True, text=True, cwd=out, env=rehearse.rehearsal_env())
     names = [line.split("/", 1)[1].strip() for line in result.stdout.splitlines() if line.startswith("experiment: ")]
     if result.returncode != 0 or len(names) != len(methods):
@@ -189,7 +196,7 @@ def last_step(out: Path, experiment: str) -> int:
 
 
 def train(methods: Sequence[str], seeds: Sequence[int], model: Path, data: dict[str, Path], out: Path, steps: int,
-          engine: str, say: Callable[[str], None]) -> dict[tuple[str, int], str]:
+          engine: str, quick: bool, say: Callable[[str], None]) -> dict[tuple[str, int], str]:
     """Every (method, seed) run trained to ``steps``; their experiment names."""
     runs = {}
     for seed in seeds:
@@ -202,7 +209,7 @@ def train(methods: Sequence[str], seeds: Sequence[int], model: Path, data: dict[
         attempt = time.strftime("%Y%m%d-%H%M%S")
         say(f"train: seed {seed}: {', '.join(f'{m} (from step {last_step(out, names[m])})' for m in todo)}")
         result = rehearse.run_logged(
-            train_command(todo, seed, model, data, out, steps, engine),
+            train_command(todo, seed, model, data, steps, engine, quick),
             out / "logs" / f"train-seed{seed}-{attempt}.log",
             cwd=out, env=rehearse.rehearsal_env(out / "metrics" / attempt), label=f"seed {seed}", say=say,
             timeout=RUN_TIMEOUT_S * len(todo))
@@ -251,7 +258,7 @@ def provenance(command: Sequence[str]) -> dict:
 
 # ---- the command ----------------------------------------------------------------------------------------------------
 def study(out: Path, methods: Sequence[str], seeds: Sequence[int], steps: int, samples: int, results: Path,
-          say: Callable[[str], None] = print, argv: Sequence[str] = ()) -> int:
+          quick: bool = False, say: Callable[[str], None] = print, argv: Sequence[str] = ()) -> int:
     from recipe_apo.cpu import real_report
 
     started = time.perf_counter()
@@ -261,15 +268,22 @@ def study(out: Path, methods: Sequence[str], seeds: Sequence[int], steps: int, s
         f"{engine} rollout, in {out}")
     model = smollm2.make_model(say=say)
     data = prepare_data(out, say)
-    runs = train(methods, seeds, model, data, out, steps, engine, say)
-    base = evaluate(model, "base", data, out, samples, say)
-    trained = {key: evaluate(checkpoint_dir(out, name) / f"global_step_{steps}", f"{key[0]}-s{key[1]}", data, out,
-                             samples, say) for key, name in runs.items()}
+    runs = train(methods, seeds, model, data, out, steps, engine, quick, say)
+    if quick:  # verl's validation before the first step and after the last, paired by problem
+        first = next(iter(runs.values()))
+        base = real_report.read_validation(checkpoint_dir(out, first) / "validation" / "0.jsonl", data["val"], LEVELS)
+        trained = {key: real_report.read_validation(checkpoint_dir(out, name) / "validation" / f"{steps}.jsonl",
+                                                    data["val"], LEVELS) for key, name in runs.items()}
+    else:
+        base = evaluate(model, "base", data, out, samples, say)
+        trained = {key: evaluate(checkpoint_dir(out, name) / f"global_step_{steps}", f"{key[0]}-s{key[1]}", data,
+                                 out, samples, say) for key, name in runs.items()}
     audit_report = audit(runs, out)
     metrics = real_report.read_runs(out / "metrics", PROJECT, runs)
     report = real_report.write(results, base, trained, metrics, audit_report, LEVELS,
                                provenance([sys.executable, "-m", "recipe_apo.cpu.real", *argv]),
                                settings={"steps": steps, "eval_samples": samples, "engine": engine,
+                                         "held_out": "validation" if quick else "test",
                                          "training": list(TRAINING), "data": DATA, "val_samples": VAL_SAMPLES})
     say(f"\nreal: done in {time.perf_counter() - started:.0f} s. Report: {report}")
     say(f"base model: {model}")
@@ -309,7 +323,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         return study(out, args.methods or (["apo"] if quick else list(METHODS)), args.seeds or ([1] if quick else
                      list(SEEDS)), QUICK_STEPS if quick else STEPS, QUICK_EVAL_SAMPLES if quick else EVAL_SAMPLES,
-                     args.results or (out if quick else ROOT / "results"), argv=argv)
+                     args.results or (out if quick else ROOT / "results"), quick=quick, argv=argv)
     except (RecipeError, smollm2.ModelFolderError) as exc:
         print(f"recipe-apo: error: {exc}", file=sys.stderr)
         return 1

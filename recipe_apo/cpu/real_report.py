@@ -30,6 +30,14 @@ from typing import Iterable, Optional, Sequence
 # Two-sided 95% critical values of Student's t, degrees of freedom 1-10.
 T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
 ALL = "all"
+# What the held-out figures were measured on: the study's test part, or (--quick) the validation part.
+HELD_OUT = {
+    "test": "Held-out: the test part (never trained or validated on), scored by scripts/evaluate.py at temperature 1 "
+            "(a cut-off answer is scored as written), pass@1 in percent.",
+    "validation": "Held-out: the validation part (never trained on) as verl's validation scored it before the first "
+                  "step and after the last, at temperature 1 with the training reward (a cut-off answer scores 0), "
+                  "pass@1 in percent.",
+}
 
 
 # ---- reading what the runs left --------------------------------------------------------------------------------
@@ -40,6 +48,31 @@ def read_scores(path: Path) -> dict[str, dict[str, float]]:
         if line.strip():
             row = json.loads(line)
             table.setdefault(row["benchmark"], {})[str(row["index"])] = float(row["score"])
+    return table
+
+
+def read_validation(dump: Path, val_dir: Path, levels: Sequence[str]) -> dict[str, dict[str, float]]:
+    """``{level: {problem index: share of right samples}}`` of a validation dump (verl's
+    ``trainer.validation_data_dir/<step>.jsonl``, one line per sample, in no set order), each sample's problem
+    found by its question in the validation files (``<val_dir>/<level>.parquet``). The scores are the training
+    reward's, the truncation rule included."""
+    import pandas as pd
+
+    where = {}
+    for level in levels:
+        frame = pd.read_parquet(Path(val_dir) / f"{level}.parquet")
+        for prompt, info in zip(frame["prompt"], frame["extra_info"]):
+            where[prompt[-1]["content"]] = (level, str(info["index"]))
+    samples: dict[tuple[str, str], list[float]] = {}
+    for number, line in enumerate(Path(dump).read_text().splitlines(), 1):
+        row = json.loads(line)
+        question = row["input"].rsplit("user\n", 1)[-1].removesuffix("\n").rsplit("\nassistant", 1)[0].strip()
+        if question not in where:
+            raise ValueError(f"{dump}:{number}: a question not in {val_dir}: {question[:60]!r}")
+        samples.setdefault(where[question], []).append(float(row["score"]))
+    table: dict[str, dict[str, float]] = {}
+    for (level, index), scores in sorted(samples.items()):
+        table.setdefault(level, {})[index] = statistics.fmean(scores)
     return table
 
 
@@ -118,14 +151,18 @@ def seed_test(differences: Sequence[float]) -> dict:
 
 
 # ---- the figures --------------------------------------------------------------------------------------------------
-def figures(base: Path, trained: dict, metrics: dict, levels: Sequence[str]) -> dict:
-    """The study's JSON (without provenance): base and per-run held-out scores per problem, gaps, curves."""
-    base_scores = read_scores(base)
+def figures(base, trained: dict, metrics: dict, levels: Sequence[str]) -> dict:
+    """The study's JSON (without provenance): base and per-run held-out scores per problem, gaps, curves. ``base``
+    and ``trained``'s values are scores.jsonl paths of scripts/evaluate.py or tables already read."""
+    def read(scores) -> dict:
+        return scores if isinstance(scores, dict) else read_scores(scores)
+
+    base_scores = read(base)
     result = {"levels": list(levels), "base": {"scores": base_scores,
                                                "pass1": {lv: pass_at_1(base_scores, lv) for lv in [*levels, ALL]}},
               "runs": []}
     for (method, seed), path in trained.items():
-        scores = read_scores(path)
+        scores = read(path)
         result["runs"].append({
             "method": method, "seed": seed, "scores": scores,
             "curve": curve(metrics.get((method, seed), []), levels),
@@ -184,8 +221,7 @@ def markdown(study: dict, derived: dict, plot: Optional[str], audit: Optional[st
              f"({prov.get('cores', '?')} cores, {prov.get('date', '?')}). Every figure below is recomputed from "
              f"`real_cpu.json` by `python -m recipe_apo.cpu.real_report real_cpu.json`.", "",
              f"Training: {settings.get('steps', '?')} steps of 8 prompts x 8 samples, verl's "
-             f"{settings.get('engine', '?')} rollout. Held-out: the test part (never trained or validated on), "
-             f"{settings.get('eval_samples', '?')} samples per problem at temperature 1, pass@1 in percent.", "",
+             f"{settings.get('engine', '?')} rollout. {HELD_OUT[settings.get('held_out', 'test')]}", "",
              "## Held-out pass@1, and the gain over the base model (paired by problem)", "",
              "| run | " + " | ".join(levels) + " | gain (all) +- SE | > 3 SE |", "|---|" + "---:|" * (len(levels) + 2)]
     lines.append("| base model | " + " | ".join(_pct(study["base"]["pass1"][lv]) for lv in levels) + " | - | - |")
