@@ -21,7 +21,8 @@ from __future__ import annotations
 import pytest
 
 # Longest first, so that make test-vllm's two xdist workers end close together (tests/conftest.py's rule).
-LONGEST_FIRST = ("test_real.py", "test_baselines.py", "test_r2po.py", "test_codapo_pair.py", "test_async_data_parallel.py",
+LONGEST_FIRST = ("test_real.py", "test_baselines.py", "test_r2po.py",
+                 "test_codapo_pair.py", "test_async_data_parallel.py",
                  "test_apo_sync.py", "test_agpo_dual.py", "test_agpo.py", "test_agpo_dual_hf.py", "test_plain_verl.py",
                  "test_two_nodes.py",
                  "test_agentic_async_apo.py", "test_evaluate_generation.py", "test_dead_engine.py")
