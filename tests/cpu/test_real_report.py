@@ -105,3 +105,27 @@ def test_runs_scored_on_other_problems_than_the_base_are_refused(tmp_path):
     study = json.loads(json.dumps(study))  # the keys as the JSON file holds them
     with pytest.raises(ValueError, match="easy: the trained and base evaluations scored different problems"):
         real_report.derive(study)
+
+
+def test_a_validation_dump_is_read_per_problem_whatever_its_order(tmp_path):
+    import pandas as pd
+
+    def rows(level, questions):
+        return pd.DataFrame({"prompt": [[{"role": "system", "content": "s"}, {"role": "user", "content": q}]
+                                        for q in questions],
+                             "extra_info": [{"index": i} for i in range(len(questions))]})
+
+    rows("easy", ["Calculate 1 + 2.", "Calculate 3 + 4."]).to_parquet(tmp_path / "easy.parquet")
+    rows("hard", ["Calculate 10 - 20."]).to_parquet(tmp_path / "hard.parquet")
+
+    def line(question, score):
+        return json.dumps({"input": f"system\ns\nuser\n{question}\nassistant\n", "output": "x", "score": score})
+
+    dump = tmp_path / "0.jsonl"
+    dump.write_text("\n".join([line("Calculate 3 + 4.", 1.0), line("Calculate 10 - 20.", 0.0),
+                               line("Calculate 1 + 2.", 0.0), line("Calculate 3 + 4.", 0.0),
+                               line("Calculate 1 + 2.", 0.0), line("Calculate 10 - 20.", 1.0)]) + "\n")
+    assert real_report.read_validation(dump, tmp_path, LEVELS) == {"easy": {"0": 0.0, "1": 0.5}, "hard": {"0": 0.5}}
+    dump.write_text(line("Calculate 5 + 5.", 1.0) + "\n")
+    with pytest.raises(ValueError, match="0.jsonl:1: a question not in"):
+        real_report.read_validation(dump, tmp_path, LEVELS)
