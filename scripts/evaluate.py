@@ -245,15 +245,26 @@ def across_runs(estimates: Sequence[Estimate]) -> Estimate:
                     pass_at_k=sum(pass_k) / len(pass_k) if same_k else None, runs=len(estimates))
 
 
-def run_row(name: str, summaries: Sequence[dict[str, Estimate]]) -> Row:
+def columns_for(summaries: Iterable[dict[str, Estimate]]) -> tuple[tuple[str, str, Optional[int]], ...]:
+    """The table's benchmarks: the paper's five when every scored benchmark is one of them, else every scored
+    benchmark in order of first appearance, titled by its name (e.g. scripts/prepare_data.py's reasoning-gym
+    levels)."""
+    keys = list(dict.fromkeys(key for summary in summaries for key in summary))
+    if set(keys) <= {key for key, _, _ in BENCHMARKS}:
+        return BENCHMARKS
+    return tuple((key, key, None) for key in keys)
+
+
+def run_row(name: str, summaries: Sequence[dict[str, Estimate]],
+            columns: Sequence[tuple[str, str, Optional[int]]] = BENCHMARKS) -> Row:
     """The row of one method: one run's estimates, or several runs' pooled by ``across_runs`` (its average too:
     the SE across the runs' averages, which keeps how a run's benchmarks move together)."""
-    per_run = [[summary.get(key) for key, _, _ in BENCHMARKS] for summary in summaries]
+    per_run = [[summary.get(key) for key, _, _ in columns] for summary in summaries]
     averages = [average(cells) for cells in per_run]
     if len(summaries) == 1:
         return name, per_run[0], averages[0]
     cells = [None if any(run[i] is None for run in per_run) else across_runs([run[i] for run in per_run])
-             for i in range(len(BENCHMARKS))]
+             for i in range(len(columns))]
     total = None if any(a is None for a in averages) else across_runs(averages)
     return f"{name} ({len(summaries)} runs)", cells, total
 
@@ -293,9 +304,10 @@ def _cell(value: Any) -> str:
     return f"{value:.1f}"
 
 
-def markdown_table(rows: Sequence[Row], with_average: bool = True) -> str:
-    """The paper's layout: Model | AIME24 | AMC | MATH500 | Minerva | Olympiad Bench | Avg."""
-    header = ["Model"] + [title for _, title, _ in BENCHMARKS] + (["Avg."] if with_average else [])
+def markdown_table(rows: Sequence[Row], with_average: bool = True,
+                   columns: Sequence[tuple[str, str, Optional[int]]] = BENCHMARKS) -> str:
+    """The paper's layout: Model | AIME24 | AMC | MATH500 | Minerva | Olympiad Bench | Avg. (or ``columns``)."""
+    header = ["Model"] + [title for _, title, _ in columns] + (["Avg."] if with_average else [])
     lines = ["| " + " | ".join(header) + " |", "|---" + "|---:" * (len(header) - 1) + "|"]
     for name, cells, total in rows:
         values = [name] + [_cell(c) for c in cells] + ([_cell(total)] if with_average else [])
@@ -303,7 +315,8 @@ def markdown_table(rows: Sequence[Row], with_average: bool = True) -> str:
     return "\n".join(lines)
 
 
-def pass_at_k_table(rows: Sequence[Row]) -> Optional[str]:
+def pass_at_k_table(rows: Sequence[Row],
+                    columns: Sequence[tuple[str, str, Optional[int]]] = BENCHMARKS) -> Optional[str]:
     """pass@k of the runs' rows, k = samples per problem (shown in each cell); None when no run sampled twice."""
     def cell(value: Any) -> Any:
         if isinstance(value, Estimate) and value.pass_at_k is not None:
@@ -312,7 +325,7 @@ def pass_at_k_table(rows: Sequence[Row]) -> Optional[str]:
 
     kept = [(name, [cell(c) for c in cells], None) for name, cells, _ in rows
             if any(isinstance(c, Estimate) and c.samples > 1 for c in cells)]
-    return markdown_table(kept, with_average=False) if kept else None
+    return markdown_table(kept, with_average=False, columns=columns) if kept else None
 
 
 def paper_row_for(name: str) -> Optional[tuple[str, tuple[float, ...], float]]:
@@ -366,13 +379,16 @@ GAP_NOTE = ("A gap to the paper of a row of several runs is beyond noise when la
 def report(runs: Sequence[tuple[str, Sequence[dict[str, Estimate]]]], paper: bool) -> tuple[str, list[str]]:
     """The markdown report of named runs (each: one summary, or one per seed): the table of mean pass@1 ± SE
     (with the paper's rows and the gaps when ``paper``), then pass@k; and the warnings."""
-    warnings = [w for name, summaries in runs for summary in summaries for w in count_warnings(name, summary)]
-    rows = [run_row(name, summaries) for name, summaries in runs]
-    pass_table = pass_at_k_table(rows)
+    columns = columns_for(summary for _, summaries in runs for summary in summaries)
+    paper = paper and columns == BENCHMARKS  # the paper's rows only beside the paper's benchmarks
+    warnings = [w for name, summaries in runs for summary in summaries for w in count_warnings(name, summary)
+                if columns == BENCHMARKS]
+    rows = [run_row(name, summaries, columns) for name, summaries in runs]
+    pass_table = pass_at_k_table(rows, columns)
     if paper:
         rows, paper_warnings = paper_comparison(rows)
         warnings += paper_warnings
-    text = markdown_table(rows) + "\n\n" + SE_NOTE + (" " + GAP_NOTE if paper else "")
+    text = markdown_table(rows, columns=columns) + "\n\n" + SE_NOTE + (" " + GAP_NOTE if paper else "")
     if pass_table:
         text += "\n\npass@k (%), k = samples per problem:\n\n" + pass_table
     return text, warnings

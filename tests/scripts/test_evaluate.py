@@ -376,6 +376,41 @@ def test_generation_samples_each_benchmark_its_default_times(tmp_path, capsys):
             assert part in command, (part, command)
 
 
+def test_without_a_gpu_the_command_gets_the_cpus_setup_and_one_replica(tmp_path, capsys, monkeypatch):
+    from recipe_apo.cpu import generation
+
+    calls = []
+    monkeypatch.setattr(evaluate, "run", lambda command, dry_run, env=None: calls.append((command, env)))
+    monkeypatch.setattr(generation, "has_gpu", lambda: False)
+    monkeypatch.setattr(generation, "engine", lambda: "vllm")
+    assert evaluate.main(["--model", "m", "--out-dir", str(tmp_path), "--greedy", "--dry-run"]) == 0
+    ((command, env),) = calls
+    assert "trainer.n_gpus_per_node=1" in command
+    # After the command's own settings (a GPU's vLLM), the CPU's; the user's --generation-override last (Hydra: the
+    # last one wins).
+    for part in ("+actor_rollout_ref.rollout.enable_sleep_mode=false",
+                 "+actor_rollout_ref.model.override_config.attn_implementation=sdpa", "trainer.device=cpu"):
+        assert command.count(part) == 1, part
+    names = [part for part in command if part.startswith("actor_rollout_ref.rollout.name=")]
+    assert names == ["actor_rollout_ref.rollout.name=vllm"] * 2
+    assert env["VERL_PLATFORM"] == "cpu" and env["VERL_USE_EXTERNAL_MODULES"] == "recipe_apo.cpu.activate"
+    assert json.loads(env["RAY_OVERRIDE_RESOURCES"]) == {"CPU": 16, "GPU": 1}
+    calls.clear()
+    assert evaluate.main(["--model", "m", "--out-dir", str(tmp_path), "--greedy", "--dry-run", "--ngpus", "2",
+                          "--generation-override", "actor_rollout_ref.rollout.name=hf"]) == 0
+    ((command, env),) = calls
+    assert command[-1] == "actor_rollout_ref.rollout.name=hf" and "trainer.n_gpus_per_node=2" in command
+    assert json.loads(env["RAY_OVERRIDE_RESOURCES"])["GPU"] == 2
+    # On a GPU machine: the command as written, every GPU, the caller's environment.
+    calls.clear()
+    monkeypatch.setattr(generation, "has_gpu", lambda: True)
+    monkeypatch.setattr("torch.cuda.device_count", lambda: 8)
+    assert evaluate.main(["--model", "m", "--out-dir", str(tmp_path), "--greedy", "--dry-run"]) == 0
+    ((command, env),) = calls
+    assert env is None and "trainer.n_gpus_per_node=8" in command
+    assert not any("sdpa" in part or "device=cpu" in part for part in command)
+
+
 def test_greedy_and_chosen_sampling(tmp_path, capsys):
     (greedy,) = dry_run_commands(capsys, "--model", "Qwen/Qwen2.5-Math-1.5B", "--out-dir", str(tmp_path), "--greedy")
     for part in ("actor_rollout_ref.rollout.n=1 ", "actor_rollout_ref.rollout.temperature=0.0 ",
@@ -430,7 +465,7 @@ def test_hub_models_are_not_merged(tmp_path, capsys):
 def test_a_generation_run_per_distinct_k_joined_and_scored(tmp_path, capsys, monkeypatch):
     data = prepared(tmp_path, {"aime24": 2, "amc": 3})
 
-    def fake_server(command, dry_run):
+    def fake_server(command, dry_run, env=None):
         # What main_generation_server writes: the prompts' rows, each with rollout.n responses; the first right
         settings = dict(part.split("=", 1) for part in command if "=" in part)
         files = settings["data.train_files"].strip("[]").split(",")
@@ -541,3 +576,17 @@ def test_unreadable_inputs_are_one_line(tmp_path, capsys):
     dump = _scores_file(tmp_path / "validation" / "1.jsonl", [{"input": "x", "gts": "1", "score": 1.0}])
     assert "missing" in _refused(capsys, "--validation", dump, "--data-dir", str(tmp_path / "nodata"))
     assert "no such file" in _refused(capsys, "--score", str(tmp_path / "nothing.parquet"), "--dry-run")
+
+
+def test_benchmarks_outside_the_papers_table_get_columns_of_their_own(tmp_path, capsys):
+    rows = [{"benchmark": "gym_add_1digit", "index": 0, "score": 0.5, "scores": [1, 0]},
+            {"benchmark": "gym_add_1digit", "index": 1, "score": 1.0, "scores": [1, 1]},
+            {"benchmark": "gym_addsub_2digit", "index": 0, "score": 0.0, "scores": [0, 0]}]
+    path = tmp_path / "scores.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    assert evaluate.main(["--table", str(path), "--name", "base", "--paper"]) == 0
+    captured = capsys.readouterr()
+    # 75.0 +- 25.0 (two problems, 0.5 and 1.0); one problem at 0: no SE; their mean 37.5.
+    assert "| Model | gym_add_1digit | gym_addsub_2digit | Avg. |" in captured.out
+    assert "| base | 75.0 ± 25.0 | 0.0 | 37.5 |" in captured.out
+    assert "(paper)" not in captured.out and "the paper uses" not in captured.err
