@@ -48,7 +48,7 @@ from recipe_apo.integration import presets
 ROOT = Path(__file__).resolve().parents[2]  # the checkout: scripts/ and results/ live there
 MARKER = ".recipe-apo-real"
 PROJECT = "smollm2"
-LEVELS = ("gym_add_1digit", "gym_addsub_2digit")
+LEVELS = ("gym_add_1digit", "gym_add_2digit")
 # Problems per level of each part, and the generator's seed (each part offsets it: prepare_data.py).
 DATA = {"train": 400, "val": 48, "test": 200}
 DATA_SEED = 0

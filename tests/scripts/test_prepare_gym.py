@@ -16,7 +16,7 @@ from recipe_apo.reward.gym_answer import last_number
 
 pytest.importorskip("reasoning_gym")
 SCRIPT = ROOT / "scripts" / "prepare_data.py"
-LEVELS = ("gym_add_1digit", "gym_addsub_2digit")
+LEVELS = ("gym_add_1digit", "gym_add_2digit")
 
 
 def prepare(out, *args):
@@ -53,7 +53,7 @@ def test_the_ground_truth_is_the_expression_evaluated(parts):
         for prompt, truth in zip(frame["prompt"], frame["reward_model"]):
             expression = prompt[1]["content"].removeprefix("Calculate ").rstrip(".")
             a, op, b = expression.split(" ")
-            assert int(truth["ground_truth"]) == (int(a) + int(b) if op == "+" else int(a) - int(b))
+            assert op == "+" and int(truth["ground_truth"]) == int(a) + int(b)
             assert len(a) <= 2 and len(b) <= 2
 
 
@@ -78,9 +78,9 @@ def test_the_one_digit_sums_run_out_and_say_so(tmp_path):
 
 
 def test_a_seed_gives_the_same_file_and_another_seed_other_problems(tmp_path):
-    first = prepare(tmp_path / "a", "--seed", "7", "--size", "20")["gym_addsub_2digit"]
-    again = prepare(tmp_path / "b", "--seed", "7", "--size", "20")["gym_addsub_2digit"]
-    other = prepare(tmp_path / "c", "--seed", "8", "--size", "20")["gym_addsub_2digit"]
+    first = prepare(tmp_path / "a", "--seed", "7", "--size", "20")["gym_add_2digit"]
+    again = prepare(tmp_path / "b", "--seed", "7", "--size", "20")["gym_add_2digit"]
+    other = prepare(tmp_path / "c", "--seed", "8", "--size", "20")["gym_add_2digit"]
     assert first.to_json() == again.to_json()
     assert [p[1]["content"] for p in first["prompt"]] != [p[1]["content"] for p in other["prompt"]]
 
@@ -104,7 +104,7 @@ def gym_info():
 @pytest.mark.parametrize("response, truth, expected", [
     ("11", "11", 1.0),
     ("The sum of 6 and 5 is 11.", "11", 1.0),
-    ("5 - 9 = -4", "-4", 1.0),
+    ("5 - 9 = -4", "-4", 1.0),                       # a sign is part of the number
     ("5 - 9 = 4", "-4", 0.0),
     ("12+5=17", "17", 1.0),
     ("The answer is 17, or maybe 18", "17", 0.0),   # the last number counts
