@@ -48,11 +48,12 @@ from recipe_apo.integration import presets
 ROOT = Path(__file__).resolve().parents[2]  # the checkout: scripts/ and results/ live there
 MARKER = ".recipe-apo-real"
 PROJECT = "smollm2"
-LEVELS = ("gym_add_1digit", "gym_add_2digit")
+LEVELS = ("gym_add_1digit", "gym_addsub_1digit")
 # Problems per level of each part, and the generator's seed (each part offsets it: prepare_data.py).
 DATA = {"train": 400, "val": 48, "test": 200}
 DATA_SEED = 0
-METHODS = ("grpo", "drgrpo", "apo")
+# The order the sweep trains them in: APO first, so that a study cut short by a session's end has APO's run.
+METHODS = ("apo", "grpo", "drgrpo")
 SEEDS = (1, 2, 3)
 STEPS = 24
 QUICK_STEPS = 10

@@ -171,6 +171,14 @@ def figures(base, trained: dict, metrics: dict, levels: Sequence[str]) -> dict:
     return result
 
 
+# Baselines first, so that a verdict reads "apo - grpo".
+ORDER = ("grpo", "drgrpo", "apo")
+
+
+def _method_order(method: str) -> tuple[int, str]:
+    return (ORDER.index(method) if method in ORDER else len(ORDER), method)
+
+
 def derive(study: dict) -> dict:
     """Everything the report states, from the JSON's per-problem scores alone."""
     levels = [*study["levels"], ALL]
@@ -184,7 +192,7 @@ def derive(study: dict) -> dict:
             row["gap"][level] = {"mean": mean, "se": se, "problems": n,
                                  "beyond_3se": bool(se and mean > 3 * se)}
         rows.append(row)
-    methods = list(dict.fromkeys(r["method"] for r in rows))
+    methods = sorted(dict.fromkeys(r["method"] for r in rows), key=_method_order)
     per_method = {}
     for method in methods:
         mine = [r for r in rows if r["method"] == method]
@@ -269,7 +277,7 @@ def plot(study: dict, path: Path) -> Optional[Path]:
 
     levels = study["levels"]
     fig, axes = plt.subplots(1, len(levels), figsize=(5 * len(levels), 3.6), squeeze=False)
-    methods = list(dict.fromkeys(run["method"] for run in study["runs"]))
+    methods = sorted(dict.fromkeys(run["method"] for run in study["runs"]), key=_method_order)
     colours = {m: f"C{i}" for i, m in enumerate(methods)}
     for ax, level in zip(axes[0], levels):
         ax.axhline(100 * study["base"]["pass1"][level], color="grey", ls=":", label="base (test part)")

@@ -581,12 +581,12 @@ def test_unreadable_inputs_are_one_line(tmp_path, capsys):
 def test_benchmarks_outside_the_papers_table_get_columns_of_their_own(tmp_path, capsys):
     rows = [{"benchmark": "gym_add_1digit", "index": 0, "score": 0.5, "scores": [1, 0]},
             {"benchmark": "gym_add_1digit", "index": 1, "score": 1.0, "scores": [1, 1]},
-            {"benchmark": "gym_add_2digit", "index": 0, "score": 0.0, "scores": [0, 0]}]
+            {"benchmark": "gym_addsub_1digit", "index": 0, "score": 0.0, "scores": [0, 0]}]
     path = tmp_path / "scores.jsonl"
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     assert evaluate.main(["--table", str(path), "--name", "base", "--paper"]) == 0
     captured = capsys.readouterr()
     # 75.0 +- 25.0 (two problems, 0.5 and 1.0); one problem at 0: no SE; their mean 37.5.
-    assert "| Model | gym_add_1digit | gym_add_2digit | Avg. |" in captured.out
+    assert "| Model | gym_add_1digit | gym_addsub_1digit | Avg. |" in captured.out
     assert "| base | 75.0 ± 25.0 | 0.0 | 37.5 |" in captured.out
     assert "(paper)" not in captured.out and "the paper uses" not in captured.err

@@ -16,7 +16,7 @@ from recipe_apo.reward.gym_answer import last_number
 
 pytest.importorskip("reasoning_gym")
 SCRIPT = ROOT / "scripts" / "prepare_data.py"
-LEVELS = ("gym_add_1digit", "gym_add_2digit")
+LEVELS = ("gym_add_1digit", "gym_addsub_1digit")
 
 
 def prepare(out, *args):
@@ -53,8 +53,8 @@ def test_the_ground_truth_is_the_expression_evaluated(parts):
         for prompt, truth in zip(frame["prompt"], frame["reward_model"]):
             expression = prompt[1]["content"].removeprefix("Calculate ").rstrip(".")
             a, op, b = expression.split(" ")
-            assert op == "+" and int(truth["ground_truth"]) == int(a) + int(b)
-            assert len(a) <= 2 and len(b) <= 2
+            assert int(truth["ground_truth"]) == (int(a) + int(b) if op == "+" else int(a) - int(b))
+            assert len(a) == 1 and len(b) == 1
 
 
 def test_the_parts_never_share_a_problem_and_a_file_never_repeats_one(parts):
@@ -78,9 +78,9 @@ def test_the_one_digit_sums_run_out_and_say_so(tmp_path):
 
 
 def test_a_seed_gives_the_same_file_and_another_seed_other_problems(tmp_path):
-    first = prepare(tmp_path / "a", "--seed", "7", "--size", "20")["gym_add_2digit"]
-    again = prepare(tmp_path / "b", "--seed", "7", "--size", "20")["gym_add_2digit"]
-    other = prepare(tmp_path / "c", "--seed", "8", "--size", "20")["gym_add_2digit"]
+    first = prepare(tmp_path / "a", "--seed", "7", "--size", "20")["gym_addsub_1digit"]
+    again = prepare(tmp_path / "b", "--seed", "7", "--size", "20")["gym_addsub_1digit"]
+    other = prepare(tmp_path / "c", "--seed", "8", "--size", "20")["gym_addsub_1digit"]
     assert first.to_json() == again.to_json()
     assert [p[1]["content"] for p in first["prompt"]] != [p[1]["content"] for p in other["prompt"]]
 
