@@ -169,7 +169,8 @@ def train_command(methods: Sequence[str], seed: int, model: Path, data: dict[str
     shared = study_overrides(model, data, steps)
     return [sys.executable, "-m", "recipe_apo.main", "-m", f"method={','.join(methods)}", "rehearsal=cpu",
             f"actor_rollout_ref.rollout.name={engine}", *shared, f"data.seed={seed}",
-            "run_name.prefix=smollm2", f"run_name.script_overrides={len(shared) + 2}",
+            # The study's own settings (all but data.seed) count in a run's name through its hash.
+            "run_name.prefix=smollm2", f"run_name.script_overrides={len(shared) + 3}",
             *run_overrides(data, steps, quick), *(["dry_run=true"] if dry_run else [])]
 
 
