@@ -596,7 +596,7 @@ def score_generations(path: str, out_path: str, timeout: float, score_many: Opti
     """Score ``responses`` of a generations parquet with the training reward (or ``score_many``, e.g.
     ``reward_scorer(...)``); write scores.jsonl."""
 
-    from recipe_apo.reward import last_boxed_answer
+    from recipe_apo.reward import gym_answer, last_boxed_answer
 
     score_many = score_many or reward_scorer()
 
@@ -628,7 +628,9 @@ def score_generations(path: str, out_path: str, timeout: float, score_many: Opti
                 "benchmark": row.data_source,
                 "index": extra_info.get("index", row_index),
                 "ground_truth": reward_model.get("ground_truth"),
-                "answers": [last_boxed_answer(r) if isinstance(r, str) else None for r in responses],
+                # What the training reward reads as the answer: the last number of a reasoning-gym row, else the box.
+                "answers": [(gym_answer.last_number(r) if gym_answer.is_gym_row(extra_info) else last_boxed_answer(r))
+                            if isinstance(r, str) else None for r in responses],
                 "scores": row_scores,
                 "score": sum(row_scores) / len(row_scores) if row_scores else 0.0,
                 "response_chars": [len(r) if isinstance(r, str) else 0 for r in responses],

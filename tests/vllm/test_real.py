@@ -43,7 +43,8 @@ def run(model, tmp_path_factory):
                "actor_rollout_ref.rollout.name=vllm", *overrides, *SMALLER,
                f"data.val_files={real.files(data['val'])}", "trainer.logger=[console,file]",
                f"trainer.project_name={rehearse.PROJECT}", "trainer.experiment_name=real", f"trainer.save_freq={STEPS}",
-               "trainer.test_freq=-1", "trainer.rollout_data_dir=${trainer.default_local_dir}/rollouts",
+               "trainer.test_freq=-1", "trainer.val_before_train=false",
+               "trainer.rollout_data_dir=${trainer.default_local_dir}/rollouts",
                *(f'+ray_kwargs.ray_init.runtime_env.env_vars.{k}="{v}"' for k, v in threads.items())]
     metrics = workdir / "metrics"
     result = rehearse.run_logged(command, workdir / "real.log", cwd=workdir, env=rehearse.rehearsal_env(metrics),
