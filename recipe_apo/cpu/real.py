@@ -259,18 +259,11 @@ def provenance(command: Sequence[str]) -> dict:
 
 
 # ---- the command ----------------------------------------------------------------------------------------------------
-def study(out: Path, methods: Sequence[str], seeds: Sequence[int], steps: int, samples: int, results: Path,
-          quick: bool = False, say: Callable[[str], None] = print, argv: Sequence[str] = ()) -> int:
+def publish(runs: dict[tuple[str, int], str], model: Path, data: dict[str, Path], out: Path, steps: int, samples: int,
+            engine: str, results: Path, quick: bool, argv: Sequence[str], say: Callable[[str], None]) -> Path:
+    """The held-out scores of the base model and of every run trained so far, the audit, the report; its path."""
     from recipe_apo.cpu import real_report
 
-    started = time.perf_counter()
-    out = check_out(out)
-    engine = generation.engine()
-    say(f"real: {', '.join(methods)} x seeds {', '.join(map(str, seeds))}, {steps} steps each, verl's "
-        f"{engine} rollout, in {out}")
-    model = smollm2.make_model(say=say)
-    data = prepare_data(out, say)
-    runs = train(methods, seeds, model, data, out, steps, engine, quick, say)
     if quick:  # verl's validation before the first step and after the last, paired by problem
         first = next(iter(runs.values()))
         base = real_report.read_validation(checkpoint_dir(out, first) / "validation" / "0.jsonl", data["val"], LEVELS)
@@ -286,7 +279,25 @@ def study(out: Path, methods: Sequence[str], seeds: Sequence[int], steps: int, s
                                provenance([sys.executable, "-m", "recipe_apo.cpu.real", *argv]),
                                settings={"steps": steps, "eval_samples": samples, "engine": engine,
                                          "held_out": "validation" if quick else "test",
-                                         "training": list(TRAINING), "data": DATA, "val_samples": VAL_SAMPLES})
+                                         "training": list(TRAINING), "data": DATA,
+                                         "val_samples": QUICK_VAL_SAMPLES if quick else VAL_SAMPLES})
+    say(f"real: report of {len(runs)} run(s): {report}")
+    return report
+
+
+def study(out: Path, methods: Sequence[str], seeds: Sequence[int], steps: int, samples: int, results: Path,
+          quick: bool = False, say: Callable[[str], None] = print, argv: Sequence[str] = ()) -> int:
+    started = time.perf_counter()
+    out = check_out(out)
+    engine = generation.engine()
+    say(f"real: {', '.join(methods)} x seeds {', '.join(map(str, seeds))}, {steps} steps each, verl's "
+        f"{engine} rollout, in {out}")
+    model = smollm2.make_model(say=say)
+    data = prepare_data(out, say)
+    runs: dict[tuple[str, int], str] = {}
+    for seed in seeds:  # a report after each seed: a study cut short still leaves its finished seeds reported
+        runs.update(train(methods, [seed], model, data, out, steps, engine, quick, say))
+        report = publish(runs, model, data, out, steps, samples, engine, results, quick, argv, say)
     say(f"\nreal: done in {time.perf_counter() - started:.0f} s. Report: {report}")
     say(f"base model: {model}")
     for (method, seed), name in runs.items():
