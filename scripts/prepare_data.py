@@ -28,15 +28,15 @@ sail-sg/understand-r1-zero): Qwen2.5(-Math)'s chat template renders these two me
 <|im_start|>user\\n{problem}<|im_end|>\\n<|im_start|>assistant\\n``.
 
 ``--splits arithmetic``: two levels of reasoning-gym's ``basic_arithmetic``, generated offline (the extra ``real``),
-one file and one ``data_source`` each: ``gym_add_1digit`` (a + b, one digit each) and ``gym_addsub_1digit`` (a + b
-or a - b, one digit each: half the answers are negative or zero). The prompt is the system message ``GYM_SYSTEM``
-and the question; the reward is the response's last number checked by reasoning-gym's own checker
-(``recipe_apo/reward/gym_answer.py``). The two levels and the prompt were chosen by measurement on
+one file and one ``data_source`` each: ``gym_add_1digit`` (a + b, one digit each: reasoning-gym draws 0-10) and
+``gym_addsub_1digit`` (a + b or a - b, one digit each: half the answers are negative or zero). The prompt is the
+system message ``GYM_SYSTEM`` and the question; the reward is the response's last number checked by reasoning-gym's
+own checker (``recipe_apo/reward/gym_answer.py``). The two levels and the prompt were chosen by measurement on
 SmolLM2-135M-Instruct (docs/real.md): its pass@1 at temperature 1 is about 30% and 20% (two digits: below 10%).
 ``--part train|val|test`` takes the problems whose ``sha256(question) mod 10`` is 0-5, 6-7 or 8-9, so the three
 parts never share a problem whatever the seeds; ``--seed`` seeds the generator (each part offsets it, so parts also
 come from disjoint seeds), ``--size`` is the problems per level (distinct within a file; a level whose part holds
-fewer, such as the 100 sums of two digits, gives all it has and says so).
+fewer, such as the 121 sums of one-digit numbers, gives all it has and says so).
 
 Row counts are checked against the paper's; a split whose count differs is not written (exit status 1)
 unless ``--allow-partial`` is given.
@@ -176,11 +176,11 @@ GYM_SPLITS: dict[str, GymSpec] = {
         GymSpec("gym_add_1digit", "basic_arithmetic",
                 (("min_terms", 2), ("max_terms", 2), ("min_digits", 1), ("max_digits", 1), ("operators", ("+",)),
                  ("allow_parentheses", False), ("allow_negation", False)),
-                "reasoning-gym basic_arithmetic: a + b, one digit each (100 problems)"),
+                "reasoning-gym basic_arithmetic: a + b, one digit each (0-10: 121 problems)"),
         GymSpec("gym_addsub_1digit", "basic_arithmetic",
                 (("min_terms", 2), ("max_terms", 2), ("min_digits", 1), ("max_digits", 1), ("operators", ("+", "-")),
                  ("allow_parentheses", False), ("allow_negation", False)),
-                "reasoning-gym basic_arithmetic: a + b or a - b, one digit each (200 problems)"),
+                "reasoning-gym basic_arithmetic: a + b or a - b, one digit each (0-10: 242 problems)"),
     )
 }
 SPLIT_GROUPS["arithmetic"] = tuple(GYM_SPLITS)
