@@ -42,38 +42,41 @@ HELD_OUT = {
 
 # ---- reading what the runs left --------------------------------------------------------------------------------
 def read_scores(path: Path) -> dict[str, dict[str, float]]:
-    """``{level: {problem index: share of right samples}}`` of a scores.jsonl of scripts/evaluate.py."""
+    """``{level: {"<level>/<index>": share of right samples}}`` of a scores.jsonl of scripts/evaluate.py: each row
+    its own problem (a question in two levels' files was sampled for each)."""
     table: dict[str, dict[str, float]] = {}
     for line in Path(path).read_text().splitlines():
         if line.strip():
             row = json.loads(line)
-            table.setdefault(row["benchmark"], {})[str(row["index"])] = float(row["score"])
+            table.setdefault(row["benchmark"], {})[f"{row['benchmark']}/{row['index']}"] = float(row["score"])
     return table
 
 
 def read_validation(dump: Path, val_dir: Path, levels: Sequence[str]) -> dict[str, dict[str, float]]:
-    """``{level: {problem index: share of right samples}}`` of a validation dump (verl's
-    ``trainer.validation_data_dir/<step>.jsonl``, one line per sample, in no set order), each sample's problem
-    found by its question in the validation files (``<val_dir>/<level>.parquet``). The scores are the training
-    reward's, the truncation rule included."""
+    """``{level: {question: share of right samples}}`` of a validation dump (verl's
+    ``trainer.validation_data_dir/<step>.jsonl``, one line per sample, in no set order, naming no level). A sample's
+    problem is its question; a question in two levels' validation files (``a + b`` is in both levels) cannot be told
+    apart in the dump: its samples are pooled, and it counts once in each of its levels and once over all. The
+    scores are the training reward's, the truncation rule included."""
     import pandas as pd
 
-    where = {}
+    where: dict[str, list[str]] = {}
     for level in levels:
         frame = pd.read_parquet(Path(val_dir) / f"{level}.parquet")
-        for prompt, info in zip(frame["prompt"], frame["extra_info"]):
-            where[prompt[-1]["content"]] = (level, str(info["index"]))
-    samples: dict[tuple[str, str], list[float]] = {}
+        for prompt in frame["prompt"]:
+            where.setdefault(prompt[-1]["content"], []).append(level)
+    samples: dict[str, list[float]] = {}
     for number, line in enumerate(Path(dump).read_text().splitlines(), 1):
         row = json.loads(line)
         question = row["input"].rsplit("user\n", 1)[-1].removesuffix("\n").rsplit("\nassistant", 1)[0].strip()
         if question not in where:
             raise ValueError(f"{dump}:{number}: a question not in {val_dir}: {question[:60]!r}")
-        samples.setdefault(where[question], []).append(float(row["score"]))
-    table: dict[str, dict[str, float]] = {}
-    for (level, index), scores in sorted(samples.items()):
-        table.setdefault(level, {})[index] = statistics.fmean(scores)
-    return table
+        samples.setdefault(question, []).append(float(row["score"]))
+    table: dict[str, dict[str, float]] = {level: {} for level in levels}
+    for question, scores in sorted(samples.items()):
+        for level in where[question]:
+            table[level][question] = statistics.fmean(scores)
+    return {level: rows for level, rows in table.items() if rows}
 
 
 def read_runs(metrics_root: Path, project: str, runs: dict) -> dict:
@@ -117,22 +120,26 @@ def mean_se(values: Sequence[float]) -> tuple[float, Optional[float]]:
     return mean, (statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else None)
 
 
+def problems(scores: dict[str, dict[str, float]], level: str) -> dict[str, float]:
+    """One level's problems, or (``ALL``) every level's, a problem that two levels share counted once."""
+    if level != ALL:
+        return scores[level]
+    merged: dict[str, float] = {}
+    for table in scores.values():
+        merged.update(table)
+    return merged
+
+
 def pass_at_1(scores: dict[str, dict[str, float]], level: str) -> float:
-    values = [v for table in _tables(scores, level) for v in table.values()]
-    return statistics.fmean(values)
-
-
-def _tables(scores: dict, level: str) -> list[dict]:
-    return list(scores.values()) if level == ALL else [scores[level]]
+    return statistics.fmean(problems(scores, level).values())
 
 
 def paired_gap(trained: dict, base: dict, level: str) -> tuple[float, Optional[float], int]:
     """Mean and SE over problems of trained - base, and the number of problems (both must hold the same ones)."""
-    diffs = []
-    for name in (list(base) if level == ALL else [level]):
-        if set(trained.get(name, {})) != set(base[name]):
-            raise ValueError(f"{level}: the trained and base evaluations scored different problems")
-        diffs += [trained[name][index] - base[name][index] for index in base[name]]
+    mine, theirs = problems(trained, level) if level == ALL or level in trained else {}, problems(base, level)
+    if set(mine) != set(theirs):
+        raise ValueError(f"{level}: the trained and base evaluations scored different problems")
+    diffs = [mine[key] - theirs[key] for key in theirs]
     mean, se = mean_se(diffs)
     return mean, se, len(diffs)
 

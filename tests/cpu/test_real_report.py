@@ -99,8 +99,8 @@ def test_the_report_renders_from_the_json_alone(study, tmp_path):
 
 
 def test_runs_scored_on_other_problems_than_the_base_are_refused(tmp_path):
-    base = {"scores": BASE}
-    other = {"easy": {0: 1.0, 7: 1.0}, "hard": BASE["hard"]}
+    other = {"easy": {"easy/0": 1.0, "easy/7": 1.0}, "hard": {f"hard/{k}": v for k, v in BASE["hard"].items()}}
+    base = {"scores": {level: {f"{level}/{k}": v for k, v in rows.items()} for level, rows in BASE.items()}}
     study = {"levels": LEVELS, "base": base, "runs": [{"method": "apo", "seed": 1, "scores": other}]}
     study = json.loads(json.dumps(study))  # the keys as the JSON file holds them
     with pytest.raises(ValueError, match="easy: the trained and base evaluations scored different problems"):
@@ -116,7 +116,7 @@ def test_a_validation_dump_is_read_per_problem_whatever_its_order(tmp_path):
                              "extra_info": [{"index": i} for i in range(len(questions))]})
 
     rows("easy", ["Calculate 1 + 2.", "Calculate 3 + 4."]).to_parquet(tmp_path / "easy.parquet")
-    rows("hard", ["Calculate 10 - 20."]).to_parquet(tmp_path / "hard.parquet")
+    rows("hard", ["Calculate 10 - 20.", "Calculate 3 + 4."]).to_parquet(tmp_path / "hard.parquet")
 
     def line(question, score):
         return json.dumps({"input": f"system\ns\nuser\n{question}\nassistant\n", "output": "x", "score": score})
@@ -125,7 +125,11 @@ def test_a_validation_dump_is_read_per_problem_whatever_its_order(tmp_path):
     dump.write_text("\n".join([line("Calculate 3 + 4.", 1.0), line("Calculate 10 - 20.", 0.0),
                                line("Calculate 1 + 2.", 0.0), line("Calculate 3 + 4.", 0.0),
                                line("Calculate 1 + 2.", 0.0), line("Calculate 10 - 20.", 1.0)]) + "\n")
-    assert real_report.read_validation(dump, tmp_path, LEVELS) == {"easy": {"0": 0.0, "1": 0.5}, "hard": {"0": 0.5}}
+    table = real_report.read_validation(dump, tmp_path, LEVELS)
+    # "Calculate 3 + 4." is in both files: its two samples (1, 0) are pooled, and it counts once over all levels.
+    assert table == {"easy": {"Calculate 1 + 2.": 0.0, "Calculate 3 + 4.": 0.5},
+                     "hard": {"Calculate 10 - 20.": 0.5, "Calculate 3 + 4.": 0.5}}
+    assert real_report.pass_at_1(table, "all") == pytest.approx((0.0 + 0.5 + 0.5) / 3)
     dump.write_text(line("Calculate 5 + 5.", 1.0) + "\n")
     with pytest.raises(ValueError, match="0.jsonl:1: a question not in"):
         real_report.read_validation(dump, tmp_path, LEVELS)
