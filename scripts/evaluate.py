@@ -740,8 +740,14 @@ def generation_machine(args: argparse.Namespace) -> Optional[dict]:
     overrides, env = generation.cpu_generation(args.ngpus)
     print(f"[2/3] no GPU here: generating on the CPU with the {generation.engine()} rollout "
           f"(recipe_apo/cpu/generation.py)", file=sys.stderr)
-    args.generation_override = [*overrides, *args.generation_override]
+    given = {_override_key(item) for item in args.generation_override}
+    # A key the user sets is theirs alone: Hydra refuses a "+key" given twice.
+    args.generation_override = [*(o for o in overrides if _override_key(o) not in given), *args.generation_override]
     return env
+
+
+def _override_key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
 
 
 def benchmark_files(data_dir: str, names: Sequence[str]) -> list[str]:

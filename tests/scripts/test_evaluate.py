@@ -400,7 +400,15 @@ def test_without_a_gpu_the_command_gets_the_cpus_setup_and_one_replica(tmp_path,
                           "--generation-override", "actor_rollout_ref.rollout.name=hf"]) == 0
     ((command, env),) = calls
     assert command[-1] == "actor_rollout_ref.rollout.name=hf" and "trainer.n_gpus_per_node=2" in command
+    assert "actor_rollout_ref.rollout.name=vllm" in command  # the command's own, before the user's
     assert json.loads(env["RAY_OVERRIDE_RESOURCES"])["GPU"] == 2
+    # A "+key" the user gives is left to them: Hydra refuses one given twice.
+    calls.clear()
+    assert evaluate.main(["--model", "m", "--out-dir", str(tmp_path), "--greedy", "--dry-run", "--generation-override",
+                          "+actor_rollout_ref.model.override_config.attn_implementation=eager"]) == 0
+    ((command, env),) = calls
+    assert [p for p in command if "attn_implementation" in p] == [
+        "+actor_rollout_ref.model.override_config.attn_implementation=eager"]
     # On a GPU machine: the command as written, every GPU, the caller's environment.
     calls.clear()
     monkeypatch.setattr(generation, "has_gpu", lambda: True)
