@@ -259,9 +259,18 @@ def provenance(command: Sequence[str]) -> dict:
 
 
 # ---- the command ----------------------------------------------------------------------------------------------------
+def settings_of(steps: int, samples: int, engine: str, quick: bool) -> dict:
+    """What a report's figures depend on: a report made with other settings is never merged with this one."""
+    return {"steps": steps, "eval_samples": samples, "engine": engine, "held_out": "validation" if quick else "test",
+            "training": list(TRAINING), "data": DATA, "levels": list(LEVELS),
+            "val_samples": QUICK_VAL_SAMPLES if quick else VAL_SAMPLES}
+
+
 def publish(runs: dict[tuple[str, int], str], model: Path, data: dict[str, Path], out: Path, steps: int, samples: int,
-            engine: str, results: Path, quick: bool, argv: Sequence[str], say: Callable[[str], None]) -> Path:
-    """The held-out scores of the base model and of every run trained so far, the audit, the report; its path."""
+            engine: str, results: Path, quick: bool, earlier: Optional[dict], argv: Sequence[str],
+            say: Callable[[str], None]) -> Path:
+    """The held-out scores of the base model and of every run trained here, the audit, the report (with
+    ``earlier``'s runs and base scores, from a report of the same settings); its path."""
     from recipe_apo.cpu import real_report
 
     if quick:  # verl's validation before the first step and after the last, paired by problem
@@ -270,23 +279,22 @@ def publish(runs: dict[tuple[str, int], str], model: Path, data: dict[str, Path]
         trained = {key: real_report.read_validation(checkpoint_dir(out, name) / "validation" / f"{steps}.jsonl",
                                                     data["val"], LEVELS) for key, name in runs.items()}
     else:
-        base = evaluate(model, "base", data, out, samples, say)
+        base = earlier["base"]["scores"] if earlier else evaluate(model, "base", data, out, samples, say)
         trained = {key: evaluate(checkpoint_dir(out, name) / f"global_step_{steps}", f"{key[0]}-s{key[1]}", data,
                                  out, samples, say) for key, name in runs.items()}
-    audit_report = audit(runs, out)
+    audit_report = audit(runs, out) if runs else None
     metrics = real_report.read_runs(out / "metrics", PROJECT, runs)
     report = real_report.write(results, base, trained, metrics, audit_report, LEVELS,
                                provenance([sys.executable, "-m", "recipe_apo.cpu.real", *argv]),
-                               settings={"steps": steps, "eval_samples": samples, "engine": engine,
-                                         "held_out": "validation" if quick else "test",
-                                         "training": list(TRAINING), "data": DATA,
-                                         "val_samples": QUICK_VAL_SAMPLES if quick else VAL_SAMPLES})
-    say(f"real: report of {len(runs)} run(s): {report}")
+                               settings_of(steps, samples, engine, quick), earlier=earlier)
+    say(f"real: report: {report}")
     return report
 
 
 def study(out: Path, methods: Sequence[str], seeds: Sequence[int], steps: int, samples: int, results: Path,
           quick: bool = False, say: Callable[[str], None] = print, argv: Sequence[str] = ()) -> int:
+    from recipe_apo.cpu import real_report
+
     started = time.perf_counter()
     out = check_out(out)
     engine = generation.engine()
@@ -294,11 +302,23 @@ def study(out: Path, methods: Sequence[str], seeds: Sequence[int], steps: int, s
         f"{engine} rollout, in {out}")
     model = smollm2.make_model(say=say)
     data = prepare_data(out, say)
+    # Runs an earlier session reported with these settings are kept, not trained again (their checkpoints may be
+    # gone: a session's folders do not outlive it, its committed report does).
+    earlier = None if quick else real_report.carried(results / "real_cpu.json", settings_of(steps, samples, engine,
+                                                                                            quick))
+    done = {(run["method"], run["seed"]) for run in earlier["runs"]} if earlier else set()
+    if done:
+        say(f"real: kept from {results / 'real_cpu.json'}: {', '.join(f'{m} seed {s}' for m, s in sorted(done))}")
     runs: dict[tuple[str, int], str] = {}
+    report = None
     for seed in seeds:  # a report after each seed: a study cut short still leaves its finished seeds reported
-        runs.update(train(methods, [seed], model, data, out, steps, engine, quick, say))
-        report = publish(runs, model, data, out, steps, samples, engine, results, quick, argv, say)
-    say(f"\nreal: done in {time.perf_counter() - started:.0f} s. Report: {report}")
+        todo = [method for method in methods if (method, seed) not in done]
+        if not todo:
+            continue
+        runs.update(train(todo, [seed], model, data, out, steps, engine, quick, say))
+        report = publish(runs, model, data, out, steps, samples, engine, results, quick, earlier, argv, say)
+        earlier = real_report.carried(results / "real_cpu.json", settings_of(steps, samples, engine, quick))
+    say(f"\nreal: done in {time.perf_counter() - started:.0f} s. Report: {report or results / 'real_cpu.md'}")
     say(f"base model: {model}")
     for (method, seed), name in runs.items():
         say(f"{method} seed {seed}: {checkpoint_dir(out, name) / f'global_step_{steps}'}")

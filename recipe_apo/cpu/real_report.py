@@ -320,12 +320,32 @@ def render(json_path: Path) -> Path:
     return md
 
 
-def write(results: Path, base: Path, trained: dict, metrics: dict, audit: Optional[Path], levels: Sequence[str],
-          provenance: dict, settings: dict, name: str = "real_cpu") -> Path:
+def carried(path: Path, settings: dict) -> Optional[dict]:
+    """An earlier report's study (``path``), when it was made with the same ``settings``: its base scores and runs
+    stand for what a new session would otherwise train and evaluate again (a session ends whatever still runs; a
+    report's JSON is what it leaves). None when there is none, it cannot be read, or its settings differ."""
+    try:
+        study = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(study, dict) or study.get("settings") != settings:
+        return None
+    return study
+
+
+def write(results: Path, base, trained: dict, metrics: dict, audit: Optional[Path], levels: Sequence[str],
+          provenance: dict, settings: dict, name: str = "real_cpu", earlier: Optional[dict] = None) -> Path:
+    """The report of the base scores and ``trained`` runs (with each new run's ``provenance``), and of ``earlier``'s
+    runs that this call did not train (each keeps its own provenance)."""
     results = Path(results)
     results.mkdir(parents=True, exist_ok=True)
     study = {"provenance": provenance, "settings": settings, **figures(base, trained, metrics, levels),
              "audit": str(audit) if audit else None}
+    for run in study["runs"]:
+        run["provenance"] = provenance
+    if earlier:
+        new = {(run["method"], run["seed"]) for run in study["runs"]}
+        study["runs"] += [run for run in earlier["runs"] if (run["method"], run["seed"]) not in new]
     path = results / f"{name}.json"
     path.write_text(json.dumps(study, indent=1, sort_keys=True) + "\n")
     return render(path)
