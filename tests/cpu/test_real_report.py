@@ -133,3 +133,21 @@ def test_a_validation_dump_is_read_per_problem_whatever_its_order(tmp_path):
     dump.write_text(line("Calculate 5 + 5.", 1.0) + "\n")
     with pytest.raises(ValueError, match="0.jsonl:1: a question not in"):
         real_report.read_validation(dump, tmp_path, LEVELS)
+
+
+def test_a_later_session_keeps_the_runs_of_a_report_with_the_same_settings(study, tmp_path):
+    data, md = study
+    path = md.with_suffix(".json")
+    assert real_report.carried(path, {"steps": 2}) == data
+    assert real_report.carried(path, {"steps": 3}) is None  # other settings: nothing is kept
+    assert real_report.carried(tmp_path / "none.json", {"steps": 2}) is None
+    # A new session trains apo seed 3 and re-trains nothing else: the report holds the four earlier runs and it.
+    new = scores_file(tmp_path / "apo3.jsonl", RUNS[("apo", 1)])
+    again = real_report.write(tmp_path / "later", data["base"]["scores"], {("apo", 3): new}, {}, None, LEVELS,
+                              {"command": "y"}, {"steps": 2}, earlier=data)
+    later = json.loads(again.with_suffix(".json").read_text())
+    assert sorted((r["method"], r["seed"]) for r in later["runs"]) == [
+        ("apo", 1), ("apo", 2), ("apo", 3), ("grpo", 1), ("grpo", 2)]
+    assert {r["seed"]: r["provenance"]["command"] for r in later["runs"] if r["method"] == "apo"} == {
+        1: "x", 2: "x", 3: "y"}
+    assert later["base"] == data["base"]
