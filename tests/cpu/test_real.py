@@ -21,8 +21,7 @@ def names(tmp_path_factory):
     def experiments(methods, seed):
         return real.experiments(methods, seed, model, data, out, 24, "hf")
 
-    return {"all": experiments(["apo", "grpo", "drgrpo"], 1), "one": experiments(["drgrpo"], 1),
-            "seed2": experiments(["apo"], 2)}
+    return {"all": experiments(["apo", "grpo", "drgrpo"], 1), "one": experiments(["drgrpo"], 1)}
 
 
 def test_a_run_keeps_its_name_whatever_else_the_sweep_holds(names):
@@ -31,7 +30,6 @@ def test_a_run_keeps_its_name_whatever_else_the_sweep_holds(names):
     for method, name in names["all"].items():
         assert re.fullmatch(rf"smollm2-{method}-data\.seed=1-[0-9a-f]{{8}}", name), name
     assert len(set(names["all"].values())) == 3
-    assert names["seed2"]["apo"] != names["all"]["apo"]  # another seed is another run
 
 
 def test_the_multirun_holds_the_studys_settings_and_the_seed(tmp_path):

@@ -68,7 +68,8 @@ def test_each_dumped_reward_is_the_last_number_checked_by_reasoning_gym(run):
         for row in dump(run["ckpt"] / "rollouts" / f"{step}.jsonl"):
             assert row["data_source"] in real.LEVELS
             found = gym_answer.last_number(row["output"])
-            expected = 1.0 if found is not None and found == str(row["gts"]) else 0.0
+            # truncation=zero (the study's setting): an answer the length cap cut off scores 0 whatever it says.
+            expected = 1.0 if found is not None and found == str(row["gts"]) and not row["truncated"] else 0.0
             assert row["score"] == expected, row
             scored += 1
     assert scored == 2 * 16
