@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Mapping, Optional
+from typing import Optional
 
 from recipe_apo.cpu import vllm_engine
 
@@ -53,7 +53,7 @@ def threads_env(cores: Optional[int] = None) -> dict[str, str]:
             "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
 
 
-def cpu_generation(replicas: int, base_env: Optional[Mapping[str, str]] = None) -> tuple[list[str], dict[str, str]]:
+def cpu_generation(replicas: int) -> tuple[list[str], dict[str, str]]:
     """The overrides and the environment of a generation server on this CPU with ``replicas`` replicas."""
     from recipe_apo.cpu.activate import DRIVER_ENV, ENV
     from recipe_apo.integration import quiet
@@ -61,7 +61,7 @@ def cpu_generation(replicas: int, base_env: Optional[Mapping[str, str]] = None) 
     chosen = engine()
     overrides = [f"actor_rollout_ref.rollout.name={chosen}", *MODEL_SETTINGS,
                  *(VLLM_SETTINGS if chosen == "vllm" else ())]
-    env = {**quiet.child_env(base_env if base_env is not None else os.environ), **ENV, **DRIVER_ENV,
+    env = {**quiet.child_env(os.environ), **ENV, **DRIVER_ENV,
            **threads_env(), "TOKENIZERS_PARALLELISM": "false", "VLLM_CPU_KVCACHE_SPACE": KV_CACHE_GIB,
            # main_generation_server's ray.init() starts a local cluster, which reads this node's resources here:
            # one "GPU" per replica (the CPU platform's resource name); more CPUs than cores (Ray only counts them).

@@ -62,7 +62,6 @@ SAVE_FREQ = 4
 VAL_SAMPLES = 2
 QUICK_VAL_SAMPLES = 4
 EVAL_SAMPLES = 8
-QUICK_EVAL_SAMPLES = 4
 MAX_PROMPT = 40      # the longest prompt is 36 tokens: padding to more costs every forward pass
 MAX_RESPONSE = 48    # also L0 of Dr. GRPO and APO
 # One run's wall-clock cap: a hung engine or a machine far slower than measured ends the run, not the study.
@@ -344,7 +343,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="python -m recipe_apo.cpu.real", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true",
-                        help=f"APO alone, seed 1, {QUICK_STEPS} steps, {QUICK_EVAL_SAMPLES} samples per test problem")
+                        help=f"APO alone, seed 1, {QUICK_STEPS} steps; held out: verl's validation before and after "
+                             f"({QUICK_VAL_SAMPLES} samples per problem)")
     parser.add_argument("--out", type=Path, default=None, help="the study's folder (default ./real, ./real-quick)")
     parser.add_argument("--methods", type=_list(str, presets.names()), default=None)
     parser.add_argument("--seeds", type=_list(int), default=None)
@@ -355,7 +355,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     out = args.out or Path("real-quick" if quick else "real")
     try:
         return study(out, args.methods or (["apo"] if quick else list(METHODS)), args.seeds or ([1] if quick else
-                     list(SEEDS)), QUICK_STEPS if quick else STEPS, QUICK_EVAL_SAMPLES if quick else EVAL_SAMPLES,
+                     list(SEEDS)), QUICK_STEPS if quick else STEPS, EVAL_SAMPLES,
                      args.results or (out if quick else ROOT / "results"), quick=quick, argv=argv)
     except (RecipeError, smollm2.ModelFolderError) as exc:
         print(f"recipe-apo: error: {exc}", file=sys.stderr)
