@@ -71,9 +71,10 @@ args=(
     actor_rollout_ref.rollout.tensor_model_parallel_size="$rollout_tp"
     actor_rollout_ref.rollout.gpu_memory_utilization="$rollout_memory"
     'actor_rollout_ref.rollout.seed=${data.seed}'  # vLLM's sampling seed (verl's default: 42 in every run)
-    # Validation samples VAL_N (4) answers per problem at temperature 1, top-p 1, same 3,000-token cap: the
-    # paper's figures are means over several samples (not multiples of 1/problems); with 4 the MATH500, Minerva
-    # and OlympiadBench ones are attainable, at 4x greedy's cost every 16 rounds. The table's figures come from
+    # Validation samples VAL_N (4) answers per problem at temperature 1, top-p 1, same 3,000-token cap. The paper
+    # does not say how it evaluated; its figures are not multiples of 1/problems, so not one answer per problem
+    # (docs/paper.md, "Evaluation protocol"). With 4 samples the MATH500, Minerva and OlympiadBench figures are
+    # attainable, at 4x greedy's cost every 16 rounds. The table's figures come from
     # scripts/evaluate.py (32 samples per AIME24 problem, 16 per AMC one). VAL_N=greedy: Dr. GRPO's greedy
     # evaluation (eval_temperature 0, one sample).
     "${VALIDATION[@]}"

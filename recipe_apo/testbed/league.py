@@ -218,7 +218,8 @@ def _rank(labels: list[str], means: dict[str, float]) -> dict[str, int]:
 
 
 def scenario_table(summary: dict[str, Any], metric: str) -> dict[str, Any]:
-    """One scenario's rows (ranked) and its pairwise matrix of paired differences ``a - b`` on ``metric``."""
+    """One scenario's rows (ranked) and its pairwise matrix of paired differences ``a - b`` on ``metric``; each
+    row's ``metric`` holds its mean, std, se and ``per_seed``, the values the paired differences are taken from."""
     labels = list(summary["methods"])
     n = len(summary["seeds"])
     agg = summary["aggregate"]
@@ -230,6 +231,10 @@ def scenario_table(summary: dict[str, Any], metric: str) -> dict[str, Any]:
         return {"mean": mean, "std": std, "se": std / math.sqrt(n) if math.isfinite(std) else float("nan")}
 
     matrix = {a: {b: paired_between(summary, a, b, metric) for b in labels if b != a} for a in labels}
+    # Each method's metric per seed (in the order of ``summary["seeds"]``) beside its mean: what a reader
+    # recomputes the table and every verdict from (scripts/league_verdicts.py); a league.json written before has
+    # the matrix's differences only.
+    per_seed = {label: [float(summary["runs"][label][str(s)][metric]) for s in summary["seeds"]] for label in labels}
     ranks = _rank(labels, {label: agg[label][metric]["mean"] for label in labels})
     rows = []
     for label in sorted(labels, key=lambda name: (ranks[name], labels.index(name))):
@@ -237,7 +242,7 @@ def scenario_table(summary: dict[str, Any], metric: str) -> dict[str, Any]:
         row = {
             "method": label,
             "rank": ranks[label],
-            metric: stat(label, metric),
+            metric: {**stat(label, metric), "per_seed": per_seed[label]},
             "wins": [b for b in labels if b != label and cells[b]["beyond_seed_noise"] and cells[b]["mean"] > 0],
             "losses": [b for b in labels if b != label and cells[b]["beyond_seed_noise"] and cells[b]["mean"] < 0],
         }

@@ -162,7 +162,7 @@ def _fake_summary(values: dict[str, list[float]]) -> dict:
     seeds = list(range(len(next(iter(values.values())))))
     per_run = {label: {str(s): {METRIC: v[s]} for s in seeds} for label, v in values.items()}
     aggregate, comparisons = compare_runs(per_run, labels, seeds, metrics=[METRIC])
-    return {"methods": {label: {} for label in labels}, "seeds": seeds, "aggregate": aggregate,
+    return {"methods": {label: {} for label in labels}, "seeds": seeds, "runs": per_run, "aggregate": aggregate,
             "paired": comparisons, "scenario": "default", "wall_s": 1.0,
             "config": {"rounds": 10, "actor_rollout_ref": {"actor": {"ppo_epochs": 1}},
                        "data": {"max_response_length": 20},
