@@ -28,7 +28,10 @@ testbed's). It names no method: it builds the runtimes of the methods a config a
   (``verl_access.hand_actor_call``; the actor's workers read it: ``recipe_apo.integration.model_classes``);
 - ``_update_actor``: after verl's update of a batch, ``after_update``;
 - ``_log_rollout_data``: verl's rollout dump with the audit's and the methods' columns (a failure of those is
-  named in a warning, once per run; the dump still goes out).
+  named in a warning, once per run; the dump still goes out);
+- ``_build_replay_buffer`` and ``step``: the group filter's refills capped at
+  ``algorithm.filter_groups.max_num_gen_batches`` per step (``recipe_apo.integration.refill_cap``), which verl
+  0.9.1 ignores.
 
 verl's trainer internals touched on the way are all in ``recipe_apo.integration.verl_access``.
 ``RecipeHooks`` holds all of that for any verl V1 trainer class; a trainer for another verl mode is
@@ -51,6 +54,7 @@ from recipe_apo.integration import verl_access
 from recipe_apo.integration.checkpoint import restore_state, save_state
 from recipe_apo.integration.modes import RECIPE_TRAINERS
 from recipe_apo.integration.multi_output import Sessions, final_output_rule
+from recipe_apo.integration.refill_cap import RefillCap
 from recipe_apo.integration.rollout_dump import AuditFields, RowColumns
 from recipe_apo.methods import catalog
 from recipe_apo.methods.base import ActorCall, MethodRuntime, Probe, Prompts, StepBatch
@@ -82,6 +86,7 @@ class RecipeHooks:
     """The hand-off points of the module docstring, on top of a verl V1 trainer class (put it first)."""
 
     VERL_MODE = "sync"
+    refill_cap = None  # the group filter's cap, when the run has one (``_build_replay_buffer``)
 
     def __init__(self, config: DictConfig) -> None:
         with open_dict(config):
@@ -132,7 +137,23 @@ class RecipeHooks:
             save_state(runtime, folder, self.global_steps)
         return super()._save_checkpoint()
 
+    def _build_replay_buffer(self):
+        cap = RefillCap.from_config(self.config)
+        if cap is None:
+            return super()._build_replay_buffer()
+        with verl_access.cap_warning_dropped():
+            buffer = super()._build_replay_buffer()
+        if verl_access.cap_refills(buffer, cap):
+            self.refill_cap = cap
+            print(cap.announcement(), flush=True)
+        else:
+            print(f"recipe-apo: warning: {type(buffer).__name__}, the run's sampler, has no group filter of verl's "
+                  "own: algorithm.filter_groups.max_num_gen_batches is left to it", flush=True)
+        return buffer
+
     def step(self, metrics: dict, timing_raw: dict):
+        if self.refill_cap is not None:
+            self.refill_cap.begin_step(self.global_steps)
         for runtime in self.runtimes:
             runtime.begin_step(self.global_steps)
         batch = super().step(metrics, timing_raw)

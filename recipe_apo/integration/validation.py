@@ -14,6 +14,7 @@ from recipe_apo.integration.engine_watch import EngineWatch
 from recipe_apo.integration.errors import RecipeConfigError
 from recipe_apo.integration.flags import check_flags
 from recipe_apo.integration.modes import is_recipe_trainer, verl_mode
+from recipe_apo.integration.refill_cap import RefillCap
 from recipe_apo.integration.sampling import AGENT_LOOPS
 from recipe_apo.integration.sampling import NAME as SAMPLING_LOOP
 from recipe_apo.integration.sampling import TARGET as SAMPLING_TARGET
@@ -276,6 +277,12 @@ def _check_rollout_watch(config: Any, rehearsal: bool) -> None:
     EngineWatch.from_config(config)
 
 
+def _check_refill_cap(config: Any, rehearsal: bool) -> None:
+    """Refuses a group filter's max_num_gen_batches that is not a whole number (the recipe's trainer caps the
+    filter's refills with it: ``recipe_apo.integration.refill_cap``)."""
+    RefillCap.from_config(config)
+
+
 def _check_group_size(config: Any, rehearsal: bool) -> None:
     """Refuses a rollout.n that is not a whole number, or below 2 for a group estimator (GROUP_ESTIMATORS): a group
     of one response has nothing to compare it with."""
@@ -307,6 +314,7 @@ CHECKERS: tuple[Callable[[Any, bool], None], ...] = (
     _check_sampling_loop,
     _check_rollout_name,
     _check_rollout_watch,
+    _check_refill_cap,
     _check_group_size,
     _check_data_seed,
 )

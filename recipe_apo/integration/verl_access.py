@@ -12,7 +12,12 @@ The adapter (``recipe_apo.integration.trainer``) overrides verl's hand-off metho
   ``replay_buffer.sample(partition_id="val")``, and in colocated reward mode ``checkpoint_manager.sleep_replicas`` /
   ``update_weights`` around the private ``_compute_reward_colocate``;
 - the rollout dump's writer, ``_dump_generations`` (``dumping_with``);
-- the dataloader's prompt batches (TensorDicts, ``verl.utils.tensordict_utils``).
+- the dataloader's prompt batches (TensorDicts, ``verl.utils.tensordict_utils``);
+- the replay buffer's group filter (``trainer.replay_buffer``, built by ``_build_replay_buffer``): its ``refill_fn``,
+  ``sample``, ``wait_for_sampleable`` (asynchronous modes), the private ``_wait_for_next_poll`` (where its polling
+  loops wait; ``replay_buffer.py:408-419``, called at ``:503`` and ``:590``) and its ``pending_keys``,
+  ``running_keys``, ``finished_keys``, ``failure_keys`` (``cap_refills``); and verl's warning that
+  ``max_num_gen_batches`` is ignored (``trainer_base.py:205-211``, ``cap_warning_dropped``).
 
 verl 0.9.1's line numbers are in ``docs/internals.md``; a verl release that changes one of these is a change here.
 """
@@ -20,12 +25,14 @@ verl 0.9.1's line numbers are in ``docs/internals.md``; a verl release that chan
 from __future__ import annotations
 
 import contextlib
+import logging
 import uuid
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
 import numpy as np
 import torch
 
+from recipe_apo.integration.refill_cap import RefillCap
 from recipe_apo.integration.sampling import COLUMN_PREFIX, INNER_KEY
 from recipe_apo.integration.sampling import NAME as SAMPLING_LOOP
 from recipe_apo.methods.base import Probe, Prompts, StepBatch, Trajectories
@@ -303,3 +310,73 @@ def by_prompt(rows: np.ndarray, scores: np.ndarray, keys: list[str], n: int, sam
     grouped = scores[order].reshape(n, samples)
     key_rows = np.array(keys, dtype=object)[order].reshape(n, samples).tolist()
     return grouped, key_rows
+
+
+# ---- the replay buffer's group filter -------------------------------------------------------------------------------
+TRAIN = "train"  # verl's training partition; validation (and the probe) sample "val", which verl never filters
+_TRAINER_LOGGER = "verl.trainer.ppo.v1.trainer_base"
+
+
+def cap_refills(buffer: Any, cap: RefillCap) -> bool:
+    """verl's replay buffer refills through ``cap`` (``recipe_apo.integration.refill_cap``), and stops the run where
+    it would otherwise wait forever. False, and nothing changed, for a buffer without verl's group filter (a custom
+    sampler, ``trainer.v1.sampler.custom_sampler``, which owns its filtering).
+
+    verl exposes no hook at the point a cap needs, its polling loop, so the buffer object's own methods are
+    wrapped: ``refill_fn`` (the trainer's ``_add_prompts_to_generate``, verl's one way to send refills) sends what
+    ``cap.grant`` allows (verl counts what it asked for as sent, so a withheld request is not repeated forever);
+    ``sample`` and ``wait_for_sampleable`` record how many groups the step waits for; ``_wait_for_next_poll``, the
+    one place both polling loops reach when they can neither take a batch nor send a refill, runs ``cap.check``
+    first. There, after the loop's eviction, the finished and failed groups left are exactly those it could
+    sample, and the pending and running ones those in flight."""
+    if getattr(buffer, "filter_groups_metric", None) is None or getattr(buffer, "refill_fn", None) is None \
+            or not hasattr(buffer, "_wait_for_next_poll"):
+        return False
+    refill, sample, wait = buffer.refill_fn, buffer.sample, buffer._wait_for_next_poll
+
+    def capped_refill(num_prompts: int) -> int:
+        granted = cap.grant(num_prompts)
+        return refill(granted) if granted else 0  # verl's dataloader refuses a request for 0 prompts
+
+    def sample_counted(global_steps: int, partition_id: str, batch_size: int):
+        if partition_id == TRAIN:
+            cap.needed = int(batch_size)
+        return sample(global_steps=global_steps, partition_id=partition_id, batch_size=batch_size)
+
+    def wait_or_stop(partition_id: str, last_debug_time: float) -> float:
+        if partition_id == TRAIN:
+            sampleable = buffer.finished_keys[partition_id] | buffer.failure_keys[partition_id]
+            cap.check(len(sampleable),
+                      len(buffer.pending_keys[partition_id]) + len(buffer.running_keys[partition_id]))
+        return wait(partition_id, last_debug_time)
+
+    buffer.refill_fn, buffer.sample, buffer._wait_for_next_poll = capped_refill, sample_counted, wait_or_stop
+    if hasattr(buffer, "wait_for_sampleable"):
+        wait_for = buffer.wait_for_sampleable
+
+        def wait_for_counted(global_steps: int, partition_id: str, target_count: int):
+            if partition_id == TRAIN:
+                cap.needed = int(target_count)
+            return wait_for(global_steps, partition_id, target_count)
+
+        buffer.wait_for_sampleable = wait_for_counted
+    return True
+
+
+class _IgnoredCapWarning(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not (message.startswith("algorithm.filter_groups.max_num_gen_batches=")
+                    and "is ignored by the built-in V1 ReplayBuffer" in message)
+
+
+@contextlib.contextmanager
+def cap_warning_dropped() -> Iterator[None]:
+    """While held, verl's warning that ``max_num_gen_batches`` is ignored is dropped (only it): the recipe's trainer
+    honours the setting and says so itself."""
+    logger, dropped = logging.getLogger(_TRAINER_LOGGER), _IgnoredCapWarning()
+    logger.addFilter(dropped)
+    try:
+        yield
+    finally:
+        logger.removeFilter(dropped)

@@ -162,8 +162,12 @@ class FilterGroups:
     enable: bool = False
     # What must differ within a group: the reward (verl's canonical pre-KL score; the testbed has no other).
     metric: str = setting("reward", choices=("reward",))
-    # Generation batches a round may take before it trains on the groups it has (verl 0.9.1's V1 trainer has no
-    # cap and refills until the batch is full; the authors of AGPO stopped at 10 with an error).
+    # Generation batches (train_batch_size prompts each, the round's own included) a round may take before it
+    # trains on the groups it has. The cap is the recipe's trainer's (recipe_apo/integration/refill_cap.py), but
+    # what happens at it differs on purpose: there, as in the authors' code, the run stops with one line; here the
+    # round trains on the groups with a signal it has (or, if none, on its last batch as it came) and the run goes
+    # on, so that one hard round does not end a league's seed (filter_groups/filled_share < 1 marks such rounds).
+    # At least 1: verl's "0, no cap" is refused (a solved task would refill forever).
     max_num_gen_batches: int = setting(10, low=1, high=1000)
 
 

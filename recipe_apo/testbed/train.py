@@ -381,9 +381,10 @@ class MethodRun:
         """verl's group filter (``algorithm.filter_groups.enable``, DAPO's dynamic sampling, AGPO's script): the
         round trains only on groups whose rewards differ, and refills with fresh prompts (``_REFILL``) until it
         has ``count`` groups or has generated ``max_num_gen_batches`` batches; it then trains on the first
-        ``count`` groups with a signal, or on fewer (verl 0.9.1's V1 trainer has no cap: it refills until the
-        batch is full), or, when no batch had one, on the last batch as it came. The tokens of the groups left out
-        count in the round's generation."""
+        ``count`` groups with a signal, or on fewer, or, when no batch had one, on the last batch as it came (the
+        recipe's trainer, at the same cap, stops the run: ``FilterGroups.max_num_gen_batches`` says why the testbed
+        differs). Surplus groups are left out, as verl's sync trainer discards them. The tokens of the groups left
+        out count in the round's generation."""
         parts, groups, batches, generated = [], 0, 0, 0.0
         while True:
             batches += 1
