@@ -1,7 +1,9 @@
 """The audit of one run: the four biases of APO's paper, measured on its rollouts, for GRPO, Dr. GRPO and APO.
 
-Every method is applied to the same rollouts (the run's own scores and groups), whatever method the run
-trained with, so the numbers say what each method would have done with them. APO's anchor is replayed over the
+Every method is applied to the same rollouts (the run's own scores, lengths and groups), whatever method the run
+trained with, so the numbers say what each method would have done with them: each estimator is handed a response
+mask as long as each response (``Step.estimator_lengths``), so AGPO's replay has its length bonus, and the
+preset's own settings (``recipe_apo.integration.replay``). APO's anchor is replayed over the
 steps in order from a fresh start, with the run's ``algorithm.apo`` settings (or the defaults). The statistics
 are ``recipe_apo.methods.group_stats``'s and the replays ``recipe_apo.integration.replay``'s, shared with the CPU
 testbed, so that S means the same in both reports.
@@ -27,7 +29,7 @@ from typing import Any, Optional
 import numpy as np
 
 from recipe_apo.audit.dumps import AuditError, Run, Step, check_data_sources
-from recipe_apo.integration.replay import Method, method_advantages, methods
+from recipe_apo.integration.replay import MAX_MASK_CELLS, Method, method_advantages, methods
 from recipe_apo.methods.apo.anchor import reset_driver_anchors
 from recipe_apo.methods.apo.settings import ApoSettings
 from recipe_apo.methods.apo.success import success_of
@@ -76,7 +78,7 @@ def _replayed(step: Step, method: Method, apo: dict, scopes: Any) -> np.ndarray:
     """``method``'s advantages on ``step``; a step the estimator refuses, or whose advantages overflow, is
     refused naming its file (and the row)."""
     try:
-        advantages = method_advantages(step.scores, step.groups, method, apo, scopes)
+        advantages = method_advantages(step.scores, step.groups, method, apo, scopes, lengths=step.estimator_lengths)
     except BatchInputError as exc:  # its rows are the step's rows: the file tells which step
         raise AuditError(f"{step.path}: {method.name}'s replay: {exc}") from None
     bad = np.flatnonzero(~np.isfinite(advantages))
@@ -138,11 +140,24 @@ def _replay_step(step: Step, apo: dict, scoped: bool) -> dict[str, tuple[Method,
     """Each method's advantages on ``step``, replayed in ``methods()``'s order (APO's anchor advances once per
     step). With ``anchor_scope=data_source`` APO's anchor is kept per response's data source; the other
     estimators take no scopes."""
+    _check_replay_size(step)
     replays = {}
     for method in methods():
         scopes = step.data_sources if (scoped and method.adv_estimator == "apo") else None
         replays[method.name] = (method, _replayed(step, method, apo, scopes))
     return replays
+
+
+def _check_replay_size(step: Step) -> None:
+    """Refuse a step whose replay would lay out more than ``MAX_MASK_CELLS`` mask cells (its responses times
+    its longest response's tokens), naming the longest response: the dump's lengths size the allocation."""
+    lengths = step.estimator_lengths
+    longest = int(np.argmax(lengths))
+    width = max(float(lengths[longest]), 1.0)
+    if lengths.size * width > MAX_MASK_CELLS:
+        raise AuditError(f"{step.where(longest)}: a response of length {lengths[longest]:.0f}: the replay would "
+                         f"lay the step's {lengths.size} responses out as a mask of {lengths.size} x "
+                         f"{lengths[longest]:.0f} tokens, beyond the {MAX_MASK_CELLS} cells it allocates")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,7 +11,10 @@ trajectory is one response, its final output, with the lengths of all its output
 staleness of the response, in weight versions: asynchronous trainers) is read when every step has it.
 
 Lengths: the dump's ``response_length`` if every row has one; else the output re-tokenized with the model's
-tokenizer (``tokenizer``); else characters, and the report says so.
+tokenizer (``tokenizer``); else characters, and the report says so. The replays read each response's length as
+its estimator did (``Step.estimator_lengths``: AGPO's length bonus): with the dump's lengths, exactly (a
+multi-output trajectory's final output's tokens, the row its estimator read); else the estimate above, at least
+1 (verl decodes without special tokens, so an empty output may still have had its end token).
 
 A dump is untrusted input: every field the audit reads has a rule (``FIELDS``) checked as the row is read, and
 a row that breaks one is refused naming ``file:line`` and the field, as is a step whose rows do not all carry
@@ -141,6 +144,9 @@ class Step:
     groups: np.ndarray  # prompt group label per response
     data_sources: Optional[np.ndarray]
     lengths: Optional[np.ndarray] = None  # filled by load_run
+    # Each response's length as its estimator read it (its response mask's sum): the dump's, of the final output
+    # for a multi-output trajectory (``lengths`` counts all its outputs); completed by load_run without them.
+    estimator_lengths: Optional[np.ndarray] = None
     truncated: Optional[np.ndarray] = None
     logged_lengths: Optional[np.ndarray] = None
     logged_truncated: Optional[np.ndarray] = None
@@ -268,8 +274,9 @@ def read_step(path: Path, step: int) -> Step:
         lines.append(number)
     if not lines:
         raise AuditError(f"{path}: no responses (an empty step file: a writer that stopped before its first row?)")
+    final_lengths = columns.get("response_length")
     if "uid" in columns:
-        columns, lines = _one_row_per_trajectory(columns, lines, path)
+        columns, lines, final_lengths = _one_row_per_trajectory(columns, lines, path)
         if not lines:
             raise AuditError(f"{path}: only verl's padding rows, no responses")
         groups = [_UID.fullmatch(uid).group(1) for uid in columns["uid"]]
@@ -288,6 +295,7 @@ def read_step(path: Path, step: int) -> Step:
         groups=np.asarray(groups, dtype=object),
         data_sources=column("data_source", object),
         logged_lengths=column("response_length"),
+        estimator_lengths=None if final_lengths is None else np.asarray(final_lengths, dtype=np.float64),
         logged_truncated=column("truncated", bool),
         logged_advantages=column("advantage"),
         logged_phi=column("apo_phi"),
@@ -308,12 +316,12 @@ def _lags(columns: dict[str, list], lines: list[int], path: Path) -> Optional[np
 
 
 def _one_row_per_trajectory(columns: dict[str, list], lines: list[int],
-                            path: Path) -> tuple[dict[str, list], list[int]]:
+                            path: Path) -> tuple[dict[str, list], list[int], Optional[list]]:
     """A step's responses as the recipe's trainer counts them: verl's padding rows (uid ``pad...``) left out, and
     a multi-output trajectory (rows ``{sample}_{rollout}_0``, ``_1``, ...) as one response, its final output (the
     one verl scores; its advantage and Phi are every output's), with the token lengths of all its outputs (every
     one of them is trained). Single-output steps come back unchanged. An output index no row count justifies is
-    refused naming its line."""
+    refused naming its line. Third: the final outputs' own lengths (the rows the estimator read), if dumped."""
     final: dict[str, tuple[int, int]] = {}  # trajectory -> (its largest output index, that output's row)
     total: dict[str, float] = {}
     lengths = columns.get("response_length")
@@ -335,11 +343,11 @@ def _one_row_per_trajectory(columns: dict[str, list], lines: list[int],
             total[trajectory] = total.get(trajectory, 0) + lengths[row]
     keep = sorted(row for _, row in final.values())
     if len(keep) == len(lines):
-        return columns, lines
+        return columns, lines, lengths
     kept = {field: [values[row] for row in keep] for field, values in columns.items()}
     if lengths is not None:
         kept["response_length"] = [total[uid.rsplit("_", 1)[0]] for uid in kept["uid"]]
-    return kept, [lines[row] for row in keep]
+    return kept, [lines[row] for row in keep], None if lengths is None else [lengths[row] for row in keep]
 
 
 def check_data_sources(run: Run, why: str) -> None:
@@ -386,6 +394,8 @@ def load_run(path: Path, tokenizer: Any = None, max_response_length: Optional[in
             s.lengths = np.asarray([len(i) for i in ids], dtype=np.float64)
         else:
             s.lengths = np.asarray([len(text) for text in s.outputs], dtype=np.float64)
+        if source != "dump":
+            s.estimator_lengths = np.maximum(s.lengths, 1.0)
         if s.logged_truncated is not None:
             s.truncated = s.logged_truncated
         elif source != "characters" and max_response_length is not None:

@@ -41,9 +41,11 @@ def _overview(results: Sequence[dict[str, Any]], figure: Optional[str]) -> list[
     lines = [
         "# Bias audit",
         "",
-        "Every method is applied to the same rollouts, the run's own scores and prompt groups, whatever the run "
-        "trained with: GRPO (std-normalized advantages, per-token weight 1/|o_i|), Dr. GRPO (centered, 1/L0), "
-        "APO (centered x Phi_i, the anchor C_t replayed over the steps from a fresh start; 1/L0). "
+        "Every method is applied to the same rollouts, the run's own scores, lengths and prompt groups, whatever "
+        "the run trained with: GRPO (std-normalized advantages, per-token weight 1/|o_i|), Dr. GRPO (centered, "
+        "1/L0), APO (centered x Phi_i, the anchor C_t replayed over the steps from a fresh start; 1/L0), AGPO "
+        "(GRPO's on its training rewards, the length bonus read from each response's length, its preset's "
+        "algorithm.agpo; token-mean). "
         f"APO settings of the replay: lambda_scale {first_apo['lambda_scale']}, eta {first_apo['eta']}, "
         f"eta_min {first_apo['eta_min']}, history {first_apo['history']}, anchor_scope {first_apo['anchor_scope']}.",
         "",
@@ -58,7 +60,8 @@ def _overview(results: Sequence[dict[str, Any]], figure: Optional[str]) -> list[
                      f"{'yes' if r['length']['truncated_share'] is not None else 'no'} |")
     if any(r["length_unit"] == "characters" for r in results):
         lines += ["", "Lengths in characters: the dump has no token lengths; pass `--tokenizer MODEL` to count "
-                      "tokens (the recipe's trainer writes them)."]
+                      "tokens (the recipe's trainer writes them). AGPO's length bonus reads them too: its replay is "
+                      "exact with the dump's token lengths only."]
     if figure:
         lines += ["", f"![audit]({figure})"]
     return lines

@@ -41,7 +41,9 @@ def positive_signal(rewards: torch.Tensor, method: str, apo_node: dict, anchor: 
     codes = np.repeat(np.arange(groups), size)
     reset_driver_anchors()
     try:
-        advantages = replay.method_advantages(rewards.reshape(-1).numpy(), codes, replay.method_named(method), apo)
+        # Rewards drawn without responses: one token each, so AGPO's length bonus has no spread to act on.
+        advantages = replay.method_advantages(rewards.reshape(-1).numpy(), codes, replay.method_named(method), apo,
+                                              lengths=np.ones(codes.size))
     finally:
         reset_driver_anchors()
     positive, _ = group_stats.signal_per_group(advantages, codes, groups)

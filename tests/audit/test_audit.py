@@ -5,6 +5,8 @@ Step 1, G = 4, three groups (scores; lengths in tokens):
   g1 [1, 1, 1, 1]; [3, 3, 3, 3]     dead (all right)
   g2 [1, 1, 0, 0]; [2, 2, 10, 10]   p_hat 1/2
 Step 2, one group [0, 1, 0, 0]; [5, 5, 5, 5].
+
+AGPO's replay has a step of its own (BONUS_STEP), with a group whose right answers differ in length.
 """
 
 import json
@@ -125,6 +127,11 @@ def test_a_plain_verl_dump_groups_by_prompt_and_counts_characters_or_tokens(tmp_
     assert tokens.length_source == "tokenizer"
     assert tokens.steps[0].lengths.tolist() == [2, 4, 6, 8, 3, 3, 3, 3, 2, 2, 10, 10]
     assert tokens.steps[0].truncated.tolist() == [False] * 10 + [True, True]
+    # The replays read the estimate too, at least 1: an output decoded without special tokens may be empty and
+    # still have had its end token.
+    assert tokens.steps[0].estimator_lengths.tolist() == tokens.steps[0].lengths.tolist()
+    (folder / "1.jsonl").write_text((folder / "1.jsonl").read_text().replace('"output": "w w "', '"output": ""', 1))
+    assert load_run(folder, tokenizer=words).steps[0].estimator_lengths.tolist()[:2] == [1, 4]
 
 
 def test_unreadable_dumps_are_refused_naming_the_file(tmp_path):
@@ -183,6 +190,8 @@ def test_a_multi_output_trajectory_is_one_response_and_padding_rows_are_left_out
     assert step.outputs == ["og_1_0", "og_0_1", "oh_0_0", "oh_1_0"]
     assert list(step.lines) == [2, 3, 5, 6] and list(step.groups) == ["g", "g", "h", "h"]
     np.testing.assert_array_equal(step.logged_lengths, [4, 8, 2, 6])
+    # The estimator read the final output alone (the trainer hands it the final rows): g_0's is g_0_1's 5 tokens.
+    np.testing.assert_array_equal(step.estimator_lengths, [4, 5, 2, 6])
     np.testing.assert_array_equal(step.scores, [0.0, 1.0, 1.0, 1.0])
     # A single-output step is read as it is.
     single = tmp_path / "2.jsonl"
@@ -216,3 +225,86 @@ def test_staleness_is_reported_by_lag_with_each_methods_update_mass(tmp_path):
     (run_dir / "2.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     with pytest.raises(AuditError, match=r"2.jsonl:1: policy_lag null on a response that is not verl's padding row"):
         load_run(run_dir)
+
+
+# ---- AGPO's replay: each response as long as it was -------------------------------------------------------------
+
+# One step, G = 4 (scores; lengths in tokens):
+#   b0 [1, 1, 1, 0]; [2, 4, 6, 8]   three right answers of three lengths: the length bonus acts
+#   b1 [1, 0, 0, 0]; [3, 5, 7, 9]   one right answer: no spread, no bonus
+BONUS_STEP = [([1, 1, 1, 0], [2, 4, 6, 8]), ([1, 0, 0, 0], [3, 5, 7, 9])]
+BONUS_SCORES = [1, 1, 1, 0, 1, 0, 0, 0]
+BONUS_LENGTHS = [2, 4, 6, 8, 3, 5, 7, 9]
+BONUS_GROUPS = ["b0"] * 4 + ["b1"] * 4
+
+
+def preset_wrong_reward() -> float:
+    """The AGPO preset's ``algorithm.agpo.wrong_reward``, the reward of a wrong answer on its training scale (0
+    where the setting does not exist: the rewards as scored)."""
+    from recipe_apo.integration import presets
+
+    return presets.compose("agpo").algorithm.agpo.get("wrong_reward", 0)
+
+
+def agpo_by_hand(wrong: float) -> list[float]:
+    """AGPO's advantages on BONUS_STEP at the preset's bonus b = 0.1, by hand, for a wrong answer's reward 0 or -1.
+
+    b0's right answers: L_min 2 and L_max 6, so 1 + 0.1 (1 - (L - 2) / 4) = 1.1, 1.05 and 1.0; its wrong one w.
+    Both groups then (R~ - mean) / (std + 1e-6), std unbiased (n - 1 = 3)."""
+    if wrong == 0:
+        # b0: R~ 1.1, 1.05, 1.0, 0: mean 3.15 / 4 = 0.7875; deviations 0.3125, 0.2625, 0.2125, -0.7875, whose
+        # squares sum to 0.09765625 + 0.06890625 + 0.04515625 + 0.62015625 = 0.831875.
+        b0, b0_std = [0.3125, 0.2625, 0.2125, -0.7875], math.sqrt(0.831875 / 3)
+        # b1: 1, 0, 0, 0: mean 0.25; deviations 0.75, -0.25 x 3; squares 0.5625 + 3 x 0.0625 = 0.75.
+        b1, b1_std = [0.75, -0.25, -0.25, -0.25], math.sqrt(0.75 / 3)
+    else:
+        # b0: R~ 1.1, 1.05, 1.0, -1: mean 2.15 / 4 = 0.5375; deviations 0.5625, 0.5125, 0.4625, -1.5375, whose
+        # squares sum to 0.31640625 + 0.26265625 + 0.21390625 + 2.36390625 = 3.156875.
+        b0, b0_std = [0.5625, 0.5125, 0.4625, -1.5375], math.sqrt(3.156875 / 3)
+        # b1: 1, -1, -1, -1: mean -0.5; deviations 1.5, -0.5 x 3; squares 2.25 + 3 x 0.25 = 3.
+        b1, b1_std = [1.5, -0.5, -0.5, -0.5], math.sqrt(3 / 3)
+    return [d / (b0_std + EPS) for d in b0] + [d / (b1_std + EPS) for d in b1]
+
+
+def test_agpos_replay_reads_each_responses_length_and_gives_its_length_bonus(tmp_path):
+    from recipe_apo.integration.replay import method_advantages, method_named
+
+    expected = agpo_by_hand(preset_wrong_reward())
+    agpo = method_named("AGPO")
+    replayed = method_advantages(BONUS_SCORES, BONUS_GROUPS, agpo, lengths=BONUS_LENGTHS)
+    assert replayed.tolist() == pytest.approx(expected, rel=1e-6)
+    # The replay as it was, every response one token long: b0's right answers have no spread and no bonus, and
+    # b0 is GRPO's (1, 1, 1, w): deviations 0.25 x 3 and -0.75 over std 0.5 for w = 0, 0.5 x 3 and -1.5 over std
+    # 1 for w = -1; each right answer 0.5, where the bonus gives the shortest 0.593 (w = 0) or 0.548 (w = -1).
+    one_token = method_advantages(BONUS_SCORES, BONUS_GROUPS, agpo, lengths=[1] * 8)
+    assert one_token[:3].tolist() == pytest.approx([0.5] * 3, rel=1e-5)
+    assert np.abs(one_token - expected).max() > 0.04
+
+    # Through the audit: the dump's response_length reaches the replay, which reproduces the run's advantages.
+    write_dump(tmp_path / "agpo-run", {1: BONUS_STEP}, advantages={1: expected})
+    logged = audit_run(load_run(tmp_path / "agpo-run"))["logged"]
+    assert "AGPO" in logged["matches"] and logged["max_abs_difference"]["AGPO"] < 1e-6
+    assert logged["max_abs_difference"]["GRPO"] > 0.04  # GRPO has no bonus
+
+
+def test_the_replay_hands_each_estimator_the_settings_its_preset_declares(monkeypatch):
+    from recipe_apo.integration import presets, replay
+
+    compose = presets.compose
+
+    def declaring(name, overrides=()):  # the AGPO preset as if its file declared a bonus of 0.3
+        return compose(name, [*overrides, *(["algorithm.agpo.length_bonus=0.3"] if name == "agpo" else [])])
+
+    monkeypatch.setattr(presets, "compose", declaring)
+    (agpo,) = [method for method in replay.preset_methods() if method.name == "AGPO"]
+    replayed = replay.method_advantages(BONUS_SCORES, BONUS_GROUPS, agpo, lengths=BONUS_LENGTHS)
+    # b0's right answers: 1 + 0.3 (1 - (L - 2) / 4) = 1.3, 1.15, 1.0.
+    if preset_wrong_reward() == 0:
+        # R~ 1.3, 1.15, 1.0, 0: mean 3.45 / 4 = 0.8625; deviations 0.4375, 0.2875, 0.1375, -0.8625, whose squares
+        # sum to 0.19140625 + 0.08265625 + 0.01890625 + 0.74390625 = 1.036875.
+        deviations, std = [0.4375, 0.2875, 0.1375, -0.8625], math.sqrt(1.036875 / 3)
+    else:
+        # R~ 1.3, 1.15, 1.0, -1: mean 2.45 / 4 = 0.6125; deviations 0.6875, 0.5375, 0.3875, -1.6125, whose squares
+        # sum to 0.47265625 + 0.28890625 + 0.15015625 + 2.60015625 = 3.511875.
+        deviations, std = [0.6875, 0.5375, 0.3875, -1.6125], math.sqrt(3.511875 / 3)
+    assert replayed[:4].tolist() == pytest.approx([d / (std + EPS) for d in deviations], rel=1e-6)

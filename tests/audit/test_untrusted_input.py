@@ -363,6 +363,22 @@ def test_lags_of_a_late_step_are_measured_without_an_array_as_long_as_the_lag(tm
     assert result["staleness"]["response_share"] == {0: 0.5, MAX_STEP - 1: 0.5}
 
 
+def test_a_length_that_would_size_the_replays_mask_beyond_its_bound_is_refused_at_once_naming_its_line(tmp_path,
+                                                                                                     capsys):
+    from recipe_apo.integration.replay import MAX_MASK_CELLS
+
+    # The replays lay a step out as a mask of its responses times its longest response's tokens (AGPO reads each
+    # response's length): 8 responses of up to 2^25 tokens fill the bound; one token more is refused.
+    audit_run(load_run(write(tmp_path / "warm", {"1.jsonl": step_rows()})))  # the replay's first-use imports
+    for length in (MAX_LENGTH, MAX_MASK_CELLS // 8 + 1):
+        rows = step_rows()
+        rows[5]["response_length"] = length  # line 6
+        run = write(tmp_path / f"run{length}", {"1.jsonl": rows})
+        assert refused_quickly(capsys, [run], tmp_path / "out") == (
+            f"{run}/1.jsonl:6: a response of length {length}: the replay would lay the step's 8 responses out as a "
+            f"mask of 8 x {length} tokens, beyond the {MAX_MASK_CELLS} cells it allocates")
+
+
 @pytest.mark.parametrize(("args", "expected"), [
     (["--max-response-length", str(10**30)],
      "argument --max-response-length: must be at most 2^53 (no response is longer), got 1000000000000000000000000000000"

@@ -1,7 +1,8 @@
-"""AGPO's training rewards and advantages as its authors' code reads (verl pull request #2649 at 4cbea10: the
-reward manager's length bonus, ``verl/workers/reward_manager/agpo.py``; ``compute_agpo_outcome_advantage``),
-re-written here as per-response loops, float32 as in the source: the reference the recipe's vectorized estimator
-is checked against (tests/methods/test_agpo.py, and on a rehearsal's dump tests/vllm/test_agpo.py)."""
+"""AGPO's training rewards and advantages as its authors' pipeline reads (verl pull request #2649 at 4cbea10: their
+data's scorer, ``verl/utils/reward_score/math_dapo.py``, which ``data_source: math_agpo`` selects; the reward
+manager's length bonus, ``verl/workers/reward_manager/agpo.py``; ``compute_agpo_outcome_advantage``), re-written
+here as per-response loops, float32 as in the source: the reference the recipe's vectorized estimator is checked
+against (tests/methods/test_agpo.py, and on a rehearsal's dump tests/vllm/test_agpo.py)."""
 
 from __future__ import annotations
 
@@ -49,3 +50,18 @@ def authors_advantages(scores, uids, norm=True, epsilon=1e-6):
         else:
             scores[i] = scores[i] - mean[uid]
     return scores
+
+
+def math_dapo_score(correct):
+    """``math_dapo.compute_score``'s ``score`` for a verdict: ``1.0 if correct else -1.0``."""
+    return 1.0 if correct else -1.0
+
+
+def authors_pipeline(rewards, lengths, uids, norm=True):
+    """(training rewards, advantages) of the authors' pipeline for a batch a 0/1 verifier scored (``rewards``):
+    each verdict rescored as math_dapo scores it, the reward manager's bonus on those scores (its
+    ``reward_tensor`` holds each score on the response's last token, so the estimator's row sum is the score),
+    then their estimator, grouped by ``uids``."""
+    scores = [math_dapo_score(reward == 1) for reward in rewards]
+    shaped = authors_shaped(scores, lengths, uids)
+    return shaped, authors_advantages(shaped, uids, norm)

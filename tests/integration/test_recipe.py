@@ -379,12 +379,13 @@ def test_plugin_check_prints_the_three_presets_advantages(capsys):
     rows = [line.split() for line in out.splitlines() if line.startswith(("hard prompt", "easy prompt"))]
     # GRPO: (1 - 0.25) / std([1,0,0,0]) = 1.5; Dr. GRPO: 0.75; APO: 0.75 * 1.5 * exp(0.25) = 1.445. AGPO's dual
     # feedback has GRPO's advantages (its controllers act on the sampling and the clip): no column repeats another.
-    # AGPO: the hard prompt's one right answer gets no bonus (1.5, GRPO's); the easy prompt's right answers of 30,
-    # 60, 45 tokens are shaped 1.1, 1.0, 1.05 (mean with the wrong one 0.7875, sample std 0.5266):
-    # (1.1 - 0.7875) / 0.5266 = 0.593, (0 - 0.7875) / 0.5266 = -1.495.
+    # AGPO, on its authors' -1/+1 scale (algorithm.agpo.wrong_reward=-1): the hard prompt's one right answer gets no
+    # bonus (1.5, GRPO's: the std normalizes the scale away); the easy prompt's right answers of 30, 60, 45 tokens
+    # are shaped 1.1, 1.0, 1.05, the wrong one -1 (mean 0.5375, sample std sqrt(3.156875 / 3) = 1.02581):
+    # (1.1 - 0.5375) / 1.02581 = 0.548, (-1 - 0.5375) / 1.02581 = -1.499.
     assert rows[0][-4:] == ["1.500", "0.750", "1.445", "1.500"]
-    assert rows[4][-1] == "0.593"
-    assert rows[7][-4:] == ["-1.500", "-0.750", "-1.445", "-1.495"]
+    assert rows[4][-1] == "0.548"
+    assert rows[7][-4:] == ["-1.500", "-0.750", "-1.445", "-1.499"]
     assert "agpo_dual not on this batch: the same advantages as GRPO" in " ".join(out.split())
     assert "codapo not on this batch: its estimator also needs the old policy's log-probs" in " ".join(out.split())
     assert "python -m recipe_apo.main method=apo" in out

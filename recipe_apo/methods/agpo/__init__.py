@@ -1,8 +1,9 @@
 """AGPO as its authors built it (arXiv 2503.15952, "an adaptive loss function to mitigate training fluctuation and
 token inefficiency"; their code: verl pull request #2649 at 4cbea10): ``method=agpo``.
 
-- ``estimator``: the ``agpo`` advantage estimator: the length bonus on a group's correct responses, +1 / -1 for a
-  group whose rewards are all 1 / all 0, GRPO's advantages otherwise;
+- ``estimator``: the ``agpo`` advantage estimator: the rewards on the authors' scale (+1 right, -1 wrong, as their
+  data's scorer, ``algorithm.agpo.wrong_reward``), the length bonus on a group's correct responses, +1 / -1 for a
+  group whose rewards are all 1 / all 0 (on -1/+1 no group is all 0), GRPO's advantages otherwise;
 - ``loss``: the ``agpo`` policy loss: verl's clipped surrogate over the tokens with A != 0, clipped below at 0;
 - ``settings``: ``algorithm.agpo``;
 - ``launch``: what the launch refuses (a KL penalty in the rewards, the zero-variance rescale);
@@ -40,8 +41,10 @@ METHOD = Method(
     runtime="recipe_apo.methods.agpo.runtime:AgpoRuntime",
     launch_checks=("recipe_apo.methods.agpo.launch:check_rewards",),
     metrics={
-        "shaped_reward_mean": "R~, the training reward with the length bonus, mean over the step's responses",
+        "shaped_reward_mean": "R~, the training reward with the length bonus on algorithm.agpo.wrong_reward's scale "
+                              "(-1/+1 by default: 2 x accuracy - 1 plus the bonuses), mean over the step's responses",
         "bonus_share": "share of the step's responses given a length bonus",
-        "saturated_share": "share of the step's responses in groups given +1 or -1 (all rewards 1 or all 0)",
+        "saturated_share": "share of the step's responses in groups given +1 or -1 (all rewards 1, or all 0: only "
+                           "with wrong_reward=0)",
     },
 )

@@ -1,17 +1,24 @@
 """AGPO's training rewards and advantages, as its authors built them (verl pull request #2649 at 4cbea10:
-``verl/workers/reward_manager/agpo.py`` and ``core_algos.compute_agpo_outcome_advantage``).
+``verl/workers/reward_manager/agpo.py`` and ``core_algos.compute_agpo_outcome_advantage``, on the rewards of
+their scorer, ``verl/utils/reward_score/math_dapo.py``).
 
 Symbols, for response i of prompt group g (verl's uid):
 
 - R_i: the response's reward, the sum of its token-level rewards; it is *correct* when R_i is exactly 1 (the
   authors' test); L_i: its length in tokens (the sum of its response mask);
+- S_i, its score on the training scale w (``algorithm.agpo.wrong_reward``): with w = -1 (the default, the
+  authors' math_dapo: +1 right, -1 wrong) S_i is 1 if R_i is exactly 1, else -1; with w = 0 S_i = R_i as handed;
 - R~_i, the training reward, with the length bonus b (``algorithm.agpo.length_bonus``, 0.1): in a group that is
   not all correct and whose correct responses differ in length, a correct response gets
   1 + b (1 - (L_i - L_min) / (L_max - L_min)), L_min and L_max over the group's correct responses (the shortest
-  1 + b, the longest 1); every other response keeps R_i;
+  1 + b, the longest 1); every other response keeps S_i. On 0/1 rewards, R~ at w = -1 is 2 R~' - 1 with R~' the
+  training reward at w = 0 and b / 2: the gap between right and wrong is 2, so b weighs half as much;
 - A_i: +1 on every response of a group whose R~ are all 1, -1 all 0 (``saturated_signal``), otherwise GRPO's
   (R~_i - mean_g) / (std_g + 1e-6) (sample std, n - 1), or R~_i - mean_g without std normalization; a group of
-  one has mean 0 and std 1. Every token of a response gets its A_i.
+  one has mean 0 and std 1. With w = -1 no group is all 0: an all-wrong group is all -1, its A is GRPO's 0 and
+  the loss's A != 0 mask drops it, as in the authors' runs. So on 0/1 rewards with std normalization, w = -1 is
+  w = 0 at b / 2 except in all-wrong groups (0, not -1), groups of one (a wrong answer -1, not 0) and in the last
+  bits (the 1e-6 meets a doubled std). Every token of a response gets its A_i.
 
 Where this departs from the authors' code, and why:
 
@@ -21,6 +28,9 @@ Where this departs from the authors' code, and why:
   and validation, which computes no advantage, is untouched as in the authors' code;
 - groups are verl's uids; the authors' reward manager grouped by the decoded prompt text, which joins two draws of
   one prompt in a batch into one group;
+- the -1/+1 scale is applied here, to the rewards the estimator is handed (w = -1), not by the scorer: the recipe
+  keeps verl's 0/1 scorers (the group filter, ``critic/score/*`` and validation read 0/1 rewards); the estimator
+  sees what the authors' estimator saw;
 - rows without a valid token (verl's padding) take no part in any statistic and get A = 0 (the authors' code has
   none); statistics in float64, rounded once to the rewards' dtype (the authors': float32 throughout, so the two
   differ in the last bits).
@@ -78,7 +88,8 @@ def compute_agpo_advantage(
     settings: Optional[AgpoSettings] = None,
 ) -> tuple[torch.Tensor, dict[str, np.ndarray]]:
     """AGPO's advantages (batch, response_len), in the rewards' dtype (float32 for integer rewards), and the per-row
-    arrays behind them: ``shaped`` R~ (float64), ``bonused`` (bool), ``saturated`` (+1, -1 or 0 per row)."""
+    arrays behind them: ``shaped`` R~ on the ``wrong_reward`` scale (float64), ``bonused`` (bool), ``saturated``
+    (+1, -1 or 0 per row)."""
     settings = settings or AgpoSettings()
     check_shapes(token_level_rewards=token_level_rewards, response_mask=response_mask)
     batch_size = token_level_rewards.shape[0]
@@ -89,6 +100,8 @@ def compute_agpo_advantage(
     valid = lengths > 0
     scores = response_rewards(token_level_rewards)
     check_finite(scores, valid, "rewards", prefix="agpo")
+    if settings.wrong_reward == -1:
+        scores = np.where(valid & (scores != 1.0), -1.0, scores)  # math_dapo's scale: right 1, anything else -1
 
     shaped, bonused = shaped_rewards(scores, lengths, codes, n_groups, valid, settings.length_bonus)
     w = valid.astype(np.float64)

@@ -9,11 +9,14 @@ aggregated loss, so a micro-batch whose surrogate is already negative gives no g
 verl's own ``compute_policy_loss_vanilla`` computes the surrogate (its ``actor/pg_clipfrac``, ``actor/ppo_kl`` and
 ``actor/pg_clipfrac_lower`` then count the live tokens only, as the authors' did). Where this departs from the
 authors' code, and why: verl 0.9.1 normalizes every aggregation by the mini-batch's global counts
-(``global_batch_info``: all its tokens, or all its responses), which the loss of one micro-batch cannot change, so
-the masked tokens leave the numerator (where -A r is 0 anyway) but not the denominator. The authors' verl
-normalized each micro-batch by its own live tokens. With AGPO's estimator no response has A = 0 unless a group's
-rewards are all equal at a value other than 0 or 1, so for 0/1 rewards the two agree. The clip at 0 acts on the
-same micro-batches in both: a micro-batch's share of the mini-batch's loss has the sign of its own mean.
+(``global_batch_info``: all its response tokens N, or all its responses), which the loss of one micro-batch cannot
+change, and sums the micro-batch losses (gradient accumulation): micro-batch m weighs 1 / N. So the masked tokens
+leave the numerator (where -A r is 0 anyway) but not the denominator. The authors' verl divided each micro-batch by
+its own live tokens n_m and averaged the M micro-batch losses: m weighs 1 / (M n_m). The two agree only on one
+micro-batch per mini-batch without A = 0 responses (an all-wrong group at ``wrong_reward=-1`` with the group filter
+off has A = 0); with several they differ in direction and scale (docs/agpo.md gives the gap measured by
+``scripts/agpo_aggregation.py``; tests/methods/test_agpo.py checks this loss under verl's aggregation). The clip at 0
+acts on the same micro-batches in both: a micro-batch's share of the mini-batch's loss has the sign of its own mean.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """AGPO over a run: the step's shaped training rewards and the authors' +-1 rule, as the estimator computed them
 (handed over through ``driver_state``), as ``agpo/*`` metrics, and each row's training reward in the rollout dump
-(``agpo_shaped_reward``, ``agpo_saturated``), so that a dump holds what the advantages were computed from. AGPO keeps
-no state."""
+(``agpo_shaped_reward``, ``agpo_saturated``), so that a dump holds what the advantages were computed from. The
+training reward is on ``algorithm.agpo.wrong_reward``'s scale: -1/+1 by default (a wrong answer -1, a right one 1
+to 1 + b), beside the dump's 0/1 ``score``. AGPO keeps no state."""
 
 from __future__ import annotations
 
