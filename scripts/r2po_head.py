@@ -2,13 +2,15 @@
 """R2PO's model files: give a plain model the rollout head R2PO trains, or take it off for inference.
 
     python scripts/r2po_head.py add Qwen2.5-Math-1.5B/ models/qwen-r2po      # the model method=r2po trains
-    python scripts/r2po_head.py add --seed 1 --std 1e-6 <model> <folder>
+    python scripts/r2po_head.py add --seed 1 --std 1e-6 <model> <folder>     # reset_adaptor's start instead
     python scripts/r2po_head.py strip <merged checkpoint> models/qwen-kept   # pi_base: the model users keep
 
 ``add`` writes ``<folder>``: the model's weights and tokenizer files with ``rollout_head.layer1`` (d x d) and
-``rollout_head.layer2`` (V x d) drawn from N(0, std^2) (the released code's ``reset_adaptor``, std 1e-6), its
-``architectures`` ``R2PO<Base>`` (Qwen2, Qwen3 and Llama families). ``strip`` writes the same model without the
-head, its ``architectures`` the family's own: what vLLM, transformers or verl's evaluation then load as any model.
+``rollout_head.layer2`` (V x d) drawn from N(0, std^2) (default 0.02, the released script's effective start:
+transformers' draw of the weights its checkpoint lacks; its ``reset_adaptor``, never called, draws 1e-6), its
+``architectures`` ``R2PO<Base>`` (Qwen2, Qwen3 and Llama families); the launch makes the same copy (seed 0).
+``strip`` writes the same model without the head, its ``architectures`` the family's own: what vLLM, transformers
+or verl's evaluation then load as any model.
 A training checkpoint's actor is FSDP shards: merge it first with verl's model merger
 (``python -m verl.model_merger merge --backend fsdp --local_dir <step>/actor --target_dir <merged>``), which writes
 the head's weights under the family's own architecture (transformers would drop them silently on load); ``strip``

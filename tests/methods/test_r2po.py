@@ -1,10 +1,13 @@
 """R2PO's maths: the rarity and range-skip advantages against the source's per-group definitions
 (tests/helpers/r2po_reference.py) and hand-computed values, the schedule, the settings' refusals, the runtime's
-choice of logits head per pass, and the rollout-head model (its logits, where its gradients go, its files)."""
+choice of logits head per pass, and the rollout-head model (its logits, where its gradients go, its files, how far
+pi_roll is from pi_base)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
 
 import numpy as np
 import pytest
@@ -18,6 +21,7 @@ from recipe_apo.methods.base import ActorCall
 from recipe_apo.methods.errors import MethodStateError
 from recipe_apo.methods.r2po import METHOD
 from recipe_apo.methods.r2po.estimator import compute_advantage, r2po_outcome_advantage, rarity_outcome_advantage
+from recipe_apo.methods.r2po.model import HEAD_KL, HEAD_LOGIT_GAP, head_gap_rows, response_mean
 from recipe_apo.methods.r2po.schedule import HEAD, POLICY, phase_at
 from recipe_apo.methods.r2po.settings import R2poConfigError, R2poSettings
 
@@ -82,6 +86,22 @@ def test_rarity_is_the_sources_reward_rarity_group_by_group(groups, rng):
         expected[start:start + len(group)] = reward_rarity(torch.tensor(group, dtype=torch.float32))
         start += len(group)
     torch.testing.assert_close(advantages[:, 0], expected[torch.from_numpy(order)], rtol=1e-5, atol=1e-5)
+
+
+def test_on_0_1_rewards_rarity_pushes_a_mostly_right_group_toward_its_wrong_answers():
+    # 6 of 8 right: s = 1/6 (right), 1/2 (wrong); mean 1/4; deviations -1/12 and +1/4, squares summing to 1/6,
+    # sample std sqrt(1/6 / 7) = 1/sqrt(42): A = -sqrt(42)/12 = -0.540 on the right, +sqrt(42)/4 = +1.620 on the wrong.
+    rewards, mask, uids, _ = batch([[1.0] * 6 + [0.0] * 2, [2.25] * 6 + [0.25] * 2, [1.0] * 2 + [0.0] * 6])
+    advantages, _ = compute_advantage(rewards, mask, uids, HEAD)
+    std = 1 / math.sqrt(42) + 1e-6
+    mostly_right = torch.tensor([-1 / 12] * 6 + [1 / 4] * 2) / std
+    torch.testing.assert_close(advantages[:8, 0], mostly_right)
+    assert mostly_right[0].item() == pytest.approx(-0.5401, abs=1e-4)
+    assert mostly_right[7].item() == pytest.approx(1.6202, abs=1e-4)
+    # the source's reward does the same where a group's answers all match the format (2.25 right, 0.25 wrong) ...
+    torch.testing.assert_close(advantages[8:16, 0], mostly_right)
+    # ... and a mostly wrong group is pushed toward its right answers
+    torch.testing.assert_close(advantages[16:, 0], mostly_right.flip(0))
 
 
 def test_padding_rows_take_no_part():
@@ -231,15 +251,16 @@ def test_the_heads_logits_and_where_their_gradients_go(head_model, tiny_task):
             pass
 
 
-def test_add_draws_the_head_as_reset_adaptor_and_strip_gives_the_plain_model(tiny_task, tmp_path):
+def test_add_draws_the_head_as_the_released_script_starts_it_and_strip_gives_the_plain_model(tiny_task, tmp_path):
     from recipe_apo.methods.r2po.model import RolloutHeadError, add_rollout_head, strip_rollout_head
 
     path = add_rollout_head(tiny_task["model"], tmp_path / "head", seed=7)
     model = _load(path)
     assert json.loads((path / "config.json").read_text())["architectures"] == ["R2POQwen2ForCausalLM"]
     generator = torch.Generator().manual_seed(7)
-    for layer in (model.rollout_head.layer1, model.rollout_head.layer2):  # N(0, 1e-6^2), as drawn, as loaded
-        torch.testing.assert_close(layer.weight, torch.empty_like(layer.weight).normal_(0, 1e-6, generator=generator))
+    # N(0, 0.02^2), as drawn, as loaded: transformers' draw of a missing Linear weight, the released script's start
+    for layer in (model.rollout_head.layer1, model.rollout_head.layer2):
+        torch.testing.assert_close(layer.weight, torch.empty_like(layer.weight).normal_(0, 0.02, generator=generator))
     kept = strip_rollout_head(path, tmp_path / "kept")
     assert json.loads((kept / "config.json").read_text())["architectures"] == ["Qwen2ForCausalLM"]
     assert (kept / "tokenizer.json").is_file()
@@ -258,3 +279,117 @@ def test_add_draws_the_head_as_reset_adaptor_and_strip_gives_the_plain_model(tin
     (merged / "config.json").write_text(json.dumps({**config, "architectures": ["Qwen2ForCausalLM"]}))
     torch.testing.assert_close(_load(strip_rollout_head(merged, tmp_path / "kept2"))(tokens).logits,
                                _load(tiny_task["model"])(tokens).logits)
+
+
+# ---- how far pi_roll is from pi_base ------------------------------------------------------------------------------
+def test_the_head_gap_of_one_position_by_hand():
+    # z = (0, 0), z + delta = (ln 3, 0): pi_base = (1/2, 1/2), pi_roll = (3/4, 1/4)
+    base = torch.zeros(1, 2)
+    roll = torch.tensor([[math.log(3.0), 0.0]])
+    kl, spread = head_gap_rows(base, roll)
+    assert kl.item() == pytest.approx(0.75 * math.log(1.5) + 0.25 * math.log(0.5), abs=1e-7)  # 0.1308
+    assert spread.item() == pytest.approx(math.log(3.0), abs=1e-6)
+    shifted_kl, shifted_spread = head_gap_rows(base + 5.0, roll - 2.0)  # a common shift changes neither
+    torch.testing.assert_close((shifted_kl, shifted_spread), (kl, spread))
+    zero_kl, zero_spread = head_gap_rows(base, base)
+    assert zero_kl.item() == 0.0 and zero_spread.item() == 0.0
+
+
+def test_the_response_mean_picks_the_positions_that_predict_response_tokens():
+    prompts, responses = torch.tensor([2, 3]), torch.tensor([2, 1])
+    # packed: sequence 0 is positions 0-3 (its response predicted at 1, 2), sequence 1 positions 4-7 (at 6); the
+    # packing pads the end with one position
+    packed = torch.arange(9, dtype=torch.float32).unsqueeze(0)
+    assert response_mean(packed, prompts, responses).item() == pytest.approx((1 + 2 + 6) / 3)
+    # padded: a row each from its first column, 5 columns: row 0 at 1, 2; row 1 at 5 + 2 = 7
+    padded = torch.arange(10, dtype=torch.float32).reshape(2, 5)
+    assert response_mean(padded, prompts, responses).item() == pytest.approx((1 + 2 + 7) / 3)
+    # a slice of the sequences (sequence parallelism), no response token, a layout of another batch: no measure
+    assert response_mean(packed[:, :6], prompts, responses) is None
+    assert response_mean(padded, prompts, torch.tensor([0, 0])) is None
+    assert response_mean(torch.zeros(3, 5), prompts, responses) is None
+
+
+def _hand_head(model, weight: float = 2.0):
+    """W1 = I, W2 zero but row 5 all ``weight``: delta_t = (0, ..., 0, weight * sum_j ReLU(h_t,j), 0, ...)."""
+    head = model.rollout_head
+    with torch.no_grad():
+        head.layer1.weight.copy_(torch.eye(head.layer1.weight.shape[0]))
+        head.layer2.weight.zero_()
+        head.layer2.weight[5] = weight
+
+
+def _expected_gap(model, tokens, positions, weight: float = 2.0):
+    """KL(pi_roll || pi_base) and the residual's range at ``positions``, from the closed form of a residual on one
+    token: with p = pi_base(5) and d = delta_5, pi_roll(5) = q = p e^d / (1 + p (e^d - 1)) and
+    KL = q d - ln(1 + p (e^d - 1)); the range is d (every other entry 0, d > 0)."""
+    with torch.no_grad(), model.select_logits_head("base"):
+        p = torch.softmax(model(tokens).logits.double(), dim=-1)[..., 5].reshape(-1)[positions]
+    hidden = model.model(tokens).last_hidden_state.double().detach()
+    d = (weight * torch.relu(hidden).sum(dim=-1)).reshape(-1)[positions]
+    z = 1 + p * (torch.exp(d) - 1)
+    q = p * torch.exp(d) / z
+    return float((q * d - torch.log(z)).mean()), float(d.mean())
+
+
+@pytest.mark.parametrize("layout", ["padded", "packed"])
+def test_the_model_measures_the_head_gap_on_the_response_tokens_with_either_head(head_model, layout):
+    model = _load(head_model)
+    _hand_head(model)
+    prompts, responses = torch.tensor([2, 3]), torch.tensor([3, 1])
+    if layout == "padded":  # right-padded rows; the padding's positions take no part
+        tokens = torch.tensor([[5, 6, 7, 8, 9, 0], [11, 12, 13, 14, 0, 0]])
+        positions = [1, 2, 3, 6 + 3 - 1]
+    else:  # one row, the sequences one after another
+        tokens = torch.tensor([[5, 6, 7, 8, 9, 11, 12, 13, 14]])
+        positions = [1, 2, 3, 5 + 3 - 1]
+    kl, spread = _expected_gap(model, tokens, positions)
+    assert kl > 1e-3 and spread > 0.1
+    for head in ("roll", "base"):
+        with model.select_logits_head(head), model.measuring_head_gap() as gap:
+            logits = model(tokens).logits
+            measured = gap(prompts, responses)
+        assert set(measured) == {HEAD_KL, HEAD_LOGIT_GAP}
+        assert measured[HEAD_KL] == pytest.approx(kl, rel=1e-5), head
+        assert measured[HEAD_LOGIT_GAP] == pytest.approx(spread, rel=1e-5), head
+        with model.select_logits_head(head):
+            torch.testing.assert_close(logits, model(tokens).logits, rtol=0, atol=0)  # measured or not: the same
+    assert model._head_gap is None  # kept only while measuring
+
+
+def test_measuring_leaves_the_gradients_as_they_were(head_model):
+    model = _load(head_model)
+    tokens = torch.tensor([[5, 6, 7, 8, 9, 10]])
+    grads = {}
+    for measure in (False, True):
+        model.zero_grad(set_to_none=True)
+        with contextlib.ExitStack() as stack:
+            gap = stack.enter_context(model.measuring_head_gap()) if measure else None
+            model(tokens).logits.logsumexp(-1).sum().backward()
+            if gap is not None:
+                assert gap(torch.tensor([2]), torch.tensor([4]))[HEAD_KL] > 0
+        grads[measure] = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    assert set(grads[True]) == {"rollout_head.layer1.weight", "rollout_head.layer2.weight"}
+    for name in grads[False]:
+        torch.testing.assert_close(grads[True][name], grads[False][name], rtol=0, atol=0)
+    model.zero_grad(set_to_none=True)
+    with model.select_logits_head("base"), model.measuring_head_gap():  # the base head's pass computes the residual
+        model(tokens).logits.logsumexp(-1).sum().backward()              # for the measure only: the head learns nothing
+    assert not any(p.grad is not None for n, p in model.named_parameters() if n.startswith("rollout_head."))
+
+
+def test_the_source_start_perturbs_the_logits_and_reset_adaptors_does_not(tiny_task, tmp_path):
+    """The released script's effective start (0.02) moves pi_roll off pi_base from the first step; reset_adaptor's
+    1e-6 leaves delta under float32's resolution of the logits (z + delta == z)."""
+    from recipe_apo.methods.r2po.model import INIT_STD, RESET_STD, add_rollout_head
+
+    tokens = torch.tensor([[5, 6, 7, 8, 9, 10]])
+    measured = {}
+    for std in (INIT_STD, RESET_STD):
+        model = _load(add_rollout_head(tiny_task["model"], tmp_path / f"{std:g}", std=std))
+        with model.measuring_head_gap() as gap:
+            model(tokens)
+            measured[std] = gap(torch.tensor([2]), torch.tensor([4]))
+    assert INIT_STD == 0.02 and RESET_STD == 1e-6
+    assert measured[INIT_STD][HEAD_KL] > 1e-6 and measured[INIT_STD][HEAD_LOGIT_GAP] > 1e-3
+    assert measured[RESET_STD][HEAD_LOGIT_GAP] < 1e-6 and measured[RESET_STD][HEAD_KL] < 1e-10

@@ -25,10 +25,19 @@ def run(*args):
 
 
 def test_add_then_strip(tiny_task, tmp_path):
+    import torch
+    from safetensors.torch import load_file
+
     added = run("add", "--seed", "2", tiny_task["model"], tmp_path / "head")
     assert added.returncode == 0, added.stderr
     assert added.stdout.strip() == f"r2po_head: wrote {tmp_path / 'head'}"
     assert json.loads((tmp_path / "head" / "config.json").read_text())["architectures"] == ["R2POQwen2ForCausalLM"]
+    # --std's default is the launch's start, the released script's effective one: N(0, 0.02^2), layer1 drawn first
+    assert SCRIPT.build_parser().parse_args(["add", "a", "b"]).std == SCRIPT.INIT_STD == 0.02
+    weights, generator = load_file(tmp_path / "head" / "model.safetensors"), torch.Generator().manual_seed(2)
+    for name in ("rollout_head.layer1.weight", "rollout_head.layer2.weight"):
+        expected = torch.empty(weights[name].shape).normal_(0.0, 0.02, generator=generator)
+        torch.testing.assert_close(weights[name].float(), expected)
     stripped = run("strip", tmp_path / "head", tmp_path / "kept")
     assert stripped.returncode == 0, stripped.stderr
     assert json.loads((tmp_path / "kept" / "config.json").read_text())["architectures"] == ["Qwen2ForCausalLM"]

@@ -9,8 +9,17 @@
 - ``runtime``: the phase of each step for the estimator and for the policy's passes (which logits head, when the
   optimizer restarts), and ``r2po/*`` metrics.
 
+How far pi_roll is from pi_base is measured where both logits are, in the model's forward during the actor's
+update (``model.measuring_head_gap``), and logged as verl logs a worker's metrics of the update: ``actor/r2po_head_kl``
+(the mean over response tokens of KL(pi_roll || pi_base), nats) and ``actor/r2po_head_logit_gap`` (the mean over
+response tokens of the residual's range max_v delta - min_v delta, which bounds |log pi_roll - log pi_base| of every
+token). They are not in ``metrics`` below, the runtime's, which the testbed records each round (its policy has no
+such pass).
+
 Its preset (``conf/method/r2po.yaml``) takes the released script's settings: PPO clip 0.2, the per-response token
-mean, the k3 KL to the original model with beta 0.04, no importance correction. docs/beside_apo.md states each
+mean, the k3 KL to the original model with beta 0.04, no importance correction, and its head's effective start
+(N(0, 0.02^2)). What the source trains with beside its schedule (its reward, temperature, end token and step) is
+declared with the schedule, in ``settings``. docs/beside_apo.md states each
 departure from the released code and which of its defects are fixed.
 """
 

@@ -14,10 +14,16 @@ leaves untouched). A class per family of ``FAMILIES`` (``R2PO<Base>``, e.g. ``R2
 checkpoint's ``architectures`` names; ``register_hf_models`` lets transformers' ``AutoModelForCausalLM`` pick it by
 that name (plain checkpoints of the family still load their own class).
 
-``add_rollout_head`` makes such a checkpoint from a plain one, the head drawn as the source's ``reset_adaptor``
-(every weight N(0, 1e-6^2)); ``model_for_run`` gives the model a run trains (the run's own when it has the head,
-else such a copy, made once in the run's checkpoint folder); ``strip_rollout_head`` gives back the plain model
-(pi_base) for inference.
+``add_rollout_head`` makes such a checkpoint from a plain one, the head drawn as the released script effectively
+draws it (every weight N(0, 0.02^2): ``INIT_STD``); ``model_for_run`` gives the model a run trains (the run's own
+when it has the head, else such a copy, made once in the run's checkpoint folder); ``strip_rollout_head`` gives back
+the plain model (pi_base) for inference.
+
+How far pi_roll is from pi_base (``measuring_head_gap``, asked for by the actor's update passes through
+``recipe_apo.integration.model_classes``): per position t, ``KL_t = sum_v pi_roll(v) (log pi_roll(v) - log
+pi_base(v))`` and the residual's range ``max_v d_t,v - min_v d_t,v`` (d_t = the returned roll logits minus z_t,
+in the logits' own dtype: what the forward adds, rounding included; the range bounds |log pi_roll(v) - log
+pi_base(v)| for every token v), both at temperature 1, each averaged over the response tokens' positions.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ import importlib
 import json
 import shutil
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator, Optional
 
 import torch
 from torch import nn
@@ -37,7 +43,19 @@ from recipe_apo.methods.base import ROLLOUT_HEAD as ROLL
 
 HEAD = "rollout_head"        # the head's parameters are rollout_head.*; logits_head ROLL: z + delta, BASE: z
 PREFIX = "R2PO"              # R2PO<Base architecture>
-INIT_STD = 1e-6              # the source's reset_adaptor: random_init(std=1e-6) on both layers
+# The released script's effective start (docs/beside_apo.md, "The head's start"): its head stage loads the base model
+# into its rollout-head class and never passes --reset_adaptor, so transformers (4.57.1, its requirements) draws the
+# missing rollout_head.* as every missing Linear weight, N(0, config.initializer_range^2): 0.02 for its Qwen models
+# (and for SmolLM2-135M here). On SmolLM2 that perturbs the logits by 0.32 (std of delta), KL(pi_roll || pi_base)
+# 0.027 per token; reset_adaptor's 1e-6 by 8e-10, under float32's resolution (scripts/r2po_head_scale.py).
+INIT_STD = 0.02
+RESET_STD = 1e-6             # the source's reset_adaptor (random_init(std=1e-6)), which its script never calls
+# Positions x vocabulary entries of one chunk of the head-gap measure (float32: 64 MiB a tensor).
+GAP_CHUNK = 1 << 24
+# The head-gap metrics, as the actor's update logs them (verl names a worker's metrics actor/...; per micro-batch,
+# the mean over its response tokens; verl then averages the micro-batches).
+HEAD_KL = "actor/r2po_head_kl"
+HEAD_LOGIT_GAP = "actor/r2po_head_logit_gap"
 
 # model_type -> (transformers module, causal LM class): the families with a rollout-head class.
 FAMILIES = {
@@ -64,16 +82,56 @@ class RolloutHead(nn.Module):
 
     @torch.no_grad()
     def reset(self, std: float = INIT_STD, generator: torch.Generator | None = None) -> None:
-        """The source's ``reset_adaptor``: every weight drawn from N(0, std^2)."""
+        """Every weight drawn from N(0, std^2) (the source's ``random_init``; its ``reset_adaptor`` takes 1e-6)."""
         for layer in (self.layer1, self.layer2):
             layer.weight.normal_(0.0, std, generator=generator)
 
 
 def new_rollout_head(hidden_size: int, vocab_size: int, generator: torch.Generator | None = None) -> RolloutHead:
-    """A rollout head drawn as ``reset_adaptor`` draws it (the testbed's policy gains one: ``Method.policy_head``)."""
+    """The testbed policy's rollout head (``Method.policy_head``), drawn as ``reset_adaptor`` draws it (1e-6): the
+    start results/league_r2po.md measured. At the testbed's GRU width (64, |h| < 8) the source's effective 0.02
+    start would perturb its logits by 0.018 at most (s^2 sqrt(d/2) |h|), and its learning rate 1e-3 grows either
+    start within a few rounds."""
     head = RolloutHead(hidden_size, vocab_size)
-    head.reset(generator=generator)
+    head.reset(RESET_STD, generator=generator)
     return head
+
+
+def head_gap_rows(base: torch.Tensor, roll: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per position of logits ``base`` (z) and ``roll`` (z + delta), shaped (..., V): KL(pi_roll || pi_base) and the
+    range of roll - base over the vocabulary, in float32."""
+    base, roll = base.float(), roll.float()
+    log_base, log_roll = torch.log_softmax(base, dim=-1), torch.log_softmax(roll, dim=-1)
+    kl = (log_roll.exp() * (log_roll - log_base)).sum(dim=-1)
+    delta = roll - base
+    return kl, delta.amax(dim=-1) - delta.amin(dim=-1)
+
+
+def response_mean(values: torch.Tensor, prompt_lens: torch.Tensor, response_lens: torch.Tensor
+                  ) -> Optional[torch.Tensor]:
+    """The mean of per-position ``values`` over the positions that predict each sequence's response tokens (the
+    last prompt position up to the response's last but one), or None where the layout does not fit.
+
+    ``values`` is laid out as verl's actor lays out a micro-batch: packed, (1, P) with the sequences one after
+    another (P >= the sum of their lengths: packing may pad the end), or padded, (B, S) one sequence a row from its
+    first column (S >= the longest). Each sequence is its prompt (length >= 1) then its response; a slice of the
+    sequences (Ulysses sequence parallelism) fits neither layout."""
+    prompt_lens, response_lens = prompt_lens.long().cpu(), response_lens.long().cpu()
+    if values.dim() != 2 or int(response_lens.sum()) == 0 or bool((prompt_lens < 1).any()):
+        return None
+    lengths = prompt_lens + response_lens
+    rows, columns = values.shape
+    if rows == 1 and columns >= int(lengths.sum()):
+        starts = torch.cumsum(lengths, 0) - lengths
+    elif rows == lengths.numel() and columns >= int(lengths.max()):
+        starts = torch.arange(rows) * columns
+    else:
+        return None
+    first = starts + prompt_lens - 1  # the position whose logits predict the response's first token
+    within = torch.arange(int(response_lens.sum())) - torch.repeat_interleave(
+        torch.cumsum(response_lens, 0) - response_lens, response_lens)
+    positions = torch.repeat_interleave(first, response_lens) + within
+    return values.reshape(-1)[positions.to(values.device)].mean()
 
 
 class ResidualHeadMixin:
@@ -84,15 +142,62 @@ class ResidualHeadMixin:
         self.rollout_head = RolloutHead(config.hidden_size, config.vocab_size)
         self.rollout_head.reset()
         self.logits_head = ROLL
+        # Per position (KL, range) of the last forward while measuring_head_gap is held; None: not measuring.
+        self._head_gap: Optional[list] = None
         # A hook on the output layer, so that every way the family's forward computes its logits (and any slice of
         # positions it keeps) gets the residual of the same hidden states.
         self.get_output_embeddings().register_forward_hook(self._residual)
 
     def _residual(self, output_layer: nn.Module, inputs: tuple, logits: torch.Tensor) -> torch.Tensor:
-        if self.logits_head == BASE:
-            return logits
         hidden = inputs[0].detach()
-        return logits.detach() + self.rollout_head(hidden).to(logits.dtype)
+        if self.logits_head == BASE:
+            if self._head_gap is not None:
+                self._keep_head_gap(logits, hidden, None)
+            return logits
+        roll = logits.detach() + self.rollout_head(hidden).to(logits.dtype)
+        if self._head_gap is not None:
+            self._keep_head_gap(logits, hidden, roll)
+        return roll
+
+    @torch.no_grad()
+    def _keep_head_gap(self, base: torch.Tensor, hidden: torch.Tensor, roll: Optional[torch.Tensor]) -> None:
+        """``head_gap_rows`` of this forward's positions, a chunk of positions at a time (a (positions x V) float32
+        copy of the logits would be as large as the logits again); with the base head, the residual is computed
+        here as the roll head adds it."""
+        shape, vocab = base.shape[:-1], base.shape[-1]
+        base, hidden = base.detach().reshape(-1, vocab), hidden.reshape(-1, hidden.shape[-1])
+        roll = None if roll is None else roll.detach().reshape(-1, vocab)
+        step = max(1, GAP_CHUNK // vocab)
+        kl, spread = [], []
+        for start in range(0, base.shape[0], step):
+            z = base[start:start + step]
+            rolled = (z + self.rollout_head(hidden[start:start + step]).to(z.dtype) if roll is None
+                      else roll[start:start + step])
+            chunk_kl, chunk_spread = head_gap_rows(z, rolled)
+            kl.append(chunk_kl)
+            spread.append(chunk_spread)
+        self._head_gap[:] = [torch.cat(kl).reshape(shape), torch.cat(spread).reshape(shape)]
+
+    @contextlib.contextmanager
+    def measuring_head_gap(self) -> Iterator[Callable[[torch.Tensor, torch.Tensor], dict[str, float]]]:
+        """While held, each forward (with either logits head) keeps how far pi_roll is from pi_base at each
+        position; yields ``gap(prompt_lens, response_lens)``: the last forward's ``HEAD_KL`` and ``HEAD_LOGIT_GAP``,
+        each the mean over the response tokens (``response_mean``; {} where the layout does not fit or nothing was
+        kept). The logits the forward returns are the same measured or not."""
+        self._head_gap = []
+
+        def gap(prompt_lens: torch.Tensor, response_lens: torch.Tensor) -> dict[str, float]:
+            if not self._head_gap:
+                return {}
+            means = [response_mean(rows, prompt_lens, response_lens) for rows in self._head_gap]
+            if any(mean is None for mean in means):
+                return {}
+            return {HEAD_KL: float(means[0]), HEAD_LOGIT_GAP: float(means[1])}
+
+        try:
+            yield gap
+        finally:
+            self._head_gap = None
 
     def _init_weights(self, module: nn.Module) -> None:
         # transformers initialises the weights a checkpoint lacks through here: the head as the source draws it.

@@ -1,5 +1,30 @@
 """R2PO's settings, ``algorithm.r2po``: the schedule of its two phases (the released code's ``2stage_train.sh``,
-RRPO-ARR/Code at 8a2cc4d)."""
+RRPO-ARR/Code at 8a2cc4d).
+
+What the released code trains with beside its schedule, and what the recipe does instead (docs/beside_apo.md):
+
+- **Its step is one group, and two steps make an update.** Each step trains one prompt's 8 responses
+  (``Q_batch_size = 1``, ``num_pre_Q = 8``; a group its filter skips is no step), and its DeepSpeed config
+  accumulates 2 steps per AdamW update: its 20 head steps are 10 updates on 20 prompts, its 40 policy steps 20 on
+  40. Here a step is verl's batch (``data.train_batch_size`` prompts x ``rollout.n``), trained in
+  ``train_batch_size / ppo_mini_batch_size`` updates (x ``ppo_epochs``), and ``head_steps`` / ``policy_steps``
+  count those steps: the source's updates a phase at one update a step are ``head_steps=10``,
+  ``policy_steps=[20,20,10]``.
+- **Its reward has four levels**: +-1 for the answer's last number against GSM8K's, plus 1.25 / -1 for the format
+  ``<think>...</think><answer>...</answer>``: 2.25, 0.25, 0, -2. Rarity counts equal rewards, so its signal is
+  made of those levels; here the reward is the run's (the recipe's math reward: 0/1). On 0/1 rewards rarity
+  rewards the minority: with 6 of 8 right, s = 1/6 on the right answers and 1/2 on the wrong, mean 1/4, sample
+  std 1/sqrt(42), A = -sqrt(42)/12 = -0.540 on the right and +sqrt(42)/4 = +1.620 on the wrong: the head phase
+  pushes pi_roll toward wrong answers in every group more than half right (toward right ones below half). The
+  source's reward does the same in a group whose answers share their format (2.25 and 0.25).
+- **It samples at temperature 0.9** and takes its log-probs at 1. Here the rollout samples at
+  ``actor_rollout_ref.rollout.temperature`` (verl's 1.0 unless set) and verl takes the actor's log-probs at that
+  same temperature, so that the ratio is of the distribution sampled; ``rollout.temperature=0.9`` samples as the
+  source (with log-probs at 0.9).
+- **Its answers lose the end token**: it decodes each completion, deletes ``<|endoftext|>`` and ``<|im_end|>`` and
+  tokenises the text again, so it never trains the end token (and a re-tokenised answer may not be the ids
+  sampled). Here the ids sampled are trained, end token included: the rollout's log-probs are of those ids.
+"""
 
 from __future__ import annotations
 
