@@ -46,6 +46,7 @@ problems (``sampling_se``), since the seed-to-seed spread of one run is not meas
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
 import json
 import math
@@ -124,25 +125,73 @@ class EvaluateError(ValueError):
 
 
 def _score_ok(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and \
-        0.0 <= value <= 1.0
+    # Compared, not converted: NaN and infinities fail the comparison, and an integer too large for a float is
+    # refused instead of overflowing.
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= 1
+
+
+def _shown(value: Any) -> str:
+    """A value in a one-line message: its repr, cut at 60 characters."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+_NUMBER = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d{1,4})?")
+
+
+def index_key(value: Any, where: str) -> tuple:
+    """A problem's ``index`` as the key that identifies it: a number (given as a number or as text: 0, 0.0 and
+    "0" are one problem) compared exactly, other text as itself, anything else by its JSON text. EvaluateError
+    (naming ``where``) for NaN or an infinity, which equal no problem."""
+    from fractions import Fraction
+
+    if isinstance(value, float) and not math.isfinite(value):
+        raise EvaluateError(f"{where}: index {value!r} is not a problem's index (a number, or a text)")
+    if isinstance(value, int) and not isinstance(value, bool):
+        return ("number", Fraction(value))
+    if isinstance(value, float):
+        return ("number", Fraction(repr(value)))  # as written: 0.1 is 1/10, as the text "0.1" is
+    if isinstance(value, str):
+        if _NUMBER.fullmatch(value.strip()):
+            try:
+                return ("number", Fraction(value.strip()))
+            except ValueError:  # more digits than Python converts
+                pass
+        return ("text", value)
+    return ("json", json.dumps(value, sort_keys=True))
+
+
+def problem_keys(rows: Sequence[dict], path: str = "", lines: Optional[Sequence[int]] = None) -> list[tuple]:
+    """Each row's problem: (benchmark, its ``index`` as ``index_key``), or for a row without one (or with a null
+    one) (benchmark, its position among the benchmark's rows without an index): files written without indices
+    are the same problems only where they hold the same number of each benchmark's, in the same order.
+    ``lines``: the rows' line numbers in ``path``, for an error."""
+    keys, positions = [], Counter()
+    for number, row in enumerate(rows):
+        benchmark, index = row["benchmark"], row.get("index")
+        if index is None:
+            keys.append((benchmark, ("position", positions[benchmark])))
+            positions[benchmark] += 1
+        else:
+            keys.append((benchmark, index_key(index, f"{path}:{lines[number] if lines else number + 1}")))
+    return keys
 
 
 def read_scores(path: str) -> list[dict]:
     """Rows of a scores.jsonl: {"benchmark": str, "score": float in [0, 1], "scores": [...], ...}, one per
     problem (``scores``: each sample's score; files without it count ``score`` as one sample), checked: every
-    score a number in [0, 1], ``score`` the mean of ``scores`` where both are given, a problem (benchmark, index)
-    once, and at least one row."""
+    score a number in [0, 1], ``score`` the mean of ``scores`` where both are given, a problem (benchmark, index;
+    ``problem_keys``) once, and at least one row."""
     from recipe_apo.integration.jsonl import read_rows
 
-    rows, seen = [], set()
+    rows, lines = [], []
     for number, row in read_rows(path, ("benchmark", "score"), "not a scores.jsonl of scripts/evaluate.py",
                                  error=EvaluateError):
         where = f"{path}:{number}"
         if not isinstance(row["benchmark"], str) or not row["benchmark"]:
             raise EvaluateError(f"{where}: benchmark {row['benchmark']!r} is not a benchmark's name")
         if not _score_ok(row["score"]):
-            raise EvaluateError(f"{where}: score {row['score']!r} is not a number in [0, 1]")
+            raise EvaluateError(f"{where}: score {_shown(row['score'])} is not a number in [0, 1]")
         scores = row.get("scores")
         if scores is not None:
             if not isinstance(scores, list) or not scores or not all(_score_ok(s) for s in scores):
@@ -150,22 +199,35 @@ def read_scores(path: str) -> list[dict]:
             if abs(sum(scores) / len(scores) - row["score"]) > 1e-9:
                 raise EvaluateError(f"{where}: score {row['score']!r} is not the mean of its scores "
                                     f"({sum(scores) / len(scores):.6g}): pass@1 and pass@k would disagree")
-        key = (row["benchmark"], json.dumps(row.get("index", number)))
-        if key in seen:
-            raise EvaluateError(f"{where}: {row['benchmark']} problem {row.get('index', number)} is scored twice")
-        seen.add(key)
         rows.append(row)
+        lines.append(number)
     if not rows:
         raise EvaluateError(f"{path}: no scored problem (an empty scores file)")
+    check_problems_once(rows, path, lines)
     return rows
+
+
+def check_problems_once(rows: Sequence[dict], path: str, lines: Optional[Sequence[int]] = None) -> None:
+    """EvaluateError naming the second row of a problem (``problem_keys``) given twice; ``lines``: the rows' line
+    numbers in ``path`` (else their rows, counted from 1)."""
+    seen: dict[tuple, int] = {}
+    for number, (row, key) in enumerate(zip(rows, problem_keys(rows, path, lines)), 1):
+        at = lines[number - 1] if lines else number
+        if key in seen:
+            where = f"{path}:{at}" if lines else f"{path}: row {at}"
+            raise EvaluateError(f"{where}: {row['benchmark']} problem {_shown(row.get('index'))} is scored twice "
+                                f"({'line' if lines else 'row'} {seen[key]} too; indices compare as numbers: 0, 0.0 "
+                                "and \"0\" are one problem)")
+        seen[key] = at
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
     """Chen et al. (2021)'s unbiased estimate of pass@k from n samples of which c are right: 1 - C(n-c, k) / C(n, k),
-    the chance that k of the n samples drawn without replacement hold a right one."""
-    if not 1 <= k <= n:
-        raise ValueError(f"pass@{k} needs at least {k} samples, got {n}")
-    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+    the chance that k of the n samples drawn without replacement hold a right one (the one function validation
+    metrics use too: ``recipe_apo.integration.pass_at_k``)."""
+    from recipe_apo.integration.pass_at_k import pass_at_k as unbiased
+
+    return float(unbiased(n, c, k))
 
 
 def mean_and_se(values: Sequence[float]) -> tuple[float, Optional[float]]:
@@ -204,9 +266,11 @@ def estimate(rows: Sequence[dict]) -> Estimate:
     mean, se = mean_and_se(fractions)
     samples = [_sample_scores(row) for row in rows]
     k = min(len(s) for s in samples)
+    from recipe_apo.integration.pass_at_k import pass_at_k as unbiased
+
     # A sample is right when it scores 1 (the reward is 1 for a right answer, 0 otherwise).
-    passed = [pass_at_k(len(s), sum(1 for score in s if score >= 1.0), k) for s in samples]
-    return Estimate(mean, se, problems=len(rows), samples=k, pass_at_k=100.0 * sum(passed) / len(passed),
+    passed = unbiased([len(s) for s in samples], [sum(1 for score in s if score >= 1.0) for s in samples], k)
+    return Estimate(mean, se, problems=len(rows), samples=k, pass_at_k=100.0 * float(passed.mean()),
                     sampling_se=sampling_se(samples))
 
 
@@ -304,14 +368,20 @@ def _cell(value: Any) -> str:
     return f"{value:.1f}"
 
 
+def markdown_text(text: str) -> str:
+    """Text as one cell of a markdown table: ``|`` escaped (GitHub's tables never split at ``\\|``), line breaks and
+    other control characters as spaces, so a name or a benchmark holding them stays in its own cell of its row."""
+    return re.sub(r"[\x00-\x1f\x7f]", " ", text).replace("|", "\\|")
+
+
 def markdown_table(rows: Sequence[Row], with_average: bool = True,
                    columns: Sequence[tuple[str, str, Optional[int]]] = BENCHMARKS) -> str:
     """The paper's layout: Model | AIME24 | AMC | MATH500 | Minerva | Olympiad Bench | Avg. (or ``columns``)."""
     header = ["Model"] + [title for _, title, _ in columns] + (["Avg."] if with_average else [])
-    lines = ["| " + " | ".join(header) + " |", "|---" + "|---:" * (len(header) - 1) + "|"]
+    lines = ["| " + " | ".join(map(markdown_text, header)) + " |", "|---" + "|---:" * (len(header) - 1) + "|"]
     for name, cells, total in rows:
         values = [name] + [_cell(c) for c in cells] + ([_cell(total)] if with_average else [])
-        lines.append("| " + " | ".join(values) + " |")
+        lines.append("| " + " | ".join(map(markdown_text, values)) + " |")
     return "\n".join(lines)
 
 
@@ -435,11 +505,15 @@ def tables_from_files(paths: Sequence[str], names: Sequence[str], paper: bool) -
     """The report of score files; files of the validation path and of the generation path are never pooled in
     one table: the two score one checkpoint differently (validation gives a truncated answer 0, generation
     scores it as it reads), so their figures differ by the share of truncated right answers."""
-    counts = Counter(os.path.realpath(p) for p in paths)
-    repeated = sorted(path for path, count in counts.items() if count > 1)
-    if repeated:
-        raise EvaluateError(f"{repeated[0]} is given twice: one file is one run (a seed counted twice would "
-                            "shrink the SE across runs)")
+    seen: dict[tuple, str] = {}
+    for path in paths:
+        identity = file_identity(path)
+        if identity in seen:
+            first = seen[identity]
+            also = "" if first == path else f" (as {path}: a link, or another path to it)"
+            raise EvaluateError(f"{first} is given twice{also}: one file is one run (a seed counted twice would "
+                                "shrink the SE across runs)")
+        seen[identity] = path
     files = {path: read_scores(path) for path in paths}
     origins = {path: {row.get("scored_by", GENERATION) for row in rows} for path, rows in files.items()}
     validation = [p for p, o in origins.items() if VALIDATION in o]
@@ -450,15 +524,38 @@ def tables_from_files(paths: Sequence[str], names: Sequence[str], paper: bool) -
             "takes one of the two (validation scores a truncated answer 0, generation as it reads); tabulate "
             "them apart")
     groups = group_runs(paths, names)
+    copies = []
     for name, group in groups:
-        problems = {path: {(row["benchmark"], json.dumps(row.get("index"))) for row in files[path]} for path in group}
+        problems = {path: set(problem_keys(files[path], path)) for path in group}
         first = group[0]
-        for path in group[1:]:
+        for number, path in enumerate(group[1:], 1):
             if problems[path] != problems[first]:
-                raise EvaluateError(f"{path} and {first}, both --name {name!r}, score different problems: seeds of "
-                                    "one method must be scored on the same problems to be pooled")
+                raise EvaluateError(f"{path} and {first}, both --name {name!r}, score different problems "
+                                    f"({_problem_counts(files[path])} against {_problem_counts(files[first])}): "
+                                    "seeds of one method must be scored on the same problems to be pooled")
+            same = next((other for other in group[:number] if files[other] == files[path]), None)
+            if same is not None:
+                copies.append(f"{name}: {path} holds the same scores as {same}, line for line: a copy of one run? "
+                              "Pooled as two seeds, it shrinks the SE across runs")
     runs = [(name, [summarize(files[path]) for path in group]) for name, group in groups]
-    return report(runs, paper)
+    table, warnings = report(runs, paper)
+    return table, copies + warnings
+
+
+def file_identity(path: str) -> tuple:
+    """What makes two paths one file: its device and inode (a hard link, a symbolic link or another spelling of
+    the path is the same file); a path that cannot be read is kept as its resolved self (read_scores names it)."""
+    try:
+        status = os.stat(path)
+    except (OSError, ValueError):  # ValueError: a NUL byte in the path
+        return ("path", os.path.realpath(path) if "\0" not in path else path)
+    return ("file", status.st_dev, status.st_ino)
+
+
+def _problem_counts(rows: Sequence[dict]) -> str:
+    """"AMC 83, AIME24 30": a file's problems per benchmark, as an error shows them."""
+    counts = Counter(str(row["benchmark"]) for row in rows)
+    return ", ".join(f"{benchmark} {count}" for benchmark, count in counts.items())
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -581,9 +678,15 @@ def reward_scorer(path: str = DEFAULT_REWARD_PATH, name: str = DEFAULT_REWARD_NA
 
     compute_score = load_extern_object(path, name)
 
-    def score_one(source, response, truth, extra_info) -> float:
+    def score_one(source, response, truth, extra_info) -> Any:
         result = compute_score(data_source=source, solution_str=response, ground_truth=truth, extra_info=extra_info)
-        return float(result["score"] if isinstance(result, dict) else result)  # verl takes {"score": ...} too
+        if isinstance(result, dict):  # verl takes {"score": ...} too
+            result = result.get("score", result)
+        if isinstance(result, bool):  # verl's reward tensor reads True as 1.0
+            return float(result)
+        if hasattr(result, "item") and getattr(result, "ndim", None) == 0:  # a numpy or torch scalar
+            result = result.item()
+        return result  # score_generations checks it
 
     def score_many_custom(items: list, timeout: float) -> list[float]:
         # timeout bounds the recipe's reward only: its workers enforce it; a plain function cannot be stopped.
@@ -608,15 +711,27 @@ def score_generations(path: str, out_path: str, timeout: float, score_many: Opti
     for row_index, row in enumerate(frame.itertuples(index=False)):
         reward_model = _as_dict(row.reward_model)
         extra_info = _as_dict(getattr(row, "extra_info", None))
-        for response in _as_list(row.responses):
+        responses = _as_list(row.responses)
+        if not responses:
+            raise EvaluateError(f"{path}: row {row_index + 1} ({_shown(row.data_source)} problem "
+                                f"{_shown(extra_info.get('index', row_index))}) has no responses: no pass@1 to give it")
+        for number, response in enumerate(responses):
             text = response if isinstance(response, str) else ""
             items.append((row.data_source, text, reward_model.get("ground_truth"),
                           extra_info))
-            owners.append(row_index)
-    scores = _score_with_progress(items, timeout, score_many)
+            owners.append((row_index, number))
+
+    def check(start: int, scores: Sequence[Any]) -> None:
+        for (row_index, number), item, score in zip(owners[start:], items[start:], scores):
+            if not _score_ok(score):
+                raise EvaluateError(f"{path}: row {row_index + 1} ({_shown(item[0])}), response {number + 1}: "
+                                    f"the reward gave {_shown(score)}, not a number in [0, 1] (--reward-path/"
+                                    "--reward-name: mean pass@1 needs 1 for a right answer, 0 for a wrong one)")
+
+    scores = _score_with_progress(items, timeout, score_many, check)
     per_row: dict[int, list[float]] = defaultdict(list)
-    for owner, score in zip(owners, scores):
-        per_row[owner].append(score)
+    for (owner, _), score in zip(owners, scores):
+        per_row[owner].append(float(score))
     results = []
     for row_index, row in enumerate(frame.itertuples(index=False)):
         reward_model = _as_dict(row.reward_model)
@@ -637,21 +752,32 @@ def score_generations(path: str, out_path: str, timeout: float, score_many: Opti
                 "scored_by": GENERATION,
             }
         )
+    check_problems_once(results, path)  # what --table would refuse in the file, refused before it is written
     write_scores(results, out_path)
     return results
 
 
-def _score_with_progress(items: list, timeout: float, score_many) -> list[float]:
+def _score_with_progress(items: list, timeout: float, score_many,
+                         check: Callable[[int, Sequence[Any]], None] = lambda start, scores: None) -> list[float]:
+    """``score_many`` over ``items`` in chunks, each chunk's scores handed to ``check(start, scores)`` as it comes
+    (a reward giving impossible scores stops at its first chunk, not after all of them)."""
     try:
         from tqdm import tqdm
     except ImportError:  # pragma: no cover
-        return score_many(items, timeout=timeout)
+        tqdm = None
     scores: list[float] = []
     chunk = 256
-    with tqdm(total=len(items), desc="scoring", unit="response", file=sys.stderr, disable=None) as bar:
+    with (tqdm(total=len(items), desc="scoring", unit="response", file=sys.stderr, disable=None) if tqdm else
+          contextlib.nullcontext()) as bar:
         for start in range(0, len(items), chunk):
-            scores.extend(score_many(items[start : start + chunk], timeout=timeout))
-            bar.update(min(chunk, len(items) - start))
+            part = list(score_many(items[start : start + chunk], timeout=timeout))
+            if len(part) != len(items[start : start + chunk]):
+                raise EvaluateError(f"the reward gave {len(part)} scores for {len(items[start : start + chunk])} "
+                                    "responses (--reward-path/--reward-name)")
+            check(start, part)
+            scores.extend(part)
+            if bar is not None:
+                bar.update(len(part))
     return scores
 
 
@@ -786,7 +912,12 @@ def scores_from_validation(dump: str, data_dir: str, names: Sequence[str]) -> li
     from recipe_apo.integration.jsonl import read_rows
 
     hint = "not a validation dump of verl (trainer.validation_data_dir)"
-    responses = [row for _, row in read_rows(dump, ("input", "gts", "score"), hint, error=EvaluateError)]
+    responses = []
+    for number, row in read_rows(dump, ("input", "gts", "score"), hint, error=EvaluateError):
+        if not _score_ok(row["score"]):
+            raise EvaluateError(f"{dump}:{number}: score {_shown(row['score'])} is not a number in [0, 1] (mean "
+                                "pass@1 counts right answers: a reward on another scale cannot be tabulated)")
+        responses.append(row)
     problems = []
     for name, path in zip(names, benchmark_files(data_dir, names)):
         for position, row in enumerate(_read_parquet(path).itertuples(index=False)):
@@ -804,9 +935,10 @@ def scores_from_validation(dump: str, data_dir: str, names: Sequence[str]) -> li
             raise EvaluateError(f"{dump}: responses {number * k + 1}-{(number + 1) * k} are not the {k} samples of "
                              f"{name} problem {index} (ground truth {truth!r}): validated in another order than "
                              f"--benchmarks {','.join(names)}?")
-        scores = [float(r["score"]) for r in block]
+        scores = [float(r["score"]) for r in block]  # checked in [0, 1] above
         rows.append({"benchmark": name, "index": index, "ground_truth": truth, "scores": scores,
                      "score": sum(scores) / k, "scored_by": VALIDATION})
+    check_problems_once(rows, f"{dump} (problems of {', '.join(names)} in {data_dir})")
     return rows
 
 
@@ -819,10 +951,31 @@ def validation_label(dump: str) -> str:
 
 
 def write_scores(rows: Sequence[dict], out_path: str) -> None:
-    os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
-    with open(out_path, "w", encoding="utf-8") as handle:
-        for row in rows:
-            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+    write_text(out_path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
+
+
+def write_text(path: str, text: str) -> None:
+    """``text`` as the file ``path`` (its folder made): written beside it, then moved over it, so a link there is
+    replaced, not written through, and a stopped run leaves the old file whole. EvaluateError for a path that
+    cannot be written (a folder in the way, no permission)."""
+    import tempfile
+
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(folder, exist_ok=True)
+        handle, temporary = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.")
+        try:
+            with os.fdopen(handle, "w", encoding="utf-8") as out:
+                out.write(text)
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(temporary, 0o666 & ~umask)  # as open() would make it (mkstemp's is private)
+            os.replace(temporary, path)
+        except BaseException:
+            os.unlink(temporary)
+            raise
+    except OSError as exc:
+        raise EvaluateError(f"{path}: cannot be written ({exc.strerror or exc})") from None
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -847,7 +1000,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--name", action="append", default=[],
                         help="row name in the table (repeat for several --table files; the same name for runs "
                              "of one method over seeds); named like a row of the paper ('1.5B - APO') for --paper")
-    parser.add_argument("--out-dir", default=None, help="default: eval/<name of the model or checkpoint>")
+    parser.add_argument("--out-dir", default=None,
+                        help="default: eval/<the row name: --name, or the model's, checkpoint's or dump's>, spaces "
+                             "as _ (a name with other characters than letters, digits and ._+- gets _ for them and a "
+                             "hash of the name: a name is never a path)")
     parser.add_argument("--data-dir", default="~/data/recipe_apo", help="where prepare_data.py wrote the benchmarks")
     parser.add_argument("--benchmarks", default=",".join(key for key, _, _ in BENCHMARKS),
                         help="the prepared files (<data-dir>/<name>.parquet) to evaluate, comma-separated; for "
@@ -961,11 +1117,42 @@ def finish(runs_rows: Sequence[dict], name: str, out_dir: str, scores_path: str,
     table, warnings = report([(name, [summarize(runs_rows)])], paper)
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
-    with open(os.path.join(out_dir, "results.md"), "w", encoding="utf-8") as handle:
-        handle.write(table + "\n")
+    write_text(os.path.join(out_dir, "results.md"), table + "\n")
     print(f"scores: {scores_path}\ntable: {os.path.join(out_dir, 'results.md')}", file=sys.stderr)
     print(table)
     return 0
+
+
+def check_names(names: Sequence[str], mode: str) -> None:
+    """--name: each a one-line row name that is not blank, one of them outside --table (EvaluateError names the
+    first that is not)."""
+    if len(names) > 1 and mode != "table":
+        raise EvaluateError(f"--name is given {len(names)} times: --{mode} makes one row (several --name are for "
+                            "--table, one per file)")
+    for name in names:
+        if not name.strip():
+            raise EvaluateError(f"--name {name!r} is blank: a row of the table needs a name")
+        if re.search(r"[\x00-\x1f\x7f]", name):
+            raise EvaluateError(f"--name {name!r} holds a control character (a line break?): a row name is one line")
+
+
+def out_folder(name: str) -> str:
+    """The default --out-dir of a row name: ``eval/<name>``, spaces as underscores ("1.5B - APO":
+    ``eval/1.5B_-_APO``). A name is never a path: one holding anything but letters, digits, ``.``, ``_``, ``+``
+    and ``-`` (a ``/``, a non-ASCII letter), or longer than 100 characters, becomes those characters and a hash
+    of the name (``eval/a_b-<8 hex digits>`` for "a/b"), so two names never share a folder; a name of dots
+    alone (``.``, ``..``), which would be a folder already there, is refused (EvaluateError)."""
+    import hashlib
+
+    folder = name.replace(" ", "_")
+    if not re.fullmatch(r"[A-Za-z0-9._+-]{1,100}", folder):
+        digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+        folder = f"{re.sub(r'[^A-Za-z0-9._+-]', '_', name)[:80].lstrip('.')}-{digest}"  # not hidden
+    if not folder.strip("."):
+        raise EvaluateError(f"the row name {name!r} (--name, or the model's or dump's own) makes no folder of its "
+                            "own under eval/ ('.' and '..' are folders already there): give --out-dir or another "
+                            "--name")
+    return os.path.join("eval", folder)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -985,6 +1172,8 @@ def _main(argv: Optional[Sequence[str]] = None) -> int:
     if args.attainability:
         print(attainability_table())
         return 0
+    check_names(args.name, "table" if args.table else "validation" if args.validation else
+                "score" if args.score else "model")
     if args.table:
         table, warnings = tables_from_files(args.table, args.name, args.paper)
         for warning in warnings:
@@ -993,7 +1182,7 @@ def _main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     if args.validation:
         name = args.name[0] if args.name else validation_label(args.validation)
-        out_dir = args.out_dir or os.path.join("eval", name.replace(" ", "_").replace("/", "_"))
+        out_dir = args.out_dir or out_folder(name)
         rows = scores_from_validation(args.validation, args.data_dir, names)
         scores_path = os.path.join(out_dir, "scores.jsonl")
         write_scores(rows, scores_path)
@@ -1010,8 +1199,11 @@ def _main(argv: Optional[Sequence[str]] = None) -> int:
     else:
         model = args.model.rstrip("/")
         name = args.name[0] if args.name else model_label(model)
-        out_dir = args.out_dir or os.path.join("eval", name.replace(" ", "_").replace("/", "_"))
-        os.makedirs(out_dir, exist_ok=True)
+        out_dir = args.out_dir or out_folder(name)
+        try:
+            os.makedirs(out_dir, exist_ok=True)
+        except OSError as exc:
+            raise EvaluateError(f"--out-dir {out_dir}: cannot be made a folder ({exc.strerror or exc})") from None
         actor_dir = find_actor_checkpoint(model) if os.path.isdir(model) else None
         if actor_dir is not None:
             merged = os.path.join(out_dir, "hf_model")

@@ -29,6 +29,8 @@ testbed's). It names no method: it builds the runtimes of the methods a config a
 - ``_update_actor``: after verl's update of a batch, ``after_update``;
 - ``_log_rollout_data``: verl's rollout dump with the audit's and the methods' columns (a failure of those is
   named in a warning, once per run; the dump still goes out);
+- ``_val_metrics_update``: beside verl's validation metrics, the unbiased pass@k (``pass_at_k``; verl's
+  ``best@k`` is biased low);
 - ``_build_replay_buffer`` and ``step``: the group filter's refills capped at
   ``algorithm.filter_groups.max_num_gen_batches`` per step (``recipe_apo.integration.refill_cap``), which verl
   0.9.1 ignores.
@@ -50,7 +52,7 @@ from verl.trainer.ppo.v1.trainer_colocate_async import PPOTrainerColocateAsync
 from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
-from recipe_apo.integration import verl_access
+from recipe_apo.integration import pass_at_k, verl_access
 from recipe_apo.integration.checkpoint import restore_state, save_state
 from recipe_apo.integration.modes import RECIPE_TRAINERS
 from recipe_apo.integration.multi_output import Sessions, final_output_rule
@@ -257,6 +259,12 @@ class RecipeHooks:
                     print(f"recipe-apo: warning: rollout dump without {name} fields "
                           f"({type(exc).__name__}: {exc}); said once per run", flush=True)
         return fields
+
+    def _val_metrics_update(self, data_sources, sample_uids, reward_extra_infos_dict, *args, **kwargs):
+        metrics = super()._val_metrics_update(data_sources, sample_uids, reward_extra_infos_dict, *args, **kwargs)
+        metrics.update(pass_at_k.validation_metrics(data_sources, sample_uids, reward_extra_infos_dict,
+                                                    kwargs.get("expected_acc_counts")))
+        return metrics
 
     def _log_rollout_data(self, batch, timing_raw, rollout_data_dir):
         with verl_access.dumping_with(self, batch, self._dump_fields(batch)):

@@ -58,7 +58,7 @@ def test_pass_at_k_is_the_unbiased_estimator():
     assert evaluate.pass_at_k(5, 2, 3) == pytest.approx(0.9)  # 1 - C(3,3)/C(5,3) = 1 - 1/10
     assert evaluate.pass_at_k(4, 1, 4) == 1.0 and evaluate.pass_at_k(4, 0, 2) == 0.0
     assert evaluate.pass_at_k(1, 1, 1) == 1.0  # greedy: pass@1 is the score
-    with pytest.raises(ValueError, match="pass@3 needs at least 3 samples, got 2"):
+    with pytest.raises(ValueError, match="pass@3 needs at least 3 samples per problem, got 2"):
         evaluate.pass_at_k(2, 1, 3)
 
 
@@ -598,3 +598,225 @@ def test_benchmarks_outside_the_papers_table_get_columns_of_their_own(tmp_path, 
     assert "| Model | gym_add_1digit | gym_addsub_1digit | Avg. |" in captured.out
     assert "| base | 75.0 ± 25.0 | 0.0 | 37.5 |" in captured.out
     assert "(paper)" not in captured.out and "the paper uses" not in captured.err
+
+
+
+# ---- hostile input: scores on every path, names, problem keys, files by identity --------------------------------
+
+
+def validation_dump(tmp_path, scores):
+    """A validation dump of one AIME24 problem (the prepared file's only one), one response per score."""
+    data = prepared(tmp_path, {"aime24": 1})
+    dump = tmp_path / "ckpt" / "run" / "validation" / "5.jsonl"
+    dump.parent.mkdir(parents=True)
+    dump.write_text("".join('{"input": "user\\naime24 0\\nassistant\\n", "output": "...", "gts": "aime24-0", '
+                            f'"score": {score}}}\n' for score in scores))
+    return data, dump
+
+
+@pytest.mark.parametrize("score, shown", [("5", "5"), ("-1", "-1"), ("NaN", "nan"), ("Infinity", "inf"),
+                                          ('"x"', "'x'"), ("true", "True"), ("null", "None"), ("[1]", "[1]"),
+                                          ("1" + "0" * 400, "1000")])
+def test_a_validation_dump_with_an_impossible_score_is_refused_naming_its_line(tmp_path, capsys, monkeypatch,
+                                                                                score, shown):
+    data, dump = validation_dump(tmp_path, ["1.0", score])
+    monkeypatch.chdir(tmp_path)
+    line = _refused(capsys, "--validation", str(dump), "--data-dir", str(data), "--benchmarks", "aime24")
+    assert f"{dump}:2: score {shown}" in line and "is not a number in [0, 1]" in line
+    assert not (tmp_path / "eval").exists()  # nothing written
+
+
+def write_reward(tmp_path, body):
+    path = tmp_path / "my_reward.py"
+    path.write_text("import math\nimport numpy as np\n\n\ndef compute_score(data_source, solution_str, ground_truth, "
+                    f"extra_info=None):\n    return {body}\n")
+    return str(path)
+
+
+def small_generations(tmp_path):
+    generations = tmp_path / "run" / "generations.parquet"
+    generations.parent.mkdir()
+    pd.DataFrame([{"data_source": "aime24", "reward_model": {"ground_truth": "1"}, "extra_info": {"index": i},
+                   "responses": ["\\boxed{1}", "\\boxed{2}"]} for i in range(2)]).to_parquet(generations)
+    return generations
+
+
+@pytest.mark.parametrize("body, shown", [("5", "5"), ("-1.0", "-1.0"), ("float('nan')", "nan"), ("'x'", "'x'"),
+                                         ("None", "None"), ("{'acc': 1.0}", "{'acc': 1.0}"),
+                                         ("np.float32(2.0)", "2.0"), ("math.inf", "inf")])
+def test_a_custom_reward_giving_an_impossible_score_is_refused_naming_the_response(tmp_path, capsys, body, shown):
+    generations = small_generations(tmp_path)
+    line = _refused(capsys, "--score", str(generations), "--reward-path", write_reward(tmp_path, body),
+                    "--reward-name", "compute_score")
+    assert f"{generations}: row 1 ('aime24'), response 1: the reward gave {shown}, not a number in [0, 1]" in line
+    assert sorted(p.name for p in generations.parent.iterdir()) == ["generations.parquet"]  # nothing written
+
+
+@pytest.mark.parametrize("body", ["True", "np.float32(1.0)", "{'score': 1}", "1"])
+def test_a_custom_reward_in_verls_forms_is_read_as_verl_reads_it(tmp_path, capsys, body):
+    generations = small_generations(tmp_path)
+    assert evaluate.main(["--score", str(generations), "--reward-path", write_reward(tmp_path, body),
+                          "--reward-name", "compute_score", "--name", "custom"]) == 0
+    # every response right: 100.0, SE 0 over the two problems
+    assert "| custom | 100.0 ± 0.0 | - | - | - | - | - |" in capsys.readouterr().out
+
+
+def test_a_generations_row_without_responses_is_refused(tmp_path, capsys):
+    generations = tmp_path / "generations.parquet"
+    pd.DataFrame([{"data_source": "aime24", "reward_model": {"ground_truth": "1"}, "extra_info": {"index": 3},
+                   "responses": []}]).to_parquet(generations)
+    line = _refused(capsys, "--score", str(generations), "--reward-path", write_reward(tmp_path, "1.0"),
+                    "--reward-name", "compute_score")
+    assert f"{generations}: row 1 ('aime24' problem 3) has no responses" in line
+
+
+@pytest.mark.parametrize("name", ["..", ".", "...", "../.."])
+def test_a_name_of_dots_is_never_a_folder_and_nothing_is_written(tmp_path, capsys, monkeypatch, name):
+    data, dump = validation_dump(tmp_path, ["1.0", "0.0"])
+    work = tmp_path / "work"
+    (work / "eval").mkdir(parents=True)
+    monkeypatch.chdir(work / "eval")  # eval/.. would be the working folder
+    if "/" in name:  # a path separator: a name of its own, mapped to a folder under eval/
+        assert evaluate.main(["--validation", str(dump), "--data-dir", str(data), "--benchmarks", "aime24",
+                              "--name", name]) == 0
+        (folder,) = (work / "eval" / "eval").iterdir()
+        assert folder.name.startswith("_..-") and (folder / "scores.jsonl").is_file()
+    else:
+        line = _refused(capsys, "--validation", str(dump), "--data-dir", str(data), "--benchmarks", "aime24",
+                        "--name", name)
+        assert f"the row name {name!r} (--name, or the model's or dump's own) makes no folder of its own" in line
+        assert sorted(p.name for p in work.rglob("*")) == ["eval"]
+    assert not (work / "scores.jsonl").exists() and not (work / "eval" / "scores.jsonl").exists()
+
+
+def test_names_map_to_folders_under_eval_and_two_names_never_share_one():
+    assert evaluate.out_folder("1.5B - APO") == os.path.join("eval", "1.5B_-_APO")  # as before: spaces as _
+    mapped = {name: evaluate.out_folder(name) for name in ("a/b", "a\\b", "a_b-x", "a:b", "APO α", "APO β", "x" * 300)}
+    assert len(set(mapped.values())) == len(mapped) and mapped["a_b-x"] == os.path.join("eval", "a_b-x")
+    for folder in mapped.values():
+        head, tail = os.path.split(folder)
+        assert head == "eval" and len(tail) <= 100 and tail.strip(".")
+        assert all(ch.isalnum() or ch in "._+-" for ch in tail)
+    assert evaluate.out_folder("a/b") == evaluate.out_folder("a/b")  # the same name, the same folder
+
+
+def test_the_default_name_of_a_model_folder_of_dots_is_refused_too(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    line = _refused(capsys, "--model", "..", "--dry-run", "--greedy")
+    assert "the row name '..'" in line and "give --out-dir or another --name" in line
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("args, said", [
+    (["--name", ""], "--name '' is blank"),
+    (["--name", "  "], "is blank: a row of the table needs a name"),
+    (["--name", "a\nb"], "--name 'a\\nb' holds a control character"),
+    (["--name", "a", "--name", "b"], "--name is given 2 times: --validation makes one row"),
+])
+def test_bad_names_are_refused_in_one_line(tmp_path, capsys, monkeypatch, args, said):
+    data, dump = validation_dump(tmp_path, ["1.0"])
+    monkeypatch.chdir(tmp_path)
+    line = _refused(capsys, "--validation", str(dump), "--data-dir", str(data), "--benchmarks", "aime24", *args)
+    assert said in line
+    assert not (tmp_path / "eval").exists()
+
+
+def cells(line):
+    """A markdown row's cells, split where GitHub splits them: at a | without a backslash before it."""
+    import re
+
+    return re.split(r"(?<!\\)\|", line.strip())[1:-1]
+
+
+def test_a_name_or_benchmark_holding_a_bar_stays_in_its_cell(tmp_path, capsys):
+    path = _scores_file(tmp_path / "s.jsonl", [{"benchmark": "gym|x\ny", "index": 0, "score": 1.0, "scores": [1, 1]}])
+    assert evaluate.main(["--table", path, "--name", "A | B |"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "| Model | gym\\|x y | Avg. |"
+    assert lines[2] == "| A \\| B \\| | 100.0 | 100.0 |"
+    table_rows = [line for line in lines if line.startswith("|")]
+    assert {len(cells(line)) for line in table_rows[:3]} == {3}
+    assert all(len(cells(line)) == 2 for line in table_rows[3:])  # the pass@k table: no Avg.
+
+
+def indexless(path, counts):
+    """A scores file without indices: ``counts[b]`` problems of each benchmark b, half of them right."""
+    return _scores_file(path, [{"benchmark": b, "score": float(i % 2)} for b, n in counts.items() for i in range(n)])
+
+
+def test_seeds_without_an_index_on_different_problem_sets_are_not_pooled(tmp_path, capsys):
+    full = indexless(tmp_path / "s1" / "scores.jsonl", {"amc": 83})
+    part = indexless(tmp_path / "s2" / "scores.jsonl", {"amc": 10})
+    line = _refused(capsys, "--table", full, part, "--name", "m", "--name", "m")
+    assert f"{part} and {full}, both --name 'm', score different problems (amc 10 against amc 83)" in line
+    # Named apart, each is a row of its own
+    assert evaluate.main(["--table", full, part, "--name", "m83", "--name", "m10"]) == 0
+    out = capsys.readouterr().out
+    assert "| m83 |" in out and "| m10 |" in out
+    # The same count of each benchmark without indices: the same problems, in order; pooled
+    again = indexless(tmp_path / "s3" / "scores.jsonl", {"amc": 83})
+    assert evaluate.main(["--table", full, again, "--name", "m", "--name", "m"]) == 0
+    assert "| m (2 runs) |" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("indices", [(0, 0.0), (0, "0"), (0.0, " 0 "), (7, "7.0"), (10, "1e1"), ("a", "a")])
+def test_an_index_given_twice_in_two_spellings_is_one_problem_scored_twice(tmp_path, capsys, indices):
+    path = _scores_file(tmp_path / "s.jsonl", [{"benchmark": "aime24", "index": i, "score": 1.0} for i in indices])
+    line = _refused(capsys, "--table", path)
+    assert f"{path}:2: aime24 problem {indices[1]!r} is scored twice (line 1 too" in line
+
+
+def test_indices_compare_as_numbers_across_seeds_and_text_stays_text(tmp_path, capsys):
+    numbers = _scores_file(tmp_path / "a.jsonl", [{"benchmark": "aime24", "index": i, "score": 1.0} for i in (0, 1)])
+    texts = _scores_file(tmp_path / "b.jsonl", [{"benchmark": "aime24", "index": i, "score": 0.0}
+                                                for i in ("0", "1.0")])
+    assert evaluate.main(["--table", numbers, texts, "--name", "m", "--name", "m"]) == 0
+    assert "| m (2 runs) | 50.0 ± 50.0 |" in capsys.readouterr().out  # runs at 100 and 0
+    # "a" and "A", "01" and 1, 0 and false: other problems (only numbers compare as numbers; a boolean is no number)
+    two = _scores_file(tmp_path / "c.jsonl", [{"benchmark": "aime24", "index": i, "score": 1.0}
+                                              for i in ("a", "A", "01x", 1, False, 0)])
+    assert evaluate.main(["--table", two]) == 0
+    nan = tmp_path / "nan.jsonl"
+    nan.write_text('{"benchmark": "aime24", "index": NaN, "score": 1.0}\n')
+    assert f"{nan}:1: index nan is not a problem's index" in _refused(capsys, "--table", str(nan))
+
+
+def test_one_file_through_a_link_is_one_run(tmp_path, capsys):
+    original = _scores_file(tmp_path / "a" / "scores.jsonl", PROBLEMS)
+    hard = tmp_path / "b" / "scores.jsonl"
+    hard.parent.mkdir()
+    os.link(original, hard)
+    soft = tmp_path / "c.jsonl"
+    soft.symlink_to(original)
+    for other in (str(hard), str(soft), os.path.join(str(tmp_path), "a", "..", "a", "scores.jsonl")):
+        line = _refused(capsys, "--table", original, other, "--name", "m", "--name", "m")
+        assert f"{original} is given twice (as {other}: a link, or another path to it)" in line
+    # A copy is another file: pooled, with a warning (two seeds cannot score alike line for line)
+    copy = _scores_file(tmp_path / "d" / "scores.jsonl", PROBLEMS)
+    assert evaluate.main(["--table", original, copy, "--name", "m", "--name", "m"]) == 0
+    err = capsys.readouterr().err
+    assert f"warning: m: {copy} holds the same scores as {original}, line for line: a copy of one run?" in err
+
+
+def test_the_outputs_replace_a_link_in_their_way_and_a_file_in_the_way_is_one_line(tmp_path, capsys):
+    data, dump = validation_dump(tmp_path, ["1.0", "0.0"])
+    precious = tmp_path / "precious.txt"
+    precious.write_text("keep me")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "scores.jsonl").symlink_to(precious)
+    assert evaluate.main(["--validation", str(dump), "--data-dir", str(data), "--benchmarks", "aime24",
+                          "--out-dir", str(out)]) == 0
+    assert precious.read_text() == "keep me" and not (out / "scores.jsonl").is_symlink()
+    assert json.loads((out / "scores.jsonl").read_text())["scores"] == [1.0, 0.0]
+    assert oct((out / "scores.jsonl").stat().st_mode & 0o777) == oct(0o666 & ~_umask())
+    assert sorted(p.name for p in out.iterdir()) == ["results.md", "scores.jsonl"]  # no temporary left
+    line = _refused(capsys, "--validation", str(dump), "--data-dir", str(data), "--benchmarks", "aime24",
+                    "--out-dir", str(precious))
+    assert f"{precious}/scores.jsonl: cannot be written" in line and precious.read_text() == "keep me"
+
+
+def _umask():
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
