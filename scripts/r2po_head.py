@@ -8,7 +8,9 @@
 ``add`` writes ``<folder>``: the model's weights and tokenizer files with ``rollout_head.layer1`` (d x d) and
 ``rollout_head.layer2`` (V x d) drawn from N(0, std^2) (default 0.02, the released script's effective start:
 transformers' draw of the weights its checkpoint lacks; its ``reset_adaptor``, never called, draws 1e-6), its
-``architectures`` ``R2PO<Base>`` (Qwen2, Qwen3 and Llama families); the launch makes the same copy (seed 0).
+``architectures`` ``R2PO<Base>`` (Qwen2, Qwen3 and Llama families); the launch makes the same copy (seed 0). It
+refuses a model that holds a head already, by its architecture or by its ``rollout_head.*`` weights (a merged
+checkpoint: a fresh draw would replace the trained head), and a std whose draw is not finite in the model's dtype.
 ``strip`` writes the same model without the head, its ``architectures`` the family's own: what vLLM, transformers
 or verl's evaluation then load as any model.
 A training checkpoint's actor is FSDP shards: merge it first with verl's model merger
@@ -20,8 +22,10 @@ takes that folder too (docs/beside_apo.md).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
+from typing import Iterator
 
 from recipe_apo.methods.r2po.model import INIT_STD, RolloutHeadError, add_rollout_head, strip_rollout_head
 
@@ -40,6 +44,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@contextlib.contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """transformers' progress bars and load reports off while held: the head a plain model lacks is reported
+    missing at every load (the script draws it next), and a refusal is one line."""
+    from transformers.utils import logging
+
+    verbosity, bars = logging.get_verbosity(), logging.is_progress_bar_enabled()
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        logging.set_verbosity(verbosity)
+        if bars:
+            logging.enable_progress_bar()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.target.exists() and (not args.target.is_dir() or any(args.target.iterdir())):
@@ -52,15 +73,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"r2po_head: --std must be a finite number > 0, got {args.std}", file=sys.stderr)
         return 2
     try:
-        if args.command == "add":
-            out = add_rollout_head(args.source, args.target, seed=args.seed, std=args.std)
-        else:
-            out = strip_rollout_head(args.source, args.target)
+        with quiet_transformers():
+            out = _run(args)
     except (RolloutHeadError, OSError) as exc:
         print(f"r2po_head: {exc}", file=sys.stderr)
         return 1
     print(f"r2po_head: wrote {out}")
     return 0
+
+
+def _run(args: argparse.Namespace) -> Path:
+    if args.command == "add":
+        return add_rollout_head(args.source, args.target, seed=args.seed, std=args.std)
+    return strip_rollout_head(args.source, args.target)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,10 @@ from zero and a CoDaPO pair without its kept prompts. The recipe's trainer (``re
 writes each active runtime's ``state_dict`` into every checkpoint folder before verl marks it the latest, and
 reads it back on resume, all in the one format of ``recipe_apo.methods.state_codec``. A missing, unreadable or
 foreign file is the runtime's to judge (``MethodRuntime.state_unreadable``: APO stops the resume naming the file and
-``algorithm.apo.on_missing_state=fresh``, or with that setting starts fresh with a warning).
+``algorithm.apo.on_missing_state=fresh``, or with that setting starts fresh with a warning). So is one that is not a
+regular file (a FIFO, a device, a folder: refused before it is opened for reading, so a resume never blocks on it),
+one larger than the runtime's bound (``state_max_bytes``, else the codec's ``MAX_STATE_BYTES``), and one whose
+keys or numbers are not what the runtime writes (its ``load_state_dict`` refuses them).
 
 ``AnchorCheckpointCallback`` does the same for plain ``verl.trainer.main_ppo`` through
 ``trainer.checkpoint_callback_class``, for the methods whose estimator runs there (``Method.plain_verl``: APO).
@@ -24,7 +27,7 @@ from recipe_apo.integration.errors import cause_of
 from recipe_apo.methods import catalog
 from recipe_apo.methods.base import MethodRuntime
 from recipe_apo.methods.errors import MethodStateError, StateMismatch
-from recipe_apo.methods.state_codec import StateFileError, read_state, write_state
+from recipe_apo.methods.state_codec import MAX_STATE_BYTES, StateFileError, read_state, write_state
 
 logger = logging.getLogger("recipe_apo")
 
@@ -49,7 +52,7 @@ def restore_state(runtime: MethodRuntime, folder: str, step: int) -> bool:
         return False
     path = state_path(runtime, folder)
     try:
-        state, saved_step = read_state(path, runtime.method.name)
+        state, saved_step = read_state(path, runtime.method.name, runtime.state_max_bytes or MAX_STATE_BYTES)
         runtime.load_state_dict(state, step)
     except StateFileError as exc:
         runtime.state_unreadable(path, str(exc), step)

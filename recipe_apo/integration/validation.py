@@ -6,7 +6,7 @@ model load, a rollout and a traceback.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from omegaconf import OmegaConf, open_dict
 
@@ -27,7 +27,9 @@ from recipe_apo.methods.checks import (
     NORM_MODE,
     OWN_AGGREGATION,
     check_choice,
+    check_flag,
     check_integer,
+    check_loss_settings,
     check_number,
 )
 from recipe_apo.methods.errors import MethodConfigError
@@ -241,6 +243,118 @@ def _check_aggregation(config: Any, rehearsal: bool) -> None:
                      high=L0_BOUNDS[1])
 
 
+def _targets(node: Any, path: str = "") -> Iterator[tuple[str, Any]]:
+    """(the node's dotted key, its ``_target_``) of every node of a config (a plain container) that has one."""
+    if isinstance(node, dict):
+        if "_target_" in node:
+            yield path, node["_target_"]
+        for key, value in node.items():
+            yield from _targets(value, f"{path}.{key}" if path else str(key))
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from _targets(value, f"{path}[{i}]")
+
+
+def _check_config_classes(config: Any, rehearsal: bool) -> None:
+    """Refuses a ``_target_`` that is not one of verl's config dataclasses. verl's config check, which the launch
+    runs (a dry run too: ``verl_settings.check_with_verl``), builds a node with a ``_target_`` as the object it names
+    (``verl.utils.config.omega_conf_to_dataclass``, through Hydra's instantiate): a ``_target_`` of anything else
+    would be called with the node's keys before Ray starts. Only ``verl.*`` names are imported, to find the class."""
+    import dataclasses
+    import importlib
+
+    for path, target in _targets(OmegaConf.to_container(config, resolve=False)):
+        module_name, _, name = str(target).rpartition(".")
+        found = None
+        if isinstance(target, str) and module_name.split(".")[0] == "verl":
+            try:
+                found = getattr(importlib.import_module(module_name), name)
+            except Exception:  # a name verl does not have: refused below as any other
+                found = None
+        if not (isinstance(found, type) and dataclasses.is_dataclass(found)):
+            raise RecipeConfigError(
+                f"{path}._target_={target}: verl builds this node as the object its _target_ names when the launch "
+                "checks the config (a dry run too), so it must be one of verl's config classes (a dataclass of "
+                "verl.*), as verl's own config sets it")
+
+
+def _check_loss_settings(config: Any, rehearsal: bool) -> None:
+    """Refuses verl's loss settings out of their bounds, for every method (``methods.checks.check_loss_settings``):
+    a NaN or inverted clip range and a NaN or negative kl_loss_coef train without a word, and clip_ratio_c <= 1 is
+    verl's assertion in the actor, after Ray and the model load."""
+    check_loss_settings(config.actor_rollout_ref.actor, RecipeConfigError)
+
+
+def _listed_loops(path: str) -> set[str]:
+    """The names an agent loop file registers (verl reads it in each agent loop worker, resolved as here)."""
+    from verl.utils.import_utils import resolve_config_path
+
+    try:
+        entries = OmegaConf.load(resolve_config_path(path))
+    except Exception as exc:
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        raise RecipeConfigError(f"actor_rollout_ref.rollout.agent.agent_loop_config_path={path} cannot be read "
+                                f"({type(exc).__name__}: {first})") from None
+    if not OmegaConf.is_list(entries):
+        raise RecipeConfigError(f"actor_rollout_ref.rollout.agent.agent_loop_config_path={path} is not a list of "
+                                "agent loops (- name: ..., _target_: ...)")
+    return {str(e.get("name")) for e in entries if OmegaConf.is_dict(e) and e.get("name") is not None}
+
+
+def _check_agent_loop(config: Any, rehearsal: bool) -> None:
+    """Refuses a rollout.agent.default_agent_loop that no agent loop registers: verl's own (its registry, filled
+    as verl's agent loop package is imported) or one the run's agent_loop_config_path lists (the recipe's
+    agent_loops.yaml for a method that samples prompts at their own settings, the rehearsal's, a user's own).
+    verl looks the name up per prompt, in a Ray worker, after the model load and the engines' start. The recipe's
+    own recipe_sampling is refused too: it wraps the loop a prompt names, default_agent_loop when it names none."""
+    agent = OmegaConf.select(config, "actor_rollout_ref.rollout.agent", default=None) or {}
+    loop = agent.get("default_agent_loop", "single_turn_agent")
+    key = "actor_rollout_ref.rollout.agent.default_agent_loop"
+    if loop == SAMPLING_LOOP:
+        raise RecipeConfigError(f"{key}={loop}: the recipe's {SAMPLING_LOOP} runs the loop each prompt names, this "
+                                "one when it names none; name a loop that generates (single_turn_agent, ...)")
+    path = agent.get("agent_loop_config_path", None)
+    listed = _listed_loops(str(path)) if path else set()
+    if isinstance(loop, str) and loop in listed:
+        return
+    from verl.experimental.agent_loop.agent_loop import _agent_loop_registry  # importing it registers verl's loops
+
+    if isinstance(loop, str) and loop in _agent_loop_registry:
+        return
+    known = ", ".join(sorted((set(_agent_loop_registry) | listed) - {SAMPLING_LOOP}))
+    raise RecipeConfigError(f"{key}={loop} is not a registered agent loop; known: {known} (a loop of your own: list "
+                            "it in actor_rollout_ref.rollout.agent.agent_loop_config_path)")
+
+
+# The checkpoint settings verl 0.9.1 cannot honour, and why. With the actor's async_save its V1 trainer skips writing
+# the tracker (trainer_base._save_checkpoint: "skip write latest_checkpointed_iteration.txt when async_save is True")
+# and nothing writes it later; no worker of verl 0.9.1 defines async_calls_finalize_fn_exec, which would finish
+# Megatron's asynchronous writes (FSDP ignores the setting and saves synchronously).
+ASYNC_SAVE = {
+    "actor_rollout_ref.actor.checkpoint.async_save": (
+        "verl 0.9.1's trainer then never writes latest_checkpointed_iteration.txt (it skips it for an asynchronous "
+        "save, and nothing finishes one), so a resume starts again from step 0 without a word (verl issue #7952)"),
+    "critic.checkpoint.async_save": (
+        "verl 0.9.1's trainer never finishes an asynchronous save (no worker defines async_calls_finalize_fn_exec), "
+        "so Megatron's critic checkpoint may never be complete"),
+}
+
+
+def _check_async_save(config: Any, rehearsal: bool) -> None:
+    """Refuses checkpoint.async_save=true (ASYNC_SAVE says why for each key), or a value that is not a boolean
+    (verl tests it with ``if``: 'false' is true); FSDP saves synchronously either way. ``trainer.async_save``, the
+    name verl's issue gives it, is no setting of verl 0.9.1: added with ``+``, it would be dropped without a word."""
+    if OmegaConf.select(config, "trainer.async_save", default=None) is not None:
+        raise RecipeConfigError(
+            f"trainer.async_save={OmegaConf.select(config, 'trainer.async_save')} is not a setting of verl 0.9.1, "
+            "which would ignore it; its asynchronous save is actor_rollout_ref.actor.checkpoint.async_save, which "
+            "the launch refuses (no resume tracker is written: verl issue #7952); drop it")
+    for key, why in ASYNC_SAVE.items():
+        value = OmegaConf.select(config, key, default=False)
+        if value is not None and check_flag(key, value, RecipeConfigError):
+            raise RecipeConfigError(f"{key}=true: {why}; set it to false (FSDP saves synchronously either way)")
+
+
 def _check_rollout_name(config: Any, rehearsal: bool) -> None:
     """Refuses an unset rollout engine, and the CPU rehearsal's engine without rehearsal=cpu (which registers it)."""
     rollout = config.actor_rollout_ref.rollout
@@ -300,8 +414,11 @@ def _check_group_size(config: Any, rehearsal: bool) -> None:
 # and whether the job runs the CPU rehearsal.
 CHECKERS: tuple[Callable[[Any, bool], None], ...] = (
     _check_flags,
+    _check_config_classes,
     _check_trainer_mode,
     _check_method_settings,
+    _check_loss_settings,
+    _check_async_save,
     _check_methods,
     _check_trainer_version,
     _check_v1_settings,
@@ -312,6 +429,7 @@ CHECKERS: tuple[Callable[[Any, bool], None], ...] = (
     _check_own_aggregation,
     _check_aggregation,
     _check_sampling_loop,
+    _check_agent_loop,
     _check_rollout_name,
     _check_rollout_watch,
     _check_refill_cap,

@@ -175,12 +175,19 @@ class Launch:
     """What the launch knows beside the resolved config, handed to every method's launch checks by the verl
     integration (which alone knows verl's trainers): ``recipe_trainer``, the run's trainer is the recipe's (the
     runtimes run); ``verl_mode``, verl's V1 mode it runs (``sync``, ``colocate_async``, ``separate_async``, or a
-    trainer of the user's own); ``rehearsal``, the CPU rehearsal."""
+    trainer of the user's own); ``rehearsal``, the CPU rehearsal.
+
+    The CPU testbed runs the same checks on its configs (``recipe_apo.testbed.setting_check.check_launch``), as the
+    recipe's sync trainer, with ``testbed`` true (its policy is its own: no model folder to check) and ``staleness``
+    its lag (rounds by which its sampling policy trails the trained one: what it has of an asynchronous mode); a
+    check skips, where ``testbed`` is true, only what the testbed runs otherwise on purpose."""
 
     config: Any
     recipe_trainer: bool
     verl_mode: str
     rehearsal: bool = False
+    testbed: bool = False
+    staleness: int = 0
 
     @property
     def asynchronous(self) -> bool:
@@ -225,6 +232,9 @@ class MethodRuntime:
     # A rule from a response's text to its answer that the user set (the setting, ``key=value``; None: the method's
     # default): a host whose task has answers of its own (the testbed) refuses the run.
     custom_answer_key: Optional[str] = None
+    # The largest state file a resume reads for it, in bytes (None: ``state_codec.MAX_STATE_BYTES``): a runtime that
+    # writes little names a bound near what it writes.
+    state_max_bytes: Optional[int] = None
 
     def __init__(self, config: Any) -> None:
         self.config = config

@@ -1,5 +1,6 @@
 """The input checks every method shares: settings (numbers, whole numbers, flags, choices), batches (shapes,
-finite rewards, the advantages' dtype and range), and verl's list of loss aggregations.
+finite rewards, the response mask, the advantages' dtype and range), verl's list of loss aggregations and the
+bounds of verl's own loss settings.
 
 Each check raises with a one-line message that names the setting or the rows at fault: settings raise the
 caller's ``error`` class (``ApoConfigError``, ``CodapoConfigError``, the integration's ``RecipeConfigError``),
@@ -18,9 +19,9 @@ import torch
 from recipe_apo.methods.errors import BatchInputError
 
 __all__ = [
-    "AGG_MODES", "L0_BOUNDS", "NORM_MODE", "OWN_AGGREGATION", "RATIO_BAND", "TEMPERATURE_BOUNDS", "check_choice",
-    "check_finite", "check_flag", "check_integer", "check_no_overflow", "check_number", "check_shapes",
-    "effective_agg_mode", "output_dtype",
+    "AGG_MODES", "L0_BOUNDS", "MASK_DTYPES", "NORM_MODE", "OWN_AGGREGATION", "RATIO_BAND", "TEMPERATURE_BOUNDS",
+    "check_advantages", "check_choice", "check_finite", "check_flag", "check_integer", "check_loss_settings",
+    "check_mask", "check_no_overflow", "check_number", "check_shapes", "effective_agg_mode", "output_dtype",
 ]
 
 NORM_MODE = "seq-mean-token-sum-norm"
@@ -138,3 +139,91 @@ def check_no_overflow(largest: float, dtype: torch.dtype, prefix: str, because: 
         raise BatchInputError(
             f"{prefix}advantages would overflow {str(dtype).removeprefix('torch.')} (max {limit:.3g}): {because}"
         )
+
+
+# The masks' dtypes: verl's (an attention-mask slice, int64; bool) and those a model's dtype or a cast gives.
+MASK_DTYPES = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
+               torch.bfloat16, torch.float32, torch.float64)
+
+
+def check_mask(response_mask: torch.Tensor, prefix: str = "") -> None:
+    """The response mask is one verl hands over: bool, integer or float (half precision too), every value in
+    [0, 1] (verl's are 0 and 1), else ``BatchInputError`` counting the responses and naming the first row.
+
+    The estimators multiply each response's advantage by its mask row and read its sum as the response's length:
+    a NaN there made NaN advantages, a value above 1 could take a finite advantage past its dtype's range. One
+    ``aminmax`` pass (NaN propagates through it); the rows are looked for only when it fails; a bool mask is
+    fine as it is."""
+    mask = response_mask.detach()
+    if mask.dtype not in MASK_DTYPES:
+        raise BatchInputError(f"{prefix}response_mask is {str(mask.dtype).removeprefix('torch.')}: a mask is bool, "
+                              "an integer (int8 to int64, uint8) or a float (float16, bfloat16, float32, float64), "
+                              "0 or 1 per token")
+    if mask.dtype == torch.bool or mask.numel() == 0:
+        return
+    low, high = torch.aminmax(mask)
+    if bool(low >= 0) and bool(high <= 1):
+        return
+    bad = ~((mask >= 0) & (mask <= 1)).all(dim=-1)  # NaN fails both comparisons
+    rows = np.flatnonzero(bad.cpu().numpy())
+    row = mask[int(rows[0])]
+    value = float(row[~((row >= 0) & (row <= 1))][0])
+    raise BatchInputError(
+        f"{prefix}response_mask: {rows.size} of {mask.shape[0]} responses have a mask value that is NaN, inf or "
+        f"outside [0, 1], first rows {rows[:5].tolist()} (row {int(rows[0])} holds {value:g}); a mask is 0 or 1 "
+        "per token"
+    )
+
+
+def check_advantages(method: str, values: np.ndarray, dtype: torch.dtype, because: str = "rescale the rewards",
+                     response_mask: Optional[torch.Tensor] = None) -> None:
+    """Each response's advantage (``values``, float64, one per response: the factor its mask row is multiplied by)
+    is finite in ``dtype``, the advantages' dtype, else ``BatchInputError`` naming ``method`` and the first row;
+    with ``response_mask``, ``check_mask`` of it first (for an estimator that has not checked it yet).
+
+    With a mask in [0, 1] (``check_mask``) an advantage that fits its dtype stays finite on every token: rounding
+    to the dtype and the product with the mask only move it toward 0. So finite inputs give finite outputs or this
+    one line: float32 rewards near 3.4e38 centered without the std, or float16 rewards near 6e4, give advantages
+    that are finite in float64 and not in the rewards' dtype."""
+    if response_mask is not None:
+        check_mask(response_mask, prefix=f"{method}: ")
+    limit = float(torch.finfo(dtype).max)
+    with np.errstate(invalid="ignore"):
+        bad = ~(np.abs(values) <= limit)  # NaN too
+    if bad.any():
+        rows = np.flatnonzero(bad)
+        name = str(dtype).removeprefix("torch.")
+        raise BatchInputError(
+            f"{method}: the advantages of {rows.size} of {values.size} responses are not finite in {name} (max "
+            f"{limit:.3g}), first row {int(rows[0])} (advantage {float(values[rows[0]]):.4g} in float64): {because}"
+        )
+
+
+def check_loss_settings(actor: Any, error: type[Exception], prefix: str = "actor_rollout_ref.actor.") -> None:
+    """Refuses verl 0.9.1's loss settings of ``actor`` (its ``actor_rollout_ref.actor`` node), which every method's loss
+    (or verl's own) reads, out of their bounds: a bad one trains (NaN or an inverted clip range) or asserts in the actor
+    after Ray and the model load (clip_ratio_c <= 1: ``core_algos.compute_policy_loss_vanilla``).
+
+    - ``clip_ratio``, ``clip_ratio_low``, ``clip_ratio_high``: eps of the clip range [1 - eps_low, 1 + eps_high], finite
+      numbers >= 0 (low and high may be null: verl falls back to clip_ratio); eps_low <= 1 (above it 1 - eps_low < 0
+      bounds no ratio, which is > 0); and a range that is more than the ratio 1 (eps_low + eps_high > 0);
+    - ``clip_ratio_c``: the dual clip's bound on -A r for A < 0, a finite number > 1 (verl asserts so in the actor);
+    - ``kl_loss_coef``: a finite number >= 0 (a negative one rewards moving away from the reference);
+    - ``entropy_coeff``: a finite number (a negative one penalizes entropy, a choice some runs make).
+    """
+    get = actor.get
+    ratio = check_number(prefix + "clip_ratio", get("clip_ratio", 0.2), error, low=0.0)
+    eps = {}
+    for key in ("clip_ratio_low", "clip_ratio_high"):
+        value = get(key, None)
+        eps[key] = ratio if value is None else check_number(prefix + key, value, error, low=0.0)
+    low, high = eps["clip_ratio_low"], eps["clip_ratio_high"]
+    if low > 1.0:
+        raise error(f"{prefix}clip_ratio_low={low}: the clip range's lower end 1 - clip_ratio_low = {1 - low:g} "
+                    "is below 0, no bound on a ratio (which is > 0); at most 1")
+    if not low + high > 0:
+        raise error(f"{prefix}clip_ratio_low={low} and clip_ratio_high={high}: the clip range [1 - low, 1 + high] "
+                    "is the single ratio 1, which clips every token of every update; set one of them > 0")
+    check_number(prefix + "clip_ratio_c", get("clip_ratio_c", 3.0), error, low=1.0, low_open=True)
+    check_number(prefix + "kl_loss_coef", get("kl_loss_coef", 0.001), error, low=0.0)
+    check_number(prefix + "entropy_coeff", get("entropy_coeff", 0.0), error)

@@ -23,20 +23,51 @@ def group_ids(index: Any, batch_size: int) -> tuple[np.ndarray, int]:
     """Contiguous group ids 0..n_groups-1 (first-seen order, int64) for the per-response uid array ``index``.
 
     ``pandas.factorize`` hashes the uids: verl's uids are uuid strings, which a hash groups in one pass where
-    ``np.unique`` would sort them. Raises ``BatchInputError`` for an array of the wrong shape and for missing
-    uids (None, NaN).
+    ``np.unique`` would sort them. Raises ``BatchInputError`` for an array of the wrong shape (a list of lists of one
+    length is 2-D), for missing uids (None, NaN) and for a uid that cannot name a group (a list).
     """
-    labels = index.cpu().numpy() if isinstance(index, torch.Tensor) else np.asarray(index)
+    labels = _labels(index)
     if labels.ndim != 1 or labels.shape[0] != batch_size:
         raise BatchInputError(
             f"index (the uid array) has shape {tuple(labels.shape)} but the batch has {batch_size} responses; "
-            "pass one uid per response"
+            "pass one uid (a str or an int) per response"
         )
-    codes, n_groups = _factorize(labels)
+    try:
+        codes, n_groups = _factorize(labels)
+    except TypeError as exc:  # a label pandas cannot hash (a list, a dict): named here, in the error path only
+        row = next((i for i, label in enumerate(labels) if not _hashable(label)), None)
+        if row is None:
+            raise BatchInputError(f"index (the uid array) cannot be grouped ({exc}); pass one uid (a str or an "
+                                  "int) per response") from None
+        raise BatchInputError(
+            f"index (the uid array): the uid of row {row} is a {type(labels[row]).__name__}, which cannot name a "
+            "group; pass one uid (a str or an int) per response, as verl's non_tensor_batch['uid']"
+        ) from None
     if batch_size and codes.min() < 0:
         rows = np.flatnonzero(codes < 0)
         raise BatchInputError(f"index (the uid array) has {rows.size} missing uids, first rows {rows[:5].tolist()}")
     return codes.astype(np.int64, copy=False), n_groups
+
+
+def _labels(index: Any) -> np.ndarray:
+    """``index`` as a numpy array: verl's object array of uid strings, a numeric or str array, a list, a tensor.
+    A list whose items are lists of different lengths, which numpy cannot make an array of, becomes a 1-D object
+    array, so that ``group_ids`` names the item that is not a uid."""
+    if isinstance(index, torch.Tensor):
+        index = index.detach().cpu()
+        return (index.float() if index.dtype == torch.bfloat16 else index).numpy()
+    try:
+        return np.asarray(index)
+    except ValueError:  # numpy >= 1.24 refuses ragged nested sequences
+        return np.fromiter(index, dtype=object)
+
+
+def _hashable(label: Any) -> bool:
+    try:
+        hash(label)
+    except TypeError:
+        return False
+    return True
 
 
 def _factorize(labels: np.ndarray) -> tuple[np.ndarray, int]:

@@ -8,10 +8,14 @@ resumes from it.
 
 Writing goes to a temporary file in the same folder, flushed and fsynced, then renamed, and the folder fsynced:
 a crash mid-write leaves the previous file (or none), never a truncated one. Reading refuses, as a
-``StateFileError`` whose message is one line (the caller adds the path): a missing file, one that is not JSON,
-NaN or infinite numbers, nesting deeper than Python's recursion, another method's state, and arrays whose data
-do not match their shape or dtype. A file without ``kind`` is read as the expected method's: the APO anchor
-files written before the kinds.
+``StateFileError`` whose message is one line (the caller adds the path): a missing file; anything but a regular
+file once links are followed (a FIFO would block the read forever, ``/dev/zero`` would fill the memory: the file
+is examined with ``stat`` and opened non-blocking, never read before both say it is a regular file); a file larger
+than its bound (``MAX_STATE_BYTES``, or the runtime's own ``state_max_bytes``); one that is not JSON; NaN or
+infinite numbers; a ``global_step`` that is not a whole number in [0, ``MAX_COUNT``]; nesting deeper than
+Python's recursion; another method's state; and arrays whose data do not match their shape or dtype. A file
+without ``kind`` is read as the expected method's: the APO anchor files written before the kinds. What the state
+holds, key by key and number by number, is its runtime's to check (``load_state_dict``).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import stat
 import tempfile
 from typing import Any
 
@@ -27,7 +32,20 @@ import torch
 
 from recipe_apo.methods.errors import MethodStateError
 
-__all__ = ["StateFileError", "read_state", "write_state"]
+__all__ = ["MAX_COUNT", "MAX_STATE_BYTES", "StateFileError", "is_count", "read_state", "shown", "unknown_keys",
+           "write_state"]
+
+# The largest state file read back, in bytes, unless the runtime names a smaller bound of its own
+# (``state_max_bytes``). The largest writer is CoDaPO's kept prompts: a chat and its metadata per kept prompt, a
+# few KiB each for the usual math prompts, about 130 KiB for a 32k-token prompt, so some 130 MiB for 1024 kept
+# prompts that long; APO's anchors write at most about 30 bytes per history value (3 MiB per data source at the
+# largest history, 100000). 256 MiB keeps a margin over both and bounds what a resume reads into memory
+# (a file of numbers costs a few times its size once parsed).
+MAX_STATE_BYTES = 256 * 2**20
+# The largest count a state holds (steps, updates): 2^53 - 1, the largest whole number every JSON reader keeps
+# exactly (RFC 7493). No run counts that far: a step a microsecond would take 285 years.
+MAX_COUNT = 2**53 - 1
+_READ_CHUNK = 2**20
 
 ARRAY = "__array__"
 _RESERVED = ("kind", "global_step")
@@ -145,16 +163,15 @@ def _fsync_dir(folder: str) -> None:
         os.close(fd)
 
 
-def read_state(path: str, kind: str) -> tuple[dict, Any]:
+def read_state(path: str, kind: str, max_bytes: int = MAX_STATE_BYTES) -> tuple[dict, Any]:
     """(the state, the step the file says) of method ``kind`` in ``path``; ``StateFileError`` in one line when the
-    file is missing, unreadable or another method's."""
-    if not os.path.exists(path):
-        raise StateFileError("it is missing")
+    file is missing, not a regular file, larger than ``max_bytes``, unreadable or another method's."""
+    data = _read_bytes(path, max_bytes)
     try:
-        with open(path, encoding="utf-8") as handle:
-            payload = json.load(handle, parse_constant=_refuse_constant, parse_float=_finite_float)
-    except (OSError, ValueError, TypeError, RecursionError, OverflowError, UnicodeDecodeError) as exc:
-        # RecursionError: deeply nested JSON; OverflowError: numbers too large for what they stand for.
+        payload = json.loads(data.decode("utf-8"), parse_constant=_refuse_constant, parse_float=_finite_float)
+    except (ValueError, TypeError, RecursionError, OverflowError, UnicodeDecodeError) as exc:
+        # RecursionError: deeply nested JSON; OverflowError: numbers too large for what they stand for;
+        # ValueError: also a whole number of more digits than Python converts (sys.get_int_max_str_digits).
         raise StateFileError(f"it cannot be read ({_cause(exc)})") from None
     if not isinstance(payload, dict):
         raise StateFileError(f"it cannot be read (a JSON {type(payload).__name__}, not a mapping)")
@@ -162,6 +179,9 @@ def read_state(path: str, kind: str) -> tuple[dict, Any]:
     if found != kind:
         raise StateFileError(f"it is not {kind}'s state (kind {found!r})")
     step = payload.get("global_step")
+    if step is not None and not is_count(step):
+        raise StateFileError(f"it cannot be read (global_step {shown(step)} is not a whole number in "
+                             f"[0, {MAX_COUNT}])")
     try:
         state = _decode({key: value for key, value in payload.items() if key not in _RESERVED})
     except RecursionError as exc:
@@ -169,6 +189,85 @@ def read_state(path: str, kind: str) -> tuple[dict, Any]:
     except StateFileError as exc:
         raise StateFileError(f"it cannot be read ({exc})") from None
     return state, step
+
+
+def is_count(value: Any) -> bool:
+    """A whole number in [0, ``MAX_COUNT``] (JSON's true and false, and 2.0, are not)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT
+
+
+def shown(value: Any, limit: int = 40) -> str:
+    """A value as a message shows it, cut to ``limit`` characters (a number of 4000 digits stays one short line)."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit - 3]}..."
+
+
+def unknown_keys(state: dict, known: Any, limit: int = 5) -> str:
+    """The keys of ``state`` not among ``known`` as a message lists them (up to ``limit``, each cut short, and how
+    many more: a hostile file's message stays one short line); "" when there are none."""
+    keys = sorted(str(key) for key in state if key not in known)
+    text = ", ".join(shown(key) for key in keys[:limit])
+    return text + (f" and {len(keys) - limit} more" if len(keys) > limit else "")
+
+
+_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def _not_regular(path: str, mode: int) -> StateFileError:
+    what = next((name for test, name in _KINDS if test(mode)), "not a file")
+    if os.path.islink(path):
+        what = f"a link to {os.path.realpath(path)}, {what}"
+    return StateFileError(f"it is not a regular file ({what})")
+
+
+def _too_large(size: int, max_bytes: int) -> StateFileError:
+    return StateFileError(f"it holds {size} bytes, more than the {max_bytes} a state file of this method may hold "
+                          "(the recipe writes far less)")
+
+
+def _read_bytes(path: str, max_bytes: int) -> bytes:
+    """The file's bytes, read only when it is a regular file (links followed) of at most ``max_bytes``.
+
+    ``stat`` first: opening a FIFO for reading blocks until a writer comes, and some devices act when opened. The
+    open is non-blocking all the same, and what was opened is examined again (``fstat``): the path may have been
+    replaced in between. The read stops one byte past the bound (a file that grew meanwhile)."""
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        if os.path.islink(path):
+            raise StateFileError(f"it is missing (a link to {os.readlink(path)}, which does not exist)") from None
+        raise StateFileError("it is missing") from None
+    except (OSError, ValueError) as exc:  # ValueError: a path holding a NUL byte
+        raise StateFileError(f"it cannot be read ({_cause(exc)})") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise _not_regular(path, info.st_mode)
+    if info.st_size > max_bytes:
+        raise _too_large(info.st_size, max_bytes)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise StateFileError(f"it cannot be read ({_cause(exc)})") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise _not_regular(path, info.st_mode)
+        if info.st_size > max_bytes:
+            raise _too_large(info.st_size, max_bytes)
+        chunks, size = [], 0
+        while size <= max_bytes:
+            chunk = os.read(fd, min(_READ_CHUNK, max_bytes + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError as exc:
+        raise StateFileError(f"it cannot be read ({_cause(exc)})") from None
+    finally:
+        os.close(fd)
+    if size > max_bytes:
+        raise _too_large(size, max_bytes)
+    return b"".join(chunks)
 
 
 def _cause(exc: BaseException) -> str:

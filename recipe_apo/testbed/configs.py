@@ -11,6 +11,7 @@ from (``~methods.drgrpo``) them.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import asdict
 from typing import Callable, Optional
 
@@ -21,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from recipe_apo.errors import RecipeError
 from recipe_apo.testbed import settings
 from recipe_apo.testbed.errors import TestbedSettingError
-from recipe_apo.testbed.setting_check import hydra_line, text
+from recipe_apo.testbed.setting_check import LaunchRefusal, check_launch, hydra_line, text
 
 CONFIG_NAME = "testbed"
 # The ConfigStore entry of the settings' defaults (testbed.yaml's defaults list names it).
@@ -36,11 +37,14 @@ def store_settings() -> None:
     for name, task in settings.TASK_CLASSES.items():
         store.store(group="task", name=name, node=asdict(task()))
     _REFERENCES.clear()
+    _ALONE.clear()
 
 
 # A method entry's own signature (METHOD_KEYS of testbed.yaml + the entry alone), by entry: it depends on nothing
 # else, and composing it again for every scenario of a league cost a compose per method and scenario.
 _REFERENCES: dict[tuple[str, ...], tuple] = {}
+# Whether the launch takes an entry's own overrides (on the testbed's defaults), by entry.
+_ALONE: dict[tuple[str, ...], bool] = {}
 
 
 store_settings()
@@ -82,18 +86,26 @@ def compose_testbed(overrides: list[str], where: str = "") -> DictConfig:
 
 
 def method_configs(overrides: list[str], entries: Optional[dict[str, list[str]]] = None,
-                   check: Optional[Callable[[DictConfig], None]] = None) -> dict[str, DictConfig]:
+                   check: Optional[Callable[[DictConfig], None]] = None,
+                   left_out: Optional[dict[str, str]] = None) -> dict[str, DictConfig]:
     """label -> composed config. Needs an initialized Hydra (inside the app, or ``initialize_config_module``).
 
     ``entries`` (label -> overrides, e.g. ``league_entries``) runs those; else ``method=<preset>`` among
     ``overrides`` runs that preset alone; otherwise every ``methods`` entry runs. A label gains
     ``[estimator+loss ...]`` when the command line changed what its preset defines. ``check``, when given, is
-    called on each config; what it refuses in a method's own overrides is said with the method's entry.
+    called on each config, and so is what the recipe's launch refuses (``setting_check.check_launch``); what they
+    refuse in a method's own overrides is said with the method's entry.
+
+    Of several entries (``methods``' or the league's, not ``method=``), one that the launch refuses only under the
+    run's shared settings (the command line's ``staleness=2`` or a scenario's, with R2PO), not on its own
+    overrides, is left out, said in one line: into ``left_out`` (label -> the launch's line) when given, else on
+    stderr. An entry refused on its own overrides, or every entry left out, is refused.
     """
     base = compose_testbed(overrides)
     if check is not None:
-        check(base)  # the command line's own settings, said as they are
+        check(base)  # the command line's own settings, said as they are (its method, unless chosen, a placeholder)
     chosen = [o for o in overrides if _key(o) == "method"]
+    several = not chosen
     if entries is not None:
         entries = {label: list(extra) for label, extra in entries.items()}
     elif chosen:
@@ -108,6 +120,7 @@ def method_configs(overrides: list[str], entries: Optional[dict[str, list[str]]]
         entries = {str(label): [str(o) for o in extra] for label, extra in methods.items()}
     user = overrides
     out: dict[str, DictConfig] = {}
+    refused: dict[str, str] = {}
     for label, extra in entries.items():
         where = f" (in methods.{label}: {text(extra)})" if extra and extra != [f"method={label}"] else ""
         shared = [o for o in extra if any(_key(o) == k or (k.endswith(".") and _key(o).startswith(k))
@@ -118,14 +131,21 @@ def method_configs(overrides: list[str], entries: Optional[dict[str, list[str]]]
                 "prompts, group size, evaluation and warm-up; set it on the command line for all methods"
             )
         cfg = compose_testbed(list(user) + extra, where)
+        own = tuple(extra if extra else [f"method={label}"])
         if check is not None:
             try:
                 check(cfg)
+                check_launch(cfg)
+            except LaunchRefusal as exc:
+                line = " ".join(str(exc).split())
+                if several and _launch_passes(own, where):
+                    refused[label] = line
+                    continue
+                raise (exc if not where else LaunchRefusal(line + where)) from None
             except RecipeError as exc:
                 if not where:
                     raise
                 raise TestbedSettingError(" ".join(str(exc).split()) + where) from None
-        own = tuple(extra if extra else [f"method={label}"])
         if own not in _REFERENCES:
             _REFERENCES[own] = _method_signature(compose_testbed(list(own), where))
         reference = _REFERENCES[own]
@@ -133,7 +153,26 @@ def method_configs(overrides: list[str], entries: Optional[dict[str, list[str]]]
             changed = [str(v) for v, r in zip(_method_signature(cfg), reference) if v != r]
             label = f"{label}[{'+'.join(changed)}]"
         out[label] = cfg
+    if refused and not out:  # nothing left to run: the first refusal, as it is
+        label, line = next(iter(refused.items()))
+        raise LaunchRefusal(f"{line} (in methods.{label}: {text(entries[label])})")
+    for label, line in refused.items():
+        if left_out is not None:
+            left_out.setdefault(label, line)
+        else:
+            print(f"recipe-apo: note: methods.{label} is left out of this run: {line}", file=sys.stderr, flush=True)
     return out
+
+
+def _launch_passes(own: tuple[str, ...], where: str) -> bool:
+    """Whether the recipe's launch takes the entry ``own`` on its own (the testbed's defaults and its overrides)."""
+    if own not in _ALONE:
+        try:
+            check_launch(compose_testbed(list(own), where))
+            _ALONE[own] = True
+        except RecipeError:
+            _ALONE[own] = False
+    return _ALONE[own]
 
 
 def league_entries(cfg: DictConfig) -> dict[str, list[str]]:

@@ -14,19 +14,20 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig
 
 from recipe_apo.errors import RecipeError
-from recipe_apo.testbed.configs import _key, compose_testbed, league_entries
+from recipe_apo.testbed.configs import _key, compose_testbed, league_entries, method_configs
 from recipe_apo.testbed.errors import TestbedSettingError
 from recipe_apo.testbed.report import RUN_FILES, paired_between, task_text
-from recipe_apo.testbed.runner import checked_configs, run_testbed
-from recipe_apo.testbed.setting_check import check_settings, text
+from recipe_apo.testbed.runner import check_method, run_testbed
+from recipe_apo.testbed.setting_check import LaunchRefusal, check_settings, text
 
 # Columns of a scenario's table beside the ranking metric: (summary key, header, format).
 COLUMNS = [
@@ -68,18 +69,25 @@ HEADERS = {
 @dataclass
 class LeaguePlan:
     """A league composed and checked, before any training: its methods (label -> overrides), its scenarios (name
-    -> overrides) and, per scenario, every method's checked config."""
+    -> overrides), per scenario every method's checked config, and the methods left out (label -> why: the
+    scenario and the recipe launch's line)."""
 
     base: DictConfig
     metric: str
     entries: dict[str, list[str]]
     scenarios: dict[str, list[str]]
     cfgs: dict[str, dict[str, DictConfig]]
+    left_out: dict[str, str] = field(default_factory=dict)
 
 
 def plan_league(overrides: list[str]) -> LeaguePlan:
     """Compose and check every method on every scenario: a bad setting, method or scenario fails here, in
-    seconds, not after the scenarios before it have trained."""
+    seconds, not after the scenarios before it have trained.
+
+    A method that the recipe's launch refuses on a scenario but not on its own overrides (R2PO on the stale ones:
+    ``configs.method_configs``) is left out of every scenario, so that each compares the same methods, said in
+    one line on stderr now and in league.md; a method refused on its own, or a scenario left without a method, is
+    refused."""
     for override in overrides:
         if _key(override) in ("method", "scenario"):
             raise TestbedSettingError(
@@ -91,15 +99,29 @@ def plan_league(overrides: list[str]) -> LeaguePlan:
     metric = str(base.league.metric)
     entries = league_entries(base)
     scenarios = league_scenarios(base.league.scenarios)
-    cfgs = {}
+    cfgs, left_out = {}, {}
     for name, extra in scenarios.items():
         where = f" (in league.scenarios entry {text(extra)})"
+        refused: dict[str, str] = {}
         try:
-            cfgs[name] = checked_configs(list(overrides) + extra, entries)
+            cfgs[name] = method_configs(list(overrides) + extra, entries, check=check_method, left_out=refused)
         except RecipeError as exc:
             message = " ".join(str(exc).split())
-            raise TestbedSettingError(message if not extra or where in message else message + where) from None
-    return LeaguePlan(base, metric, entries, scenarios, cfgs)
+            error = LaunchRefusal if isinstance(exc, LaunchRefusal) else TestbedSettingError
+            raise error(message if not extra or where in message else message + where) from None
+        for label, line in refused.items():
+            left_out.setdefault(label, f"on {name}: {line}")
+    if left_out:
+        entries = {label: extra for label, extra in entries.items() if label not in left_out}
+        if not entries:
+            label, why = next(iter(left_out.items()))
+            raise LaunchRefusal(f"league: every method is left out ({label} {why})")
+        cfgs = {name: {key: cfg for key, cfg in methods.items() if key.split("[", 1)[0] not in left_out}
+                for name, methods in cfgs.items()}
+        for label, why in left_out.items():
+            print(f"recipe-apo: note: the league leaves {label} out of every scenario (the recipe's launch refuses "
+                  f"it {why})", file=sys.stderr, flush=True)
+    return LeaguePlan(base, metric, entries, scenarios, cfgs, left_out)
 
 
 def run_league(overrides: list[str], out_dir: Path, show_progress: bool = True,
@@ -125,6 +147,7 @@ def run_league(overrides: list[str], out_dir: Path, show_progress: bool = True,
     families.update({f"{name}_{suffix}": name for name in names for suffix in base.league.variants
                      if f"{name}_{suffix}" in entries})
     league = build_league(summaries, scenarios, metric, families)
+    league["left_out"] = dict(plan.left_out)
     league["variants"] = {str(k): [str(o) for o in v] for k, v in base.league.variants.items()}
     league["extra"] = {str(k): [str(o) for o in v] for k, v in (base.league.get("extra") or {}).items()}
     league["wall_s"] = time.perf_counter() - started
@@ -332,6 +355,8 @@ def _introduction(league: dict[str, Any]) -> list[str]:
            "generation of AGPO's probe plus its training responses. "
            if any("rollout_n_multiplier=2" in extra for name, extra in league.get("extra", {}).items()
                   if name in labels) else "")
+        + "".join(f"`{name}` is left out (the recipe's launch refuses it {why}). "
+                  for name, why in league.get("left_out", {}).items())
         + f"Wall time: {league.get('wall_s', float('nan')):.0f} s.",
     ]
 

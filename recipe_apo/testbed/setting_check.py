@@ -1,6 +1,7 @@
 """The check of a composed testbed config against the settings ``settings.py`` declares: each key's type and
 bounds read from its field (annotation and ``setting(...)`` bounds), a key the testbed does not read refused
-(Hydra's ``+task.K=7`` adds one; the message names it and lists the known ones), a deleted or unset one too.
+(Hydra's ``+task.K=7`` adds one; the message names it and lists the known ones), a deleted or unset one too; and
+what the recipe's launch refuses of a method's config (``check_launch``: the methods' own launch checks).
 
 Each refusal is a ``TestbedSettingError`` whose message is one line: ``<key>=<value>: <what is allowed>``; so is
 an error Hydra raises while reading the command line (``hydra_line``).
@@ -14,6 +15,7 @@ import typing
 from dataclasses import MISSING, dataclass, fields, is_dataclass
 from typing import Any, Mapping, Optional, Sequence
 
+from recipe_apo.errors import RecipeError
 from recipe_apo.testbed import settings as declared
 from recipe_apo.testbed.errors import TestbedSettingError
 from recipe_apo.testbed.settings import ACTOR_KEY, OPTIONAL, TASK_CLASSES, TASKS, Label, Override
@@ -369,6 +371,45 @@ def unknown_setting(key: str, task: Optional[str] = None) -> str:
     other = [t for t in TASKS if t != (task or "reverse") and key in task_rules(t)]
     also = f" ({key} is task={other[0]}'s)" if other else ""
     return f"not a setting the testbed reads{also}; {where}: {', '.join(known)}"
+
+
+# --- what the recipe's launch refuses ----------------------------------------------------------------------------
+
+class LaunchRefusal(TestbedSettingError):
+    """A testbed config that the recipe's launch refuses (a method's ``launch_checks``); the message is the
+    launch's one line."""
+
+
+def launch_of(cfg: Any) -> Any:
+    """The ``Launch`` a method's launch checks get for a testbed config: the config (interpolations resolved) as the
+    recipe's sync trainer runs it, ``testbed`` true and ``staleness`` its lag (``methods.base.Launch``)."""
+    from omegaconf import OmegaConf
+
+    from recipe_apo.methods.base import Launch
+
+    values = plain(cfg)
+    view = OmegaConf.create({**values, "trainer": {"v1": {"trainer_mode": "sync"}}})
+    staleness = values.get("staleness", 0)
+    return Launch(view, recipe_trainer=True, verl_mode="sync", testbed=True,
+                  staleness=staleness if _whole(staleness) else 0)
+
+
+def check_launch(cfg: Any) -> None:
+    """Refuse, as a ``LaunchRefusal`` in the launch's own line, a testbed config of a method whose run the recipe's
+    launch refuses: every active method's launch checks (``Method.launch_checks``), run as the launch runs them
+    (``launch_of``). A check skips only what the testbed runs on purpose where the recipe cannot
+    (``algorithm.zero_variance=exact``; R2PO's model folder: the testbed's policy is its own), and the testbed's
+    ``staleness`` counts as the asynchronous mode it stands for where a method's reason holds for it (R2PO: a stale
+    round samples from the head of the phase before the switch)."""
+    from recipe_apo.methods import catalog
+
+    launch = launch_of(cfg)
+    for method in catalog.active(launch.config):
+        for check in method.checks():
+            try:
+                check(launch)
+            except RecipeError as exc:
+                raise LaunchRefusal(" ".join(str(exc).split())) from None
 
 
 # --- Hydra's own errors ------------------------------------------------------------------------------------------

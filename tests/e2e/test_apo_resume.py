@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from helpers.rehearsal_runs import SOURCES, checkpoint_root, dump, run, state, tail
+from helpers.rehearsal_runs import SOURCES, checkpoint_root, dump, run, runtime_state, state, tail
 from omegaconf import OmegaConf
 
 from recipe_apo.cpu import rehearse
@@ -105,7 +105,7 @@ def test_resume_continues_the_anchor_from_exactly_the_saved_state(apo_runs):
     rows = apo_runs["metrics_second"]
     assert rows[0]["step"] == 4, "the second run must resume at step 4"
     book = AnchorBook()
-    book.load_state_dict(state(apo_runs["ckpt"] / "global_step_3"))
+    book.load_state_dict(runtime_state(apo_runs["ckpt"] / "global_step_3"))
     settings = ApoSettings()
     for source in SOURCES:
         key = f"apo/batch_success/{source}"

@@ -48,6 +48,12 @@ def state(folder: Path) -> dict:
     return json.loads((folder / STATE_FILE).read_text())
 
 
+def runtime_state(folder: Path) -> dict:
+    """The APO runtime's own state in ``folder``'s state file: the file less the codec's ``kind`` and
+    ``global_step`` (what ``AnchorBook.load_state_dict`` takes; it refuses keys it does not write)."""
+    return {key: value for key, value in state(folder).items() if key not in ("kind", "global_step")}
+
+
 
 def dump(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]

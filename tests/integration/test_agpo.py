@@ -76,8 +76,8 @@ def test_what_the_loop_cannot_host_is_refused_in_one_line(tmp_path):
         "algorithm.agpo_dual.probe_samples must be an integer in [1, 4096], got 0")
     assert refusal("+algorithm.agpo_dual.probe_sample=4").startswith(
         "unknown setting algorithm.agpo_dual.probe_sample;")
-    assert refusal("algorithm.agpo_dual.vote_key=os.path:nothing").startswith(
-        "algorithm.agpo_dual.vote_key='os.path:nothing' cannot be loaded (AttributeError")
+    assert refusal("algorithm.agpo_dual.vote_key=string:nothing").startswith(
+        "algorithm.agpo_dual.vote_key='string:nothing' cannot be loaded (AttributeError")
 
 
 def test_a_users_own_loop_file_listing_the_sampling_loop_passes(tmp_path):
@@ -109,9 +109,9 @@ def test_the_probes_responses_are_grouped_by_prompt_in_their_order():
 # ---- the answer key, pluggable ----------------------------------------------------------------------------------
 def test_the_vote_key_defaults_to_the_math_rule_and_loads_a_function_by_name():
     assert load_vote_key(None) is math_vote_key
-    assert load_vote_key("os.path:basename")("a/b") == "b"
-    with pytest.raises(VoteKeyError, match="algorithm.agpo_dual.vote_key='os.path:nothing' cannot be loaded"):
-        load_vote_key("os.path:nothing")
+    assert load_vote_key("string:capwords")("a b") == "A B"
+    with pytest.raises(VoteKeyError, match="algorithm.agpo_dual.vote_key='string:nothing' cannot be loaded"):
+        load_vote_key("string:nothing")
     with pytest.raises(VoteKeyError, match="returned int, not a string"):
         load_vote_key("builtins:len")  # tried on a sample response at load, before any run
 

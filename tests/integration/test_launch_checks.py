@@ -343,3 +343,169 @@ def test_the_documented_gpu_command_passes_a_dry_run(page, tmp_path):
     result = run_recipe_main("method=apo", *arguments, "dry_run=true", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-1000:]
     assert "dry run: stopping before Ray starts" in result.stdout
+
+
+# ---- verl's loss settings, for every method (issue 51, item 5) ---------------------------------------------------
+METHODS = ("apo", "grpo", "drgrpo", "codapo", "agpo", "agpo_dual", "r2po")
+ACTOR = "actor_rollout_ref.actor."
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    ([f"{ACTOR}clip_ratio_c=1.0"], f"{ACTOR}clip_ratio_c must be > 1.0, got 1.0"),
+    ([f"{ACTOR}clip_ratio_c=0.5"], f"{ACTOR}clip_ratio_c must be > 1.0, got 0.5"),
+    ([f"{ACTOR}clip_ratio_c=nan"], f"{ACTOR}clip_ratio_c must be a finite number, got nan"),
+    ([f"{ACTOR}clip_ratio=-0.2"], f"{ACTOR}clip_ratio must be >= 0.0, got -0.2"),
+    ([f"{ACTOR}clip_ratio=nan"], f"{ACTOR}clip_ratio must be a finite number, got nan"),
+    ([f"{ACTOR}clip_ratio_low=nan"], f"{ACTOR}clip_ratio_low must be a finite number, got nan"),
+    ([f"{ACTOR}clip_ratio_high=-0.28"], f"{ACTOR}clip_ratio_high must be >= 0.0, got -0.28"),
+    ([f"{ACTOR}clip_ratio_high=inf"], f"{ACTOR}clip_ratio_high must be a finite number, got inf"),
+    ([f"{ACTOR}clip_ratio_low=0.0", f"{ACTOR}clip_ratio_high=0.0"],
+     f"{ACTOR}clip_ratio_low=0.0 and clip_ratio_high=0.0: the clip range [1 - low, 1 + high] is the single ratio 1"),
+    ([f"{ACTOR}clip_ratio_low=1.5"],
+     f"{ACTOR}clip_ratio_low=1.5: the clip range's lower end 1 - clip_ratio_low = -0.5 is below 0"),
+    ([f"{ACTOR}clip_ratio_low='0.2'"], f"{ACTOR}clip_ratio_low must be a finite number, got '0.2'"),
+    ([f"{ACTOR}kl_loss_coef=nan"], f"{ACTOR}kl_loss_coef must be a finite number, got nan"),
+    ([f"{ACTOR}kl_loss_coef=-0.001"], f"{ACTOR}kl_loss_coef must be >= 0.0, got -0.001"),
+    ([f"{ACTOR}entropy_coeff=nan"], f"{ACTOR}entropy_coeff must be a finite number, got nan"),
+])
+@pytest.mark.parametrize("method", METHODS)
+def test_verls_loss_settings_out_of_bounds_are_refused_for_every_method(method, overrides, expected):
+    assert refusal(f"method={method}", *overrides).startswith(expected)
+
+
+@pytest.mark.parametrize("overrides", [
+    [f"{ACTOR}clip_ratio_c=1.001"],
+    [f"{ACTOR}clip_ratio_low=null", f"{ACTOR}clip_ratio_high=null"],  # verl falls back to clip_ratio
+    [f"{ACTOR}clip_ratio_low=1.0"],  # no lower bound, said so by the setting
+    [f"{ACTOR}clip_ratio_low=0.0"],  # clip above only
+    [f"{ACTOR}kl_loss_coef=0.0", f"{ACTOR}entropy_coeff=-0.001"],  # an entropy penalty is a choice
+])
+def test_loss_settings_in_bounds_still_pass(overrides):
+    validate_recipe_config(launch_config(*overrides))
+
+
+# ---- checkpoint.async_save (issue 51, item 8: verl #7952) -------------------------------------------------------
+@pytest.mark.parametrize("override, expected", [
+    ("actor_rollout_ref.actor.checkpoint.async_save=true",
+     "actor_rollout_ref.actor.checkpoint.async_save=true: verl 0.9.1's trainer then never writes "
+     "latest_checkpointed_iteration.txt (it skips it for an asynchronous save, and nothing finishes one), so a resume "
+     "starts again from step 0 without a word (verl issue #7952); set it to false"),
+    ("critic.checkpoint.async_save=true",
+     "critic.checkpoint.async_save=true: verl 0.9.1's trainer never finishes an asynchronous save"),
+    ("actor_rollout_ref.actor.checkpoint.async_save='false'",
+     "actor_rollout_ref.actor.checkpoint.async_save must be true or false, got 'false' (a string: drop the quotes)"),
+    ("+trainer.async_save=true", "trainer.async_save=True is not a setting of verl 0.9.1, which would ignore it; "
+                                 "its asynchronous save is actor_rollout_ref.actor.checkpoint.async_save"),
+])
+def test_an_asynchronous_save_is_refused_as_a_resume_that_silently_restarts(override, expected):
+    assert refusal(override).startswith(expected)
+
+
+def test_the_tracker_skip_is_verls_own_code():
+    """What the refusal says of verl 0.9.1: its V1 trainer skips the tracker with async_save, and no worker has the
+    finalizer its legacy trainer would call."""
+    import inspect
+
+    from verl.trainer.ppo.v1 import trainer_base
+
+    source = inspect.getsource(trainer_base)
+    assert 'actor_ckpt_cfg.get("async_save", False)' in source and "async_calls_finalize_fn_exec" not in source
+    from verl.workers import engine_workers
+
+    assert "async_calls_finalize_fn_exec" not in inspect.getsource(engine_workers)
+
+
+# ---- the agent loop (issue 51, item 5) ---------------------------------------------------------------------------
+LOOP = "actor_rollout_ref.rollout.agent.default_agent_loop"
+LOOP_FILE = "actor_rollout_ref.rollout.agent.agent_loop_config_path"
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    ([f"{LOOP}=no_such_loop"], f"{LOOP}=no_such_loop is not a registered agent loop; known: single_turn_agent, "
+                               f"tool_agent (a loop of your own: list it in {LOOP_FILE})"),
+    ([f"{LOOP}=Single_Turn_Agent"], f"{LOOP}=Single_Turn_Agent is not a registered agent loop; known: "),
+    ([f"{LOOP}=null"], f"{LOOP}=None is not a registered agent loop"),
+    ([f"{LOOP}=recipe_sampling"], f"{LOOP}=recipe_sampling: the recipe's recipe_sampling runs the loop each prompt "
+                                  "names, this one when it names none"),
+    ([f"{LOOP_FILE}=/no/such/loops.yaml"], f"{LOOP_FILE}=/no/such/loops.yaml cannot be read (FileNotFoundError"),
+])
+def test_an_agent_loop_nothing_registers_is_refused(overrides, expected):
+    assert refusal(*overrides).startswith(expected)
+
+
+def test_a_loop_of_ones_own_file_or_the_rehearsals_passes_and_others_are_named(tmp_path):
+    from recipe_apo.cpu import agent_loops
+
+    own = tmp_path / "loops.yaml"
+    own.write_text("- name: mine\n  _target_: some.Loop\n")
+    validate_recipe_config(launch_config(f"{LOOP_FILE}={own}", f"{LOOP}=mine"))
+    validate_recipe_config(launch_config(f"{LOOP_FILE}={own}", f"{LOOP}=tool_agent"))
+    assert refusal(f"{LOOP_FILE}={own}", f"{LOOP}=theirs").startswith(
+        f"{LOOP}=theirs is not a registered agent loop; known: mine, single_turn_agent, tool_agent")
+    validate_recipe_config(launch_config(f"{LOOP_FILE}={agent_loops.CONFIG_PATH}",
+                                         f"{LOOP}=recipe_two_turn_alternate"))
+
+
+# ---- AGPO's group filter and AGPO dual's clip (issue 51, item 5) ------------------------------------------------
+@pytest.mark.parametrize("metric", ["score", "pred", "Reward", "null", "''"])
+def test_agpos_group_filter_on_another_metric_than_the_rewards_is_refused(metric):
+    shown = {"null": "None", "''": ""}.get(metric, metric)
+    assert refusal("method=agpo", f"algorithm.filter_groups.metric={metric}").startswith(
+        f"algorithm.filter_groups.metric={shown} with algorithm.adv_estimator=agpo: the group filter must classify "
+        "AGPO's groups by their rewards, reward (verl's pre-KL score) or acc")
+
+
+def test_agpos_group_filter_on_reward_or_acc_or_off_passes():
+    for overrides in (["algorithm.filter_groups.metric=reward"], ["algorithm.filter_groups.metric=acc"],
+                      ["algorithm.filter_groups.enable=false", "algorithm.filter_groups.metric=score"]):
+        validate_recipe_config(launch_config("method=agpo", *overrides))
+
+
+def test_agpo_duals_clip_base_outside_its_bounds_is_refused():
+    assert refusal("method=agpo_dual", "algorithm.agpo_dual.clip_base=0.5") == (
+        "algorithm.agpo_dual.clip_base=0.5 is outside [clip_min, clip_max] = [0.05, 0.4]: every calm prompt's clip "
+        "would sit at a bound")
+
+
+# ---- a dry run calls nothing a setting names (issue 51, 6b) ------------------------------------------------------
+@pytest.mark.parametrize("override, path, target", [
+    ("actor_rollout_ref.actor.checkpoint._target_=os.mkdir", "actor_rollout_ref.actor.checkpoint", "os.mkdir"),
+    ("algorithm.kl_ctrl._target_=builtins.print", "algorithm.kl_ctrl", "builtins.print"),
+    ("actor_rollout_ref.actor._target_=verl.utils.fs.copy_to_local", "actor_rollout_ref.actor",
+     "verl.utils.fs.copy_to_local"),  # verl's, but a function
+    ("actor_rollout_ref.actor.optim._target_=verl.workers.config.NoSuchConfig", "actor_rollout_ref.actor.optim",
+     "verl.workers.config.NoSuchConfig"),
+    ("+data.extra._target_=subprocess.getoutput", "data.extra", "subprocess.getoutput"),
+])
+def test_a_target_that_is_not_one_of_verls_config_classes_is_refused_before_verls_check_builds_it(override, path,
+                                                                                                  target):
+    assert refusal(override) == (
+        f"{path}._target_={target}: verl builds this node as the object its _target_ names when the launch checks "
+        "the config (a dry run too), so it must be one of verl's config classes (a dataclass of verl.*), as verl's "
+        "own config sets it")
+
+
+def test_a_dry_run_neither_imports_nor_calls_the_vote_key_and_refuses_a_process_function(tmp_path, monkeypatch):
+    """The module would make a folder when imported, its function one named after the response it is handed (the
+    launch hands it vote_keys.SAMPLE_RESPONSE): a dry run makes neither."""
+    (tmp_path / "dry_run_vote_key.py").write_text(
+        "import os\nos.makedirs('imported_at_dry_run', exist_ok=True)\n"
+        "def key(text):\n    os.makedirs(text[:12], exist_ok=True)\n    return text\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    made = ("imported_at_dry_run", "The sum is 3")
+    common = ("method=agpo_dual", "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.n=8",
+              "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=4", "trainer.n_gpus_per_node=1",
+              "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+              "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
+              "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2", "dry_run=true")
+    result = run_recipe_main(*common, "algorithm.agpo_dual.vote_key=dry_run_vote_key:key", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "dry run: stopping before Ray starts" in result.stdout
+    assert not any((tmp_path / name).exists() for name in made)
+    for spec in ("os:mkdir", "subprocess:getoutput"):
+        result = run_recipe_main(*common, f"algorithm.agpo_dual.vote_key={spec}", cwd=tmp_path)
+        assert result.returncode == 2
+        lines = result.stderr.strip().splitlines()
+        assert lines[-1].startswith(f"recipe-apo: error: algorithm.agpo_dual.vote_key='{spec}' is refused: ")
+        assert not [line for line in lines if not line.startswith("recipe-apo: ")], result.stderr
+    assert not any((tmp_path / name).exists() for name in made)

@@ -414,3 +414,239 @@ def test_a_broken_kept_prompts_file_stops_the_resume_naming_the_file_and_the_way
     assert message.startswith(f"cannot resume CoDaPO's kept prompts from {tmp_path / CODAPO_FILE}")
     assert "algorithm.codapo.resample=false" in message and "\n" not in message
     assert fresh.kept is None and fresh.pairing.kept_step is None  # nothing restored
+
+
+# ---- state files that are not what the recipe writes (issue 51, item 1) ---------------------------------------------
+# Each method's state file, a valid one, and the runtime that reads it at a step whose checkpoint needs it.
+def _codapo_state(**fields):
+    return {"kind": "codapo", "global_step": 5, "step": 5, "kept": {"q": ["a", "b"]}, **fields}
+
+
+VALID = {
+    "apo": (APO_FILE, 9, lambda **f: {"kind": "apo", "global_step": 9, "version": 1,
+                                       "anchors": {"global": {**GOOD_ANCHOR, **f}}}),
+    "agpo_dual": (AGPO_FILE, 3, lambda **f: {"kind": "agpo_dual", "global_step": 3, "uncertainty_avg": 0.5,
+                                             "entropy_ref": 1.5, "kl_avg": 0.01, **f}),
+    "codapo": (CODAPO_FILE, 5, _codapo_state),
+}
+# How each runtime's refusal begins (the file named after it).
+REFUSAL = {"apo": "cannot resume the APO anchor from", "agpo_dual": "cannot resume AGPO's controllers from",
+           "codapo": "cannot resume CoDaPO's kept prompts from"}
+
+
+def _runtime(method: str):
+    return runtime(method, apo={"history": 6}) if method == "apo" else runtime(method)
+
+
+def _refused(method: str, folder, step: int, within_s: float = 10.0) -> str:
+    """The runtime's one-line refusal of ``folder``'s state file, which must come within ``within_s`` seconds (a
+    read that blocks would never return: it runs in a thread the test gives up on)."""
+    import threading
+    import time
+
+    fresh, outcome = _runtime(method), {}
+
+    def restore():
+        try:
+            restore_state(fresh, str(folder), step)
+        except MethodStateError as exc:
+            outcome["error"] = exc
+
+    started = time.monotonic()
+    worker = threading.Thread(target=restore, daemon=True)
+    worker.start()
+    worker.join(within_s)
+    assert not worker.is_alive(), f"restoring {method}'s state blocked for {within_s} s"
+    assert time.monotonic() - started < within_s
+    message = str(outcome["error"])
+    path = folder / VALID[method][0]
+    assert message.startswith(f"{REFUSAL[method]} {path}: ") and "\n" not in message, message
+    if method == "apo":
+        assert driver_anchors().anchor().value is None  # nothing installed
+        reset_driver_anchors()
+    if method == "agpo_dual":
+        assert fresh.state.state_dict() == AgpoState().state_dict()
+    if method == "codapo":
+        assert fresh.kept is None and fresh.pairing.kept_step is None
+    return message
+
+
+def _write(folder, method: str, payload) -> None:
+    name = VALID[method][0]
+    (folder / name).write_text(payload if isinstance(payload, str) else json.dumps(payload))
+
+
+@pytest.mark.parametrize("method", list(VALID))
+def test_each_valid_state_file_is_restored_through_a_link_too(tmp_path, method):
+    """The cases below refuse what the recipe did not write; the same file, as written, restores (also through a
+    symbolic link to it: a link to a regular file is a regular file)."""
+    name, step, valid = VALID[method]
+    (tmp_path / "elsewhere.json").write_text(json.dumps(valid()))
+    folder = tmp_path / f"global_step_{step}"
+    folder.mkdir()
+    os.symlink(tmp_path / "elsewhere.json", folder / name)
+    assert restore_state(_runtime(method), str(folder), step) is True
+    reset_driver_anchors()
+
+
+@pytest.mark.parametrize("method", list(VALID))
+@pytest.mark.parametrize("kind", ["fifo", "link to a fifo", "link to /dev/zero", "link to /dev/null", "folder",
+                                  "link to a folder", "socket"])
+def test_a_state_path_that_is_not_a_regular_file_ends_the_resume_in_one_line_at_once(tmp_path, method, kind):
+    import socket
+
+    name, step, _ = VALID[method]
+    folder = tmp_path / f"global_step_{step}"
+    folder.mkdir()
+    path = folder / name
+    expected = {"fifo": "(a FIFO)", "link to a fifo": f"(a link to {tmp_path / 'pipe'}, a FIFO)",
+                "link to /dev/zero": "(a link to /dev/zero, a character device)",
+                "link to /dev/null": "(a link to /dev/null, a character device)", "folder": "(a folder)",
+                "link to a folder": f"(a link to {tmp_path}, a folder)", "socket": "(a socket)"}[kind]
+    held = None
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "link to a fifo":
+        os.mkfifo(tmp_path / "pipe")
+        os.symlink(tmp_path / "pipe", path)
+    elif kind in ("link to /dev/zero", "link to /dev/null"):
+        os.symlink("/dev/zero" if "zero" in kind else "/dev/null", path)
+    elif kind == "folder":
+        path.mkdir()
+    elif kind == "link to a folder":
+        os.symlink(tmp_path, path)
+    else:
+        held = socket.socket(socket.AF_UNIX)
+        held.bind(str(path))
+    try:
+        message = _refused(method, folder, step)
+    finally:
+        if held is not None:
+            held.close()
+    assert message.endswith(f": it is not a regular file {expected}" + (
+        f": step {step} is the first of a CoDaPO pair and step {step + 1} trains on its kept prompts; resume from "
+        "an even step's checkpoint (trainer.resume_mode=resume_path), or set algorithm.codapo.resample=false"
+        if method == "codapo" else "; set algorithm.apo.on_missing_state=fresh to start the anchor fresh instead"
+        if method == "apo" else "")), message
+
+
+@pytest.mark.parametrize("device", ["/dev/zero", "/dev/null", "/dev/urandom"])
+def test_the_codec_reads_no_device(device):
+    with pytest.raises(StateFileError, match=r"^it is not a regular file \(a character device\)$"):
+        read_state(device, "x")
+
+
+def test_a_link_to_nothing_says_where_it_points(tmp_path):
+    os.symlink(tmp_path / "gone.json", tmp_path / AGPO_FILE)
+    assert _refused("agpo_dual", tmp_path, 3).endswith(f": it is missing (a link to {tmp_path / 'gone.json'}, "
+                                                        "which does not exist)")
+
+
+@pytest.mark.parametrize("method, bound", [("agpo_dual", 64 * 2**10), ("apo", 256 * 2**20),
+                                           ("codapo", 256 * 2**20)])
+def test_a_state_file_past_its_bound_is_refused_before_it_is_read(tmp_path, method, bound):
+    from recipe_apo.methods.state_codec import MAX_STATE_BYTES
+
+    assert MAX_STATE_BYTES == 256 * 2**20
+    name, step, valid = VALID[method]
+    text = json.dumps(valid())
+    # At the bound: a valid file padded with whitespace is still read (AGPO's only: the others' bound is 256 MiB).
+    if bound < 2**20:
+        (tmp_path / name).write_text(text + " " * (bound - len(text)))
+        assert restore_state(_runtime(method), str(tmp_path), step) is True
+    # One byte more: refused from its size alone (a sparse file: nothing of it is on disk, and nothing is read).
+    with open(tmp_path / name, "w") as handle:
+        handle.write(text)
+        handle.truncate(bound + 1)
+    assert f": it holds {bound + 1} bytes, more than the {bound} a state file of this method may hold" in \
+        _refused(method, tmp_path, step)
+
+
+def test_the_codec_stops_reading_at_its_bound(tmp_path):
+    path = tmp_path / "x_state.json"
+    path.write_text('{"kind": "x"}' + " " * 100)
+    with pytest.raises(StateFileError, match=r"^it holds 113 bytes, more than the 112 a state file"):
+        read_state(str(path), "x", max_bytes=112)
+    assert read_state(str(path), "x", max_bytes=113) == ({}, None)
+
+
+# Files that parse, but whose keys or numbers the recipe never writes: (method, the state's changes, the cause).
+FOREIGN = [
+    ("apo", lambda v: {**v, "extra": 1}, "keys the recipe does not write: 'extra'"),
+    ("apo", lambda v: {**v, "anchors": {"global": {**GOOD_ANCHOR, "rate": 0.1, "zz": 2}}},
+     "keys the recipe does not write: 'rate', 'zz'"),
+    ("apo", lambda v: {**v, **{f"k{i}": i for i in range(8)}},
+     "keys the recipe does not write: 'k0', 'k1', 'k2', 'k3', 'k4' and 3 more"),
+    ("agpo_dual", lambda v: {**v, "extra": 0.0}, "AGPO state holds keys the recipe does not write: 'extra'"),
+    ("codapo", lambda v: {**v, "extra": []}, "it holds keys the recipe does not write: 'extra'"),
+    # Numbers past what a writer reaches.
+    ("apo", lambda v: {**v, "global_step": 10**30}, "global_step 1000000000000000000000000000000 is not a whole "
+                                                     "number in [0, 9007199254740991]"),
+    ("agpo_dual", lambda v: {**v, "global_step": -1}, "global_step -1 is not a whole number"),
+    ("codapo", lambda v: {**v, "global_step": True}, "global_step True is not a whole number"),
+    ("apo", lambda v: _anchor(v, steps=10**30), "steps must be an integer in [0, 9007199254740991], got "
+                                                "1000000000000000000000000000000"),
+    ("apo", lambda v: _anchor(v, steps=2**53), "steps must be an integer in [0, 9007199254740991], got "
+                                               "9007199254740992"),
+    ("apo", lambda v: json.dumps(_anchor(v, steps=2)).replace('"steps": 2', '"steps": ' + "9" * 5000),
+     "it cannot be read (ValueError: Exceeds the limit (4300 digits)"),
+    ("agpo_dual", lambda v: {**v, "kl_avg": 1e39}, "AGPO state kl_avg must be a number in [0, 6.80565e+38], got 1e+39"),
+    ("agpo_dual", lambda v: {**v, "uncertainty_avg": 10**300},
+     "AGPO state uncertainty_avg must be a number in [0, 3.40282e+44], got 1000000000000000000000000000000000000"),
+    ("agpo_dual", lambda v: {**v, "entropy_ref": 23.0}, "AGPO state entropy_ref must be a number in [0, 22.1807], "
+                                                        "got 23.0"),
+    ("agpo_dual", lambda v: {**v, "kl_avg": 10**400}, "it cannot be read (OverflowError"),
+    ("codapo", lambda v: {**v, "step": 10**30}, "it is not the kept prompts of step 5 (step "
+                                                "1000000000000000000000000000000)"),
+    ("codapo", lambda v: {**v, "step": 5.0}, "it is not the kept prompts of step 5 (step 5.0)"),
+    # Histories and tables longer than their writer keeps.
+    ("apo", lambda v: _anchor(v, history=[0.5] * 1_000_000, history_len=100_000, steps=2_000_000),
+     "a history of 1000000 values is longer than its history_len 100000"),
+    ("apo", lambda v: _anchor(v, history=[0.5] * 7, steps=20), "a history of 7 values is longer than its "
+                                                               "history_len 6"),
+    ("apo", lambda v: _anchor(v, history=[0.4, 0.45, 0.5], steps=1), "a history of 3 values after 1 updates"),
+    ("apo", lambda v: _anchor(v, history=[0.5, 0.4]), "the history must end at the value"),
+    ("apo", lambda v: _anchor(v, value=None), "the history must end at the value"),
+    ("apo", lambda v: _anchor(v, value=None, history=[], steps=3), "no value after 3 updates"),
+    ("codapo", lambda v: {**v, "kept": {"q": "abc"}}, "its kept prompts' column 'q' is not a list of rows"),
+    ("codapo", lambda v: {**v, "kept": {"q": list(range(33))}},
+     "it keeps 33 prompts, more than a step draws (data.train_batch_size=32)"),
+]
+
+
+def _anchor(state, **fields):
+    return {**state, "anchors": {"global": {**GOOD_ANCHOR, **fields}}}
+
+
+@pytest.mark.parametrize("method, change, cause", FOREIGN, ids=[f"{m}-{c[:40]}" for m, _, c in FOREIGN])
+def test_a_state_whose_keys_or_numbers_no_writer_gives_is_refused_naming_the_file(tmp_path, method, change, cause):
+    name, step, valid = VALID[method]
+    _write(tmp_path, method, change(valid()))
+    if method == "codapo":  # a run that draws 32 prompts a step
+        fresh = runtime("codapo", codapo={"resample": True})
+        fresh.config = OmegaConf.merge(fresh.config, {"data": {"train_batch_size": 32}})
+        with pytest.raises(MethodStateError) as info:
+            restore_state(fresh, str(tmp_path), step)
+        message = str(info.value)
+        assert fresh.kept is None
+    else:
+        message = _refused(method, tmp_path, step)
+    assert message.startswith(f"{REFUSAL[method]} {tmp_path / name}: ") and "\n" not in message
+    assert cause in message, message
+    assert len(message) < 600
+
+
+def test_an_anchor_state_as_the_writer_leaves_it_at_each_stage_restores(tmp_path):
+    """The bounds above are the writer's own: a fresh anchor, a warm start, a full history all restore."""
+    from recipe_apo.methods.apo.anchor import CapabilityAnchor
+
+    stages = [CapabilityAnchor(init=None, history=3), CapabilityAnchor(init=0.2, history=3)]
+    full = CapabilityAnchor(init=0.2, history=3)
+    for y in (0.1, 0.9, 0.4, 0.6, 0.3):
+        full.update(y, eta=1.0, eta_min=0.05, history=3)
+    warm = CapabilityAnchor(init=None, history=3)
+    warm.update(0.7, eta=1.0, eta_min=0.05, history=3)
+    for anchor in stages + [full, warm]:
+        copy = CapabilityAnchor(history=3)
+        copy.load_state_dict(json.loads(json.dumps(anchor.state_dict())))
+        assert copy.state_dict() == anchor.state_dict()

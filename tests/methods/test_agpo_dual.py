@@ -29,7 +29,13 @@ from recipe_apo.methods.agpo_dual.controllers import (
     vote_entropy,
 )
 from recipe_apo.methods.agpo_dual.settings import AgpoConfigError, AgpoSettings
-from recipe_apo.methods.agpo_dual.vote_keys import math_vote_key
+from recipe_apo.methods.agpo_dual.vote_keys import (
+    RULE,
+    VoteKeyError,
+    check_vote_key_name,
+    load_vote_key,
+    math_vote_key,
+)
 from recipe_apo.methods.errors import BatchInputError, MethodStateError
 
 S = AgpoSettings()
@@ -253,6 +259,8 @@ def test_the_state_round_trips_bit_for_bit_and_refuses_anything_else():
     ("average_rate", 0.0, "algorithm.agpo_dual.average_rate"),
     ("clip_max", 1.0, "algorithm.agpo_dual.clip_max"),
     ("clip_min", 0.45, "clip_min=0.45 is above clip_max=0.4"),
+    ("clip_base", 0.5, r"clip_base=0.5 is outside \[clip_min, clip_max\] = \[0.05, 0.4\]: every calm prompt's clip"),
+    ("clip_base", 0.01, r"clip_base=0.01 is outside \[clip_min, clip_max\] = \[0.05, 0.4\]"),
     ("dispersion", "var", "algorithm.agpo_dual.dispersion"),
     ("weight_dispersion", -1.0, "algorithm.agpo_dual.weight_dispersion"),
     ("clip_kl", True, "algorithm.agpo_dual.clip_kl"),
@@ -273,3 +281,94 @@ def test_an_unknown_setting_is_refused_naming_it():
 def test_non_finite_probe_rewards_are_refused_naming_the_prompt():
     with pytest.raises(BatchInputError, match="prompt 1 has a non-finite reward"):
         ProbeStats.of(np.array([[0.0, 1.0], [np.nan, 1.0]]), [["a", "b"], ["a", "b"]])
+
+
+def test_clip_base_at_either_bound_is_accepted():
+    assert AgpoSettings(clip_base=0.4).clip_base == 0.4
+    assert AgpoSettings(clip_base=0.05, clip_min=0.05).clip_base == 0.05
+
+
+# ---- vote keys that name process or file-system functions (issue 51, 6b) ----------------------------------------
+@pytest.mark.parametrize("spec, reason", [
+    ("os:mkdir", "os reaches processes, files, the network or the interpreter"),
+    ("os.path:exists", "os reaches"),
+    ("posixpath:basename", "posixpath reaches"),
+    ("posix:system", "posix reaches"),
+    ("subprocess:getoutput", "subprocess reaches"),
+    ("shutil:rmtree", "shutil reaches"),
+    ("pathlib:Path", "pathlib reaches"),
+    ("sys:exit", "sys reaches"),
+    ("importlib:import_module", "importlib reaches"),
+    ("socket:gethostbyname", "socket reaches"),
+    ("io:open", "io reaches"),
+    ("webbrowser:open", "webbrowser reaches"),
+    (" tempfile :mkdtemp", "tempfile reaches"),
+    ("torch:load", "torch reaches"),
+    ("numpy:loadtxt", "numpy reaches"),
+    ("builtins:open", "builtins' open opens files, runs or imports code, reads the terminal or exits"),
+    ("builtins:eval", "builtins' eval opens"),
+    ("builtins:exec", "builtins' exec opens"),
+    ("builtins:__import__", "builtins' __import__ opens"),
+    ("builtins:input", "builtins' input opens"),
+    ("recipe_apo.integration.jsonl:append", "recipe_apo.integration.jsonl's append is the recipe's own"),
+    ("recipe_apo.methods.agpo_dual.vote_keys:load_vote_key",
+     "recipe_apo.methods.agpo_dual.vote_keys's load_vote_key is the recipe's own (of its functions only math_vote_key"),
+])
+def test_a_vote_key_naming_a_process_or_file_function_is_refused_before_it_is_imported_or_called(spec, reason):
+    for check in (check_vote_key_name, load_vote_key):
+        with pytest.raises(VoteKeyError) as refused:
+            check(spec)
+        message = str(refused.value)
+        assert message.startswith(f"algorithm.agpo_dual.vote_key={spec!r} is refused: {reason}")
+        assert message.endswith(f"; {RULE}") and "\n" not in message
+
+
+@pytest.mark.parametrize("source, defined", [
+    ("from os import system as key\n", "posix's system"),
+    ("import subprocess\nkey = subprocess.getoutput\n", "subprocess's getoutput"),
+    ("import functools, shutil\nkey = functools.partial(shutil.rmtree, ignore_errors=True)\n", "shutil's rmtree"),
+    ("key = eval\n", "builtins' eval"),
+])
+def test_a_function_of_ones_own_module_that_is_a_refused_one_is_refused_by_where_it_is_defined(
+        tmp_path, monkeypatch, source, defined):
+    name = f"vote_key_alias_{abs(hash(source))}"
+    (tmp_path / f"{name}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(VoteKeyError) as refused:
+        load_vote_key(f"{name}:key")
+    message = str(refused.value)
+    owner, function = defined.split("'s ") if "'s " in defined else defined.split("' ")
+    assert message.startswith(f"algorithm.agpo_dual.vote_key='{name}:key' is refused: it is {owner}'s {function}, and")
+    assert message.endswith(RULE) and "\n" not in message
+
+
+def test_the_dry_run_check_finds_a_users_module_without_running_it(tmp_path, monkeypatch):
+    """A module that would make a folder when imported, and a function that would make one when called: the dry
+    run's check finds the module and runs neither; the launch's load imports and calls it once."""
+    (tmp_path / "vote_key_side_effects.py").write_text(
+        "import os\nos.makedirs(os.path.join(os.path.dirname(__file__), 'imported'), exist_ok=True)\n"
+        "def key(text):\n    os.makedirs(os.path.join(os.path.dirname(__file__), 'called'), exist_ok=True)\n"
+        "    return text[-3:]\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    check_vote_key_name("vote_key_side_effects:key")
+    assert not (tmp_path / "imported").exists() and not (tmp_path / "called").exists()
+    with pytest.raises(VoteKeyError, match=r"^algorithm.agpo_dual.vote_key='no_such_vote_key_module:f' cannot be "
+                                           r"loaded \(no module named 'no_such_vote_key_module'\)$"):
+        check_vote_key_name("no_such_vote_key_module:f")
+    assert load_vote_key("vote_key_side_effects:key")("abc}.") == "c}."
+    assert (tmp_path / "imported").exists() and (tmp_path / "called").exists()
+
+
+@pytest.mark.parametrize("spec", ["builtins:str", "string:capwords", "re:escape", "html:escape",
+                                  "recipe_apo.methods.agpo_dual.vote_keys:math_vote_key"])
+def test_text_functions_of_the_standard_library_are_not_refused_by_name(spec):
+    check_vote_key_name(spec)
+    assert isinstance(load_vote_key(spec)("The answer is 12."), str)
+
+
+def test_a_vote_key_that_exits_is_one_line_not_an_exit(tmp_path, monkeypatch):
+    (tmp_path / "vote_key_exits.py").write_text("import sys\ndef key(text):\n    sys.exit(3)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(VoteKeyError, match=r"^algorithm.agpo_dual.vote_key='vote_key_exits:key' fails on a sample "
+                                           r"response \(SystemExit: 3\)"):
+        load_vote_key("vote_key_exits:key")

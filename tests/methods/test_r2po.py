@@ -22,7 +22,7 @@ from recipe_apo.methods.errors import MethodStateError
 from recipe_apo.methods.r2po import METHOD
 from recipe_apo.methods.r2po.estimator import compute_advantage, r2po_outcome_advantage, rarity_outcome_advantage
 from recipe_apo.methods.r2po.model import HEAD_KL, HEAD_LOGIT_GAP, head_gap_rows, response_mean
-from recipe_apo.methods.r2po.schedule import HEAD, POLICY, phase_at
+from recipe_apo.methods.r2po.schedule import HEAD, POLICY, Phase, phase_at
 from recipe_apo.methods.r2po.settings import R2poConfigError, R2poSettings
 
 # The reward values of the source's reward (accuracy +-1 plus format 1.25 or -1) and of 0/1 rewards.
@@ -132,6 +132,62 @@ def test_policy_phase_is_the_sources_group_by_group(groups):
     torch.testing.assert_close(advantages[:, 0], expected, rtol=1e-5, atol=1e-5)
 
 
+def test_a_spread_of_0_01_is_no_skip_in_the_rewards_own_precision():
+    # float32 holds 0.01 as 0.00999999978, and 0.31 - 0.3 as 0.00999999046: neither can be told from 0.01 there
+    for low, high in ((0.0, 0.01), (0.3, 0.31), (-0.31, -0.3), (7.0, 7.01)):
+        rewards, mask, uids, _ = batch([[low, high]])
+        advantages, rows = compute_advantage(rewards, mask, uids, POLICY)
+        r = rewards[:, 1].double()  # mean (a + b) / 2, sample std |b - a| / sqrt(2)
+        expected = (r - r.mean()) / ((r[1] - r[0]).abs() / math.sqrt(2) + 1e-4)
+        assert not rows["skipped"].any(), (low, high)
+        torch.testing.assert_close(advantages[:, 0], expected.float())
+    rewards, mask, uids, _ = batch([[0.0, 0.0099], [0.3, 0.3099], [5.0, 5.0]])
+    assert compute_advantage(rewards, mask, uids, POLICY)[1]["skipped"].all()
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.integers(-10_000, 10_000), st.sampled_from([torch.float32, torch.float64, torch.float16]))
+def test_rewards_0_01_apart_are_kept_and_0_0099_apart_skipped(k, dtype):
+    def skipped(gap):
+        rewards = torch.zeros(2, 2, dtype=dtype)
+        rewards[:, 0] = torch.tensor([k / 100, k / 100 + gap], dtype=torch.float64).to(dtype)
+        distinct = bool(rewards[0, 0] != rewards[1, 0])
+        return bool(compute_advantage(rewards, torch.ones(2, 2), np.array(["g", "g"]), POLICY)[1]["skipped"][0]), \
+            distinct
+
+    kept, distinct = skipped(0.01)
+    assert kept == (not distinct)  # only rewards the dtype cannot hold apart are skipped
+    narrow, _ = skipped(0.0099)
+    assert narrow or dtype == torch.float16  # float16 cannot tell 0.0099 from 0.01 past 1 (its unit: 0.001)
+
+
+def test_any_kl_penalty_in_the_reward_empties_the_rarity_advantage():
+    # why the launch refuses algorithm.use_kl_in_reward: a penalty different for every response makes every reward
+    # of a group distinct (s = 1 for all), and rarity then skips the group, whatever the answers
+    group = torch.tensor([0.0, 0.0, 0.0, 1.0]) - 6e-8 * torch.arange(1, 5)
+    rewards, mask, uids, _ = batch([group.tolist(), [0.0, 0.0, 0.0, 1.0]])
+    advantages, rows = compute_advantage(rewards, mask, uids, HEAD)
+    assert advantages[:4].abs().sum() == 0 and rows["skipped"][:4].all()
+    assert advantages[4:].abs().sum() > 0  # without it, the same answers carry a signal
+
+
+@pytest.mark.parametrize("phase", [2, -1, "head", None, 0.0, True, "1"])
+def test_a_phase_that_is_no_phase_is_refused_in_one_line(phase):
+    rewards, mask, uids, _ = batch([[1.0, 0.0]])
+    with pytest.raises(MethodStateError) as info:
+        compute_advantage(rewards, mask, uids, phase)
+    assert str(info.value) == f"r2po: the step's phase must be 0 (head) or 1 (policy), got {phase!r}"
+    if phase is None:  # what the runtime hands as no phase at all: its own refusal (above)
+        return
+    driver_state.keep("r2po", phase)
+    try:
+        with pytest.raises(MethodStateError, match=r"^r2po: the step's phase must be 0 \(head\) or 1 \(policy\)"):
+            r2po_outcome_advantage(rewards, mask, index=uids)
+    finally:
+        driver_state.forget("r2po")
+    assert compute_advantage(rewards, mask, uids, np.int64(1))[1]["skipped"].tolist() == [False, False]
+
+
 def test_the_r2po_estimator_takes_the_phase_the_runtime_handed():
     rewards, mask, uids, _ = batch([[1.0, 0.0, 0.0, 0.0]])
     driver_state.forget("r2po")
@@ -173,6 +229,56 @@ def test_phases_of_one_step():
     assert [(p.phase, p.round, p.first) for p in (phase_at(s, one) for s in (1, 2, 3, 4))] == [
         (0, 0, True), (1, 0, True), (0, 1, True), (1, 1, True)]
     assert R2poSettings(policy_steps=[3, 1]).policy_steps == (3, 1)
+
+
+def walked_phases(settings: R2poSettings, last: int) -> list[tuple[int, int, int]]:
+    """(phase, round, index) of steps 1..last, laid out round by round as the settings read: the oracle of the
+    closed form."""
+    phases, round_ = [], 0
+    while len(phases) < last:
+        phases += [(HEAD, round_, i) for i in range(1, settings.head_steps + 1)]
+        policy = settings.policy_steps[min(round_, len(settings.policy_steps) - 1)]
+        phases += [(POLICY, round_, i) for i in range(1, policy + 1)]
+        round_ += 1
+    return phases[:last]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 12), st.lists(st.integers(1, 12), min_size=1, max_size=6), st.integers(1, 400),
+       st.integers(0, 10**18))
+def test_the_phase_of_a_step_is_the_walk_over_the_schedule(head, policy, last, shift):
+    schedule = R2poSettings(head_steps=head, policy_steps=policy)
+    walked = walked_phases(schedule, last)
+    assert [(p.phase, p.round, p.index) for p in (phase_at(s, schedule) for s in range(1, last + 1))] == walked
+    # past the listed rounds the schedule repeats its last round: shift a step by whole rounds, far into the run
+    prefix = sum(head + steps for steps in policy[:-1])
+    period, step = head + policy[-1], prefix + last
+    rounds = shift // period
+    far = phase_at(step + rounds * period, schedule)
+    near = phase_at(step, schedule)
+    assert (far.phase, far.round, far.index) == (near.phase, near.round + rounds, near.index)
+
+
+def test_the_phase_far_into_a_run_by_hand_in_microseconds():
+    import timeit
+
+    released = R2poSettings()  # 20 head steps; rounds 0, 1 span 60 steps each, then every round 40 (20 + 20)
+    # step 10**18 = 120 + 40 (r - 2) + 40 ends round r = (10**18 - 160) / 40 + 2 = 25 * 10**15 - 2
+    assert phase_at(10**18, released) == Phase(10**18, POLICY, 25 * 10**15 - 2, 20)
+    # step 10**9 = 120 + 40 * (25 * 10**6 - 3) - 40 + 40: the same place, round 25 * 10**6 - 2
+    assert phase_at(10**9, released) == Phase(10**9, POLICY, 25 * 10**6 - 2, 20)
+    assert phase_at(10**9 + 1, released) == Phase(10**9 + 1, HEAD, 25 * 10**6 - 1, 1)
+    assert phase_at(np.int64(121), released) == Phase(121, HEAD, 2, 1)
+    for step in (10**9, 10**18):
+        seconds = min(timeit.repeat(lambda: phase_at(step, released), number=1000, repeat=5)) / 1000
+        assert seconds < 50e-6, seconds  # was 1.6 s at 10**6 (a walk of the rounds); about 2 us here, unloaded
+
+
+@pytest.mark.parametrize("step", [0, -3, 1.5, 2.0, True, "3", None])
+def test_a_step_that_is_no_training_step_is_refused(step):
+    with pytest.raises(ValueError) as info:
+        phase_at(step, R2poSettings())
+    assert str(info.value) == f"training steps are integers counted from 1, got {step!r}"
 
 
 @pytest.mark.parametrize("node, message", [

@@ -200,3 +200,101 @@ def test_most_rows_starting_masked_take_the_full_maxima():
     assert apo._valid_rows(mask).tolist() == [True] * 7 + [False] * 3
     mask[8, 0] = 1
     assert apo._valid_rows(mask).tolist() == [True] * 7 + [False, True, False]
+
+
+# ---- the response mask, the advantages' range, verl's loss settings (issue 51, items 4 and 5) -------------------
+@pytest.mark.parametrize("dtype", [torch.bool, torch.uint8, torch.int32, torch.int64, torch.float16, torch.bfloat16,
+                                   torch.float32, torch.float64])
+def test_a_0_1_mask_of_any_dtype_verl_hands_over_passes(dtype):
+    checks.check_mask(torch.tensor([[1, 1, 0], [0, 0, 0]]).to(dtype))
+    checks.check_mask(torch.zeros(0, 3, dtype=dtype))
+
+
+@pytest.mark.parametrize("value, shown", [(float("nan"), "nan"), (float("inf"), "inf"), (-float("inf"), "-inf"),
+                                          (2.0, "2"), (-1.0, "-1"), (1.0000001, "1")])
+def test_a_mask_value_outside_0_1_is_refused_naming_the_rows(value, shown):
+    mask = torch.ones(5, 3, dtype=torch.float64)
+    mask[1, 2] = mask[3, 0] = value
+    with pytest.raises(BatchInputError) as refused:
+        checks.check_mask(mask, prefix="m: ")
+    assert str(refused.value) == (
+        f"m: response_mask: 2 of 5 responses have a mask value that is NaN, inf or outside [0, 1], first rows [1, 3] "
+        f"(row 1 holds {shown}); a mask is 0 or 1 per token")
+
+
+def test_an_integer_mask_of_2_and_a_mask_of_another_dtype_are_refused():
+    with pytest.raises(BatchInputError, match=r"^response_mask: 1 of 2 responses .* \(row 0 holds 2\)"):
+        checks.check_mask(torch.tensor([[2, 1], [1, 0]]))
+    for dtype in (torch.complex64, torch.uint16, torch.float8_e4m3fn):
+        name = str(dtype).removeprefix("torch.")
+        with pytest.raises(BatchInputError, match=rf"^response_mask is {name}: a mask is bool, an integer \(int8 to "
+                                                  r"int64, uint8\) or a float"):
+            checks.check_mask(torch.ones(2, 2).to(dtype))
+
+
+@pytest.mark.parametrize("dtype, fits, overflows", [
+    (torch.float16, 65504.0, 65520.0),
+    (torch.bfloat16, 3.3895313892515355e38, 3.4e38),
+    (torch.float32, 3.4028234663852886e38, 3.5e38),
+    (torch.float64, 1.7976931348623157e308, float("inf")),
+])
+def test_advantages_are_checked_against_their_dtypes_largest_value(dtype, fits, overflows):
+    checks.check_advantages("m", np.array([0.0, -fits, fits]), dtype)
+    with pytest.raises(BatchInputError) as refused:
+        checks.check_advantages("m", np.array([0.0, 1.0, -overflows, float("nan"), overflows]), dtype, "why")
+    name = str(dtype).removeprefix("torch.")
+    limit = float(torch.finfo(dtype).max)
+    assert str(refused.value) == (f"m: the advantages of 3 of 5 responses are not finite in {name} (max {limit:.3g}), "
+                                  f"first row 2 (advantage {-overflows:.4g} in float64): why")
+
+
+def test_a_value_that_fits_stays_finite_through_rounding_and_a_mask_in_0_1():
+    """What check_advantages relies on: each float64 advantage at most the dtype's max, times a mask in [0, 1],
+    rounds to a finite value of the dtype."""
+    from recipe_apo.methods.tensors import from_float64
+
+    for dtype in (torch.float16, torch.bfloat16, torch.float32):
+        limit = float(torch.finfo(dtype).max)
+        values = np.array([limit, -limit, np.nextafter(limit, 0.0), 0.5])
+        mask = torch.tensor([[1.0, 0.999, 0.0], [1.0, 1.0, 1.0], [0.5, 1e-30, 1.0], [1.0, 1.0, 0.0]]).to(dtype)
+        out = torch.empty_like(mask).copy_(mask).mul_(from_float64(values, dtype, mask.device).unsqueeze(-1))
+        assert torch.isfinite(out).all()
+
+
+def test_the_loss_settings_bounds_name_the_key_and_take_nulls_as_verls_fallback():
+    base = {"clip_ratio": 0.2, "clip_ratio_low": None, "clip_ratio_high": 0.28, "clip_ratio_c": 3.0,
+            "kl_loss_coef": 0.001, "entropy_coeff": 0.0}
+    checks.check_loss_settings(base, MethodConfigError, prefix="a.")
+    checks.check_loss_settings({}, MethodConfigError, prefix="a.")  # verl's defaults
+    checks.check_loss_settings({**base, "clip_ratio": 0.0}, MethodConfigError)  # low falls back to 0: [1, 1.28]
+    for change, message in [
+        ({"clip_ratio_c": 1}, "a.clip_ratio_c must be > 1.0, got 1"),
+        ({"clip_ratio": float("nan")}, "a.clip_ratio must be a finite number, got nan"),
+        ({"clip_ratio_high": 0.0, "clip_ratio": 0.0}, "a.clip_ratio_low=0.0 and clip_ratio_high=0.0: the clip range "
+                                                      "[1 - low, 1 + high] is the single ratio 1"),
+        ({"clip_ratio_low": 1.25}, "a.clip_ratio_low=1.25: the clip range's lower end 1 - clip_ratio_low = -0.25 is "
+                                   "below 0, no bound on a ratio (which is > 0); at most 1"),
+        ({"clip_ratio_high": True}, "a.clip_ratio_high must be a finite number, got True"),
+        ({"kl_loss_coef": -1e-9}, "a.kl_loss_coef must be >= 0.0, got -1e-09"),
+        ({"entropy_coeff": float("-inf")}, "a.entropy_coeff must be a finite number, got -inf"),
+    ]:
+        with pytest.raises(MethodConfigError) as refused:
+            checks.check_loss_settings({**base, **change}, MethodConfigError, prefix="a.")
+        assert str(refused.value).startswith(message)
+
+
+@pytest.mark.parametrize("index, said", [
+    ([["a"], ["a", "b"], "c"], "the uid of row 0 is a list, which cannot name a group"),
+    (np.array([1, 2, {3: 4}], dtype=object), "the uid of row 2 is a dict, which cannot name a group"),
+    ([["a"], ["b"], ["c"]], "has shape (3, 1) but the batch has 3 responses; pass one uid (a str or an int)"),
+    ("abc", "has shape () but the batch has 3 responses"),
+])
+def test_an_index_that_is_not_one_label_per_response_is_one_line(index, said):
+    with pytest.raises(BatchInputError) as refused:
+        groups.group_ids(index, 3)
+    assert said in str(refused.value) and str(refused.value).startswith("index (the uid array)")
+
+
+def test_group_ids_of_a_bfloat16_tensor_and_of_a_list():
+    assert groups.group_ids(torch.tensor([2.0, 2.0, 5.0], dtype=torch.bfloat16), 3)[0].tolist() == [0, 0, 1]
+    assert groups.group_ids(["u", "u", "v"], 3)[0].tolist() == [0, 0, 1]

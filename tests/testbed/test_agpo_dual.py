@@ -345,9 +345,9 @@ def test_the_temperature_and_the_answer_key_are_checked_before_training(hydra_ct
                                                   r"algorithm.agpo_dual.base_temperature=1.0: "
                                                   "method=agpo_dual needs them equal"):
         check_method(_compose(["method=agpo_dual", "actor_rollout_ref.rollout.temperature=0.7"]))
-    with pytest.raises(TestbedSettingError, match=r"algorithm.agpo_dual.vote_key=os.path:basename: must be null in the "
+    with pytest.raises(TestbedSettingError, match=r"algorithm.agpo_dual.vote_key=string:capwords: must be null in the "
                                                   "testbed"):
-        check_method(_compose(["method=agpo_dual", "algorithm.agpo_dual.vote_key=os.path:basename"]))
+        check_method(_compose(["method=agpo_dual", "algorithm.agpo_dual.vote_key=string:capwords"]))
     with pytest.raises(TestbedSettingError, match=r"kl_loss_type=k9: not a KL estimator verl computes"):
         check_method(_compose(["method=agpo_dual", "actor_rollout_ref.actor.kl_loss_type=k9"]))
     with pytest.raises(ValueError, match=r"algorithm.agpo_dual.clip_min"):

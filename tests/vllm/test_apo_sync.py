@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from helpers.rehearsal_runs import SOURCES, dump, state, train_then_resume
+from helpers.rehearsal_runs import SOURCES, dump, runtime_state, state, train_then_resume
 
 from recipe_apo.methods.apo.anchor import AnchorBook
 from recipe_apo.methods.apo.settings import ApoSettings
@@ -49,7 +49,7 @@ def actor_weights(folder) -> dict:
 def test_resume_continues_the_anchor_bit_for_bit(sync_runs):
     rows, ckpt = sync_runs["rows"], sync_runs["ckpt"]
     book, settings = AnchorBook(), ApoSettings()
-    book.load_state_dict(state(ckpt / "global_step_2"))
+    book.load_state_dict(runtime_state(ckpt / "global_step_2"))
     book.anchor().update(rows[2]["apo/batch_success"], settings.eta, settings.eta_min, settings.history)
     assert book.state_dict()["anchors"] == state(ckpt / "global_step_3")["anchors"]
 

@@ -15,7 +15,7 @@ import sys
 from collections import defaultdict
 
 import pytest
-from helpers.rehearsal_runs import checkpoint_root, run, state, tail
+from helpers.rehearsal_runs import checkpoint_root, run, runtime_state, state, tail
 
 from recipe_apo.cpu import rehearse
 from recipe_apo.cpu.local_cluster import local_cluster
@@ -93,7 +93,7 @@ def test_the_resume_continued_the_anchor_from_exactly_the_saved_state(two_nodes)
     bit for bit: the resumed run started from exactly the saved anchor."""
     (row,) = two_nodes["metrics_second"]
     book = AnchorBook()
-    book.load_state_dict(state(two_nodes["ckpt"] / "global_step_2"))
+    book.load_state_dict(runtime_state(two_nodes["ckpt"] / "global_step_2"))
     settings = ApoSettings()
     book.anchor(GLOBAL_SCOPE).update(row["apo/batch_success"], settings.eta, settings.eta_min, settings.history)
     assert book.state_dict()["anchors"] == state(two_nodes["ckpt"] / "global_step_3")["anchors"]

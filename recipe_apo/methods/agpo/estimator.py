@@ -45,7 +45,7 @@ import torch
 
 from recipe_apo.methods import driver_state
 from recipe_apo.methods.agpo.settings import AgpoSettings
-from recipe_apo.methods.checks import check_finite, check_shapes, output_dtype
+from recipe_apo.methods.checks import check_advantages, check_finite, check_mask, check_shapes, output_dtype
 from recipe_apo.methods.errors import BatchInputError, MethodConfigError
 from recipe_apo.methods.groups import centered_rewards, group_ids, group_range, response_rewards
 from recipe_apo.methods.settings import read_flag
@@ -92,6 +92,7 @@ def compute_agpo_advantage(
     (+1, -1 or 0 per row)."""
     settings = settings or AgpoSettings()
     check_shapes(token_level_rewards=token_level_rewards, response_mask=response_mask)
+    check_mask(response_mask, prefix="agpo: ")
     batch_size = token_level_rewards.shape[0]
     out_dtype = output_dtype(token_level_rewards)
     codes, n_groups = group_ids(index, batch_size)
@@ -113,6 +114,8 @@ def compute_agpo_advantage(
         saturated = np.where(all_one[codes], 1.0, np.where(all_zero[codes], -1.0, 0.0))
         advantage = np.where(saturated != 0, saturated, advantage)
     advantage = np.where(valid, advantage, 0.0)
+    check_advantages("agpo", advantage, out_dtype, "rescale the rewards (algorithm.agpo.wrong_reward=0 keeps their "
+                     "scale; without norm_adv_by_std_in_grpo the advantages are reward differences)")
     out = mask if out_dtype == torch.float32 else torch.empty_like(response_mask, dtype=out_dtype).copy_(response_mask)
     advantages = out.mul_(from_float64(advantage, out_dtype, out.device).unsqueeze(-1))
     return advantages, {"shaped": np.where(valid, shaped, 0.0), "bonused": bonused, "saturated": saturated}
@@ -132,5 +135,5 @@ def agpo_outcome_advantage(
     norm = read_flag(config, "norm_adv_by_std_in_grpo", True, MethodConfigError)
     advantages, rows = compute_agpo_advantage(token_level_rewards, response_mask, index, norm, settings)
     # The training rewards behind the advantages, for the runtime's metrics and dump (the recipe's trainer).
-    driver_state.record_result("agpo", {}, valid=response_mask.sum(dim=-1).cpu().numpy() > 0, **rows)
+    driver_state.record_result("agpo", {}, valid=to_numpy(response_mask.sum(dim=-1, dtype=torch.float32)) > 0, **rows)
     return advantages, advantages

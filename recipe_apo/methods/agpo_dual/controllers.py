@@ -42,6 +42,7 @@ import torch
 
 from recipe_apo.methods.agpo_dual.settings import DISPERSIONS, AgpoConfigError, AgpoSettings
 from recipe_apo.methods.errors import BatchInputError, MethodStateError
+from recipe_apo.methods.state_codec import shown, unknown_keys
 
 # The source's guards (agpo/config.yaml): U_bar's start test and c's denominator; H's floor in the ratio;
 # skewness's std floor and clamp.
@@ -50,6 +51,15 @@ ENTROPY_FLOOR = 1e-8
 SKEW_SIGMA_MIN = 1e-6
 SKEW_MAX = 10.0
 MAD_SCALE, IQR_SCALE = 1.4826, 1.349
+
+# The largest value each state field can reach, what a restored state is held to. H_ref: an average of token
+# entropies, each at most ln |V| (no tokenizer has 2^32 tokens). KL_bar: an average of step_KL, a mean of
+# differences of two float32 log-probs. U_bar: an average of U = w_r sigma_p + w_e H_v + w_k |kappa|, the weights
+# at most 1e6 (``AgpoSettings``), sigma_p a float32, H_v at most ln G (G <= 4096 probe samples), |kappa| <= 10.
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+STATE_MAX = {"uncertainty_avg": 1e6 * (FLOAT32_MAX + math.log(4096) + SKEW_MAX),
+             "entropy_ref": math.log(2.0**32),
+             "kl_avg": 2 * FLOAT32_MAX}
 
 
 def _f32(values: Any) -> np.ndarray:
@@ -199,15 +209,24 @@ class AgpoState:
         return {key: float(getattr(self, key)) for key in self.FIELDS}
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore from ``state_dict``'s output; anything else raises ``MethodStateError`` naming the part."""
-        if not isinstance(state, dict) or set(state) != set(self.FIELDS):
-            got = sorted(state) if isinstance(state, dict) else type(state).__name__
-            raise MethodStateError(f"AGPO state must hold exactly {', '.join(self.FIELDS)}, got {got}")
+        """Restore from ``state_dict``'s output; anything else raises ``MethodStateError`` naming the part: a key
+        the state does not have, a missing one, or a number outside what the controllers can reach (``STATE_MAX``)."""
+        if not isinstance(state, dict):
+            raise MethodStateError(f"AGPO state must hold exactly {', '.join(self.FIELDS)}, got a "
+                                   f"{type(state).__name__}")
+        unknown = unknown_keys(state, self.FIELDS)
+        if unknown:
+            raise MethodStateError(f"AGPO state holds keys the recipe does not write: {unknown}")
+        missing = [key for key in self.FIELDS if key not in state]
+        if missing:
+            raise MethodStateError(f"AGPO state must hold exactly {', '.join(self.FIELDS)}; missing "
+                                   f"{', '.join(missing)}")
         values = {}
         for key in self.FIELDS:
-            value = state[key]
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-                raise MethodStateError(f"AGPO state {key} must be a finite number >= 0, got {value!r}")
+            value, high = state[key], STATE_MAX[key]
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                    or not 0 <= value <= high:
+                raise MethodStateError(f"AGPO state {key} must be a number in [0, {high:.6g}], got {shown(value)}")
             values[key] = float(value)
         for key, value in values.items():
             setattr(self, key, value)

@@ -4,8 +4,10 @@ A trainer other than the recipe's; verl's asynchronous modes (they submit a step
 samples with and refill across updates, while the probe must finish before its prompts' training generation);
 verl's group filter (its refills would probe and train outside the step's statistics); verl's rollout-correction
 bypass mode (it skips the old policy's pass, whose token entropies the clip reads); a rollout temperature other than
-tau_base (the actor's log-probs use it); a ``vote_key`` that does not load. The per-prompt temperature's agent loop
-is the verl integration's to check (any method that samples prompts at their own settings needs it).
+tau_base (the actor's log-probs use it); a ``vote_key`` that does not load, or that names a function of processes or
+files (``vote_keys.refused_because``). A dry run (``dry_run=true``) checks the ``vote_key``'s name and finds its module
+without importing or calling it: it runs nothing a setting names. The per-prompt temperature's agent loop is the verl
+integration's to check (any method that samples prompts at their own settings needs it).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 from recipe_apo.methods import catalog
 from recipe_apo.methods.agpo_dual import LOSS, uses_agpo
 from recipe_apo.methods.agpo_dual.settings import AgpoSettings
-from recipe_apo.methods.agpo_dual.vote_keys import VoteKeyError, load_vote_key
+from recipe_apo.methods.agpo_dual.vote_keys import VoteKeyError, check_vote_key_name, load_vote_key
 from recipe_apo.methods.base import Launch, MethodRuntime, load
 from recipe_apo.methods.errors import MethodConfigError
 
@@ -27,7 +29,10 @@ def check_agpo_launch(launch: Launch) -> None:
         return
     settings = AgpoSettings.from_algorithm_config(config.algorithm)
     try:  # a module:function that does not load is named now, not in a Ray worker
-        load_vote_key(settings.vote_key)
+        if config.get("dry_run", False) is True:
+            check_vote_key_name(settings.vote_key)
+        else:
+            load_vote_key(settings.vote_key)
     except VoteKeyError as exc:
         raise MethodConfigError(str(exc)) from None
     mode = str(config.trainer.get("v1", {}).get("trainer_mode", "sync"))

@@ -42,6 +42,8 @@ def _spread(values: np.ndarray) -> tuple[float, float]:
 
 class AgpoRuntime(MethodRuntime):
     needs = frozenset({"old_log_probs", "entropy"})
+    # Its state file holds three numbers, about 150 bytes: a larger one is not what the recipe wrote.
+    state_max_bytes = 64 * 2**10
 
     def __init__(self, config: Any) -> None:
         super().__init__(config)

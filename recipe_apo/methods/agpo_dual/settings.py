@@ -87,6 +87,11 @@ class AgpoSettings:
                          high_open=True)
         if self.clip_min > self.clip_max:
             raise AgpoConfigError(f"algorithm.agpo_dual.clip_min={self.clip_min} is above clip_max={self.clip_max}")
+        if not self.clip_min <= self.clip_base <= self.clip_max:
+            # eps_p = clip(eps_base x (the entropy ratio, the vote entropy, over the dispersion and KL terms), eps_min,
+            # eps_max): an eps_base outside pins the clip of every calm prompt (all terms near 1) at a bound.
+            raise AgpoConfigError(f"algorithm.agpo_dual.clip_base={self.clip_base} is outside [clip_min, clip_max] = "
+                                  f"[{self.clip_min}, {self.clip_max}]: every calm prompt's clip would sit at a bound")
         check_number(name + "entropy_ratio_min", self.entropy_ratio_min, AgpoConfigError, **positive)
         check_number(name + "entropy_ratio_max", self.entropy_ratio_max, AgpoConfigError, **positive)
         if self.entropy_ratio_min > self.entropy_ratio_max:

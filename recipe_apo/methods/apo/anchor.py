@@ -30,8 +30,11 @@ import numpy as np
 from recipe_apo.methods import driver_state
 from recipe_apo.methods.apo.settings import MAX_HISTORY
 from recipe_apo.methods.errors import BatchInputError, MethodConfigError, MethodStateError
+from recipe_apo.methods.state_codec import MAX_COUNT, is_count, shown, unknown_keys
 
 STATE_VERSION = 1
+# The keys of one anchor's state (``CapabilityAnchor.state_dict``).
+ANCHOR_KEYS = ("version", "value", "history", "history_len", "steps")
 
 
 def _is_int(value: Any) -> bool:
@@ -105,10 +108,17 @@ class CapabilityAnchor:
         and a ``ValueError``) and leaves this anchor unchanged.
 
         Types are checked, not coerced: ``"1"``, ``1.9`` or ``true`` where an integer or a rate belongs means
-        the file is not what this code wrote, and restoring it would run on made-up numbers.
+        the file is not what this code wrote, and restoring it would run on made-up numbers. So are the bounds
+        ``update`` keeps: no key but the five it writes; a history no longer than ``history_len`` (a deque of that
+        length never holds more), ending at ``value`` (each update appends the new value) and holding at most one
+        value more than ``steps`` (the start, C_0); no value and no history before the first update; ``steps`` a
+        whole number in [0, ``state_codec.MAX_COUNT``].
         """
         _check_version(state)
-        missing = [key for key in ("value", "history", "history_len", "steps") if key not in state]
+        unknown = unknown_keys(state, ANCHOR_KEYS)
+        if unknown:
+            raise MethodStateError(f"malformed anchor state: keys the recipe does not write: {unknown}")
+        missing = [key for key in ANCHOR_KEYS if key not in state]
         if missing:
             raise MethodStateError(f"malformed anchor state: missing {', '.join(missing)}")
         value, history, history_len, steps = state["value"], state["history"], state["history_len"], state["steps"]
@@ -120,8 +130,20 @@ class CapabilityAnchor:
             raise MethodStateError(
                 f"malformed anchor state: history_len must be an integer in [1, {MAX_HISTORY}], got {history_len!r}"
             )
-        if not _is_int(steps) or steps < 0:
-            raise MethodStateError(f"malformed anchor state: steps must be an integer >= 0, got {steps!r}")
+        if not is_count(steps):
+            raise MethodStateError(f"malformed anchor state: steps must be an integer in [0, {MAX_COUNT}], got "
+                                   f"{shown(steps)}")
+        if len(history) > history_len:
+            raise MethodStateError(f"malformed anchor state: a history of {len(history)} values is longer than its "
+                                   f"history_len {history_len}")
+        if len(history) > steps + 1:
+            raise MethodStateError(f"malformed anchor state: a history of {len(history)} values after {steps} "
+                                   "updates (each update adds one, the start one more)")
+        if (value is None) != (not history) or (history and history[-1] != value):
+            raise MethodStateError("malformed anchor state: the history must end at the value (both empty before "
+                                   "the first update without a start value)")
+        if value is None and steps:
+            raise MethodStateError(f"malformed anchor state: no value after {steps} updates")
         self.value = None if value is None else float(value)
         self.history = deque((float(v) for v in history), maxlen=history_len)
         self.steps = steps
@@ -199,6 +221,9 @@ class AnchorBook:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Replace all anchors by those in ``state``; a malformed state raises and changes nothing."""
         _check_version(state)
+        unknown = unknown_keys(state, ("version", "anchors"))
+        if unknown:
+            raise MethodStateError(f"malformed anchor state: keys the recipe does not write: {unknown}")
         items = state.get("anchors")
         if not isinstance(items, dict) or not all(isinstance(scope, str) for scope in items):
             raise MethodStateError(

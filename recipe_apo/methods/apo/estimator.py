@@ -42,7 +42,7 @@ from recipe_apo.methods import driver_state
 from recipe_apo.methods.apo.anchor import GLOBAL_SCOPE, AnchorBook, CapabilityAnchor, driver_anchors
 from recipe_apo.methods.apo.settings import ApoSettings
 from recipe_apo.methods.apo.success import success_of
-from recipe_apo.methods.checks import check_finite, check_no_overflow, check_shapes, output_dtype
+from recipe_apo.methods.checks import check_finite, check_mask, check_no_overflow, check_shapes, output_dtype
 from recipe_apo.methods.errors import BatchInputError
 from recipe_apo.methods.groups import group_ids, group_mean, response_rewards
 from recipe_apo.methods.tensors import from_float64, to_numpy
@@ -123,6 +123,7 @@ def _check_batch(
     None for an empty batch (no response, or no token in any), once its uids have passed their check.
     """
     check_shapes(token_level_rewards=token_level_rewards, response_mask=response_mask)
+    check_mask(response_mask, prefix="apo: ")
     if scopes is not None and isinstance(anchors, CapabilityAnchor):
         raise BatchInputError("per-scope anchors need an AnchorBook, not a single CapabilityAnchor")
     batch_size = token_level_rewards.shape[0]
@@ -205,12 +206,20 @@ def _group_scopes(scope_codes: np.ndarray, codes: np.ndarray, n_groups: int, ind
 def _check_no_overflow(centered: np.ndarray, settings: ApoSettings, dtype: torch.dtype) -> None:
     """Refuse, before any anchor moves, a batch whose advantages could leave ``dtype``'s range.
 
-    |Delta_g| <= 1 (success rates and anchors lie in [0, 1]), so |A_i^eff| <= lambda_scale * e * |A_i|.
+    |Delta_g| <= 1 (success rates and anchors lie in [0, 1]), so |A_i^eff| <= lambda_scale * e * |A_i|; with the
+    mask in [0, 1] (``check_mask``) every token's advantage is then finite. NaN (float64 sums of rewards near its
+    max) counts as the largest, so the first bad response is named.
     """
-    largest = float(np.abs(centered).max(initial=0.0))
+    if not centered.size:
+        return
+    magnitude = np.where(np.isnan(centered), np.inf, np.abs(centered))
+    row = int(np.argmax(magnitude))
+    largest = float(magnitude[row])
     bound = largest * (settings.lambda_scale * math.e if settings.reweight else 1.0)
-    check_no_overflow(bound, dtype, "", f"algorithm.apo.lambda_scale={settings.lambda_scale:g} x e x the largest "
-                      f"group-centered reward {largest:.3g}; lower lambda_scale or rescale the rewards")
+    factor = f" x algorithm.apo.lambda_scale={settings.lambda_scale:g} x e bounds" if settings.reweight else " is"
+    way_out = "lower lambda_scale or rescale the rewards" if settings.reweight else "rescale the rewards"
+    check_no_overflow(bound, dtype, "apo: ", f"response {row}'s group-centered reward {centered[row]:.3g}{factor} its "
+                      f"advantage; {way_out}")
 
 
 def _priors(anchors: AnchorBook | CapabilityAnchor, scope_names: tuple[str, ...]) -> np.ndarray:

@@ -38,6 +38,7 @@ import torch
 from recipe_apo.methods import driver_state
 from recipe_apo.methods.checks import (
     check_finite,
+    check_mask,
     check_no_overflow,
     check_shapes,
     output_dtype,
@@ -93,6 +94,7 @@ def compute_codapo_advantage(
     in CoDaPO (A_i = R_i).
     """
     check_shapes(token_level_rewards=token_level_rewards, response_mask=response_mask, old_log_probs=old_log_probs)
+    check_mask(response_mask, prefix="codapo: ")
     batch_size = token_level_rewards.shape[0]
     out_dtype = output_dtype(token_level_rewards)
     codes, n_groups = group_ids(index, batch_size)

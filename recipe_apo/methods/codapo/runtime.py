@@ -28,6 +28,7 @@ from recipe_apo.methods.base import Host, MethodRuntime, Prompts, StepBatch, Ste
 from recipe_apo.methods.codapo.estimator import resample_order, select_prompts
 from recipe_apo.methods.codapo.settings import CodapoSettings
 from recipe_apo.methods.errors import MethodStateError
+from recipe_apo.methods.state_codec import is_count, shown, unknown_keys
 
 NOTHING_KEPT = ("codapo resampling: no weighted step to resample from (the odd step computed no codapo advantages); "
                 "set algorithm.codapo.resample=false or algorithm.adv_estimator=codapo")
@@ -117,6 +118,13 @@ class StepPairing:
         return resample_order(np.arange(len(self.kept)), batch_size, self.settings.repeat_count)
 
 
+def _batch_size(config: Any) -> Optional[int]:
+    """The run's ``data.train_batch_size`` when its config has a whole number there (a test's few keys may not)."""
+    data = config.get("data", None) if hasattr(config, "get") else None
+    size = data.get("train_batch_size", None) if hasattr(data, "get") else None
+    return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
+
+
 class CodapoRuntime(MethodRuntime):
     needs = frozenset({"old_log_probs"})
 
@@ -137,15 +145,30 @@ class CodapoRuntime(MethodRuntime):
         return self.pairing is not None and first_of_pair(step)
 
     def load_state_dict(self, state: dict, step: int) -> None:
-        kept = state.get("kept") if isinstance(state, dict) else None
-        if not isinstance(state, dict) or state.get("step") != step:
-            got = state.get("step") if isinstance(state, dict) else type(state).__name__
-            raise MethodStateError(f"it is not the kept prompts of step {step} (step {got!r})")
+        """The kept prompts of first step ``step``, as ``state_dict`` writes them: ``step`` (that step, a whole
+        number) and ``kept``, a table of columns (lists or arrays, one value per kept prompt, at least one), and no
+        other key."""
+        if not isinstance(state, dict):
+            raise MethodStateError(f"it is not the kept prompts of step {step} (a {type(state).__name__})")
+        unknown = unknown_keys(state, ("step", "kept"))
+        if unknown:
+            raise MethodStateError(f"it holds keys the recipe does not write: {unknown}")
+        saved, kept = state.get("step"), state.get("kept")
+        if not is_count(saved) or saved != step:  # true == 1 and 1.0 == 1 in Python: the type is checked first
+            raise MethodStateError(f"it is not the kept prompts of step {step} (step {shown(saved)})")
         if not isinstance(kept, dict) or not kept:
             raise MethodStateError("it holds no table of kept prompts")
-        sizes = {len(values) for values in kept.values() if hasattr(values, "__len__")}
+        columns = [name for name, values in kept.items() if not isinstance(values, (list, torch.Tensor))
+                   or (isinstance(values, torch.Tensor) and values.dim() == 0)]
+        if columns:
+            raise MethodStateError(f"its kept prompts' column {shown(columns[0])} is not a list of rows")
+        sizes = {len(values) for values in kept.values()}
         if len(sizes) != 1 or 0 in sizes:
-            raise MethodStateError(f"its kept prompts' columns differ in length or are empty ({sorted(sizes)})")
+            raise MethodStateError(f"its kept prompts' columns differ in length or are empty ({sorted(sizes)[:5]})")
+        drawn = _batch_size(self.config)
+        if drawn is not None and next(iter(sizes)) > drawn:  # kept from one draw of the loader's batch
+            raise MethodStateError(f"it keeps {next(iter(sizes))} prompts, more than a step draws "
+                                   f"(data.train_batch_size={drawn})")
         self.prompts, self.kept = None, kept
         self.pairing.restore(sizes.pop(), step)
 

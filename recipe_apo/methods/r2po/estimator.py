@@ -21,6 +21,11 @@ Where this departs from the source, and why:
   three thirds) the small constant the source trains on;
 - statistics in float64, rounded once to the rewards' dtype (the source: float32 throughout, so the two differ in
   the last bits); rows without a valid token (verl's padding) take no part and get A = 0;
+- the range skip compares in the rewards' own precision: a group spans less than 0.01 where max - min is below
+  0.01 by more than the rewards' resolution (``resolution``: one unit in the last place of the group's largest
+  |R| in the rewards' dtype), or is 0. The source compares its float32 spread with float64's 0.01, which skips
+  rewards 0.01 apart that float32 cannot tell from it: 0 and 0.01 (0.00999999978 in float32), 0.3 and 0.31
+  (0.00999999046), 597 of the 1000 pairs k/100, k/100 + 0.01 for k < 1000;
 - a skipped group still reaches verl's loss with A = 0, where the source drops it from the batch: its tokens count
   in the loss's token mean and, with the KL loss on, its KL term still acts (the source's skip drops it too).
 """
@@ -34,7 +39,7 @@ import numpy as np
 import torch
 
 from recipe_apo.methods import driver_state
-from recipe_apo.methods.checks import check_finite, check_shapes, output_dtype
+from recipe_apo.methods.checks import check_advantages, check_finite, check_shapes, output_dtype
 from recipe_apo.methods.errors import BatchInputError, MethodStateError
 from recipe_apo.methods.groups import centered_rewards, group_ids, group_range, response_rewards
 from recipe_apo.methods.tensors import from_float64
@@ -100,13 +105,18 @@ def rarity_advantage(scores: np.ndarray, codes: np.ndarray, n_groups: int, valid
     return np.where(valid & ~skipped[codes], advantage, 0.0), skipped
 
 
-def range_skipped_advantage(scores: np.ndarray, codes: np.ndarray, n_groups: int, valid: np.ndarray
-                            ) -> tuple[np.ndarray, np.ndarray]:
-    """(A, skipped groups): GRPO's advantage with the source's epsilon and range skip, float64."""
+def range_skipped_advantage(scores: np.ndarray, codes: np.ndarray, n_groups: int, valid: np.ndarray,
+                            eps: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+    """(A, skipped groups): GRPO's advantage with the source's epsilon and range skip, float64. A group is skipped
+    where its spread max - min is 0, or below 0.01 by more than the ``resolution`` of its largest |R| in the
+    rewards' type (machine epsilon ``eps``; 0 for integer rewards): the rewards' own precision."""
     w = valid.astype(np.float64)
     counts = np.bincount(codes, weights=w, minlength=n_groups)
     low, high = group_range(codes[valid], n_groups, scores[valid])
-    skipped = ~(high - low >= RANGE_SKIP)  # a group with no valid response has (inf, -inf): skipped
+    with np.errstate(over="ignore"):  # rewards near float64's max span inf: not skipped, as they span more than 0.01
+        spread = high - low  # exact where it matters: the difference of two nearby float32 (or float64) values
+    slack = resolution(np.maximum(np.abs(low), np.abs(high)), eps)
+    skipped = ~((spread >= RANGE_SKIP - slack) & (spread > 0))  # a group with no valid response: (inf, -inf)
     advantage = centered_rewards(scores, w, codes, counts, True, GRPO_EPSILON)
     return np.where(valid & ~skipped[codes], advantage, 0.0), skipped
 
@@ -114,10 +124,27 @@ def range_skipped_advantage(scores: np.ndarray, codes: np.ndarray, n_groups: int
 RULES = {0: rarity_advantage, 1: range_skipped_advantage}  # by phase (schedule.HEAD, schedule.POLICY)
 
 
+def check_phase(phase: Any) -> int:
+    """``phase`` as an int if it is one of ``RULES`` (0 head, 1 policy), else ``MethodStateError`` naming it: the
+    phase comes from R2PO's runtime, never from the batch."""
+    if isinstance(phase, (int, np.integer)) and not isinstance(phase, bool) and int(phase) in RULES:
+        return int(phase)
+    raise MethodStateError(f"r2po: the step's phase must be 0 (head) or 1 (policy), got {phase!r}")
+
+
+def resolution(values: np.ndarray, eps: float) -> np.ndarray:
+    """One unit in the last place of each of ``values`` in a floating type of machine epsilon ``eps`` (the
+    spacing of its numbers at that magnitude; 0 for ``eps`` 0, integers); a non-finite value gets 0."""
+    finite = np.isfinite(values)
+    _, exponent = np.frexp(np.where(finite, np.abs(values), 0.0))
+    return np.where(finite, eps * np.ldexp(1.0, exponent - 1), 0.0)
+
+
 def compute_advantage(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Any,
                       phase: int) -> tuple[torch.Tensor, dict[str, np.ndarray]]:
     """The advantages of ``phase``'s rule, (batch, response_len) in the rewards' dtype (float32 for integer
     rewards), and the per-row arrays behind them: ``valid``, ``skipped`` (the row's group was skipped)."""
+    phase = check_phase(phase)
     check_shapes(token_level_rewards=token_level_rewards, response_mask=response_mask)
     if index is None:
         raise BatchInputError("the r2po estimators need the uid of each response (non_tensor_batch['uid'])")
@@ -128,9 +155,14 @@ def compute_advantage(token_level_rewards: torch.Tensor, response_mask: torch.Te
     valid = mask.sum(dim=-1).cpu().numpy() > 0
     scores = response_rewards(token_level_rewards)
     check_finite(scores, valid, "rewards", prefix="r2po")
-    advantage, skipped = RULES[phase](scores, codes, n_groups, valid)
+    if phase == 0:
+        advantage, skipped = rarity_advantage(scores, codes, n_groups, valid)
+    else:
+        eps = torch.finfo(token_level_rewards.dtype).eps if token_level_rewards.is_floating_point() else 0.0
+        advantage, skipped = range_skipped_advantage(scores, codes, n_groups, valid, eps)
     out = mask if out_dtype == torch.float32 else torch.empty_like(response_mask, dtype=out_dtype).copy_(response_mask)
     advantages = out.mul_(from_float64(advantage, out_dtype, out.device).unsqueeze(-1))
+    check_advantages("r2po", advantage, out_dtype, response_mask=response_mask)  # a (NaN) mask or an overflow
     return advantages, {"valid": valid, "skipped": skipped[codes] & valid}
 
 
@@ -152,6 +184,6 @@ def r2po_outcome_advantage(token_level_rewards: torch.Tensor, response_mask: tor
         raise MethodStateError("the r2po estimator reads the step's phase from R2PO's runtime: run it with the "
                                "recipe's trainer (python -m recipe_apo.main method=r2po) or the testbed; "
                                "algorithm.adv_estimator=rarity is the head phase's rule alone")
-    advantages, rows = compute_advantage(token_level_rewards, response_mask, index, int(phase))
+    advantages, rows = compute_advantage(token_level_rewards, response_mask, index, phase)
     driver_state.record_result(ESTIMATOR, {}, **rows)
     return advantages, advantages

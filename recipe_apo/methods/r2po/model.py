@@ -276,26 +276,76 @@ def _copy_beside_weights(source: Path, target: Path) -> None:
             shutil.copy2(path, target / path.name)
 
 
-def _config(source: Path) -> dict:
+def read_config(source: str | Path) -> dict:
+    """``source``'s config.json: a JSON object naming a ``model_type`` of ``FAMILIES``, else ``RolloutHeadError``
+    naming the file (what transformers would otherwise fail on, several calls later)."""
+    path = Path(source) / "config.json"
     try:
-        return json.loads((source / "config.json").read_text())
+        config = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
-        raise RolloutHeadError(f"{source}: no readable config.json ({exc})") from exc
+        raise RolloutHeadError(f"{source}: no readable config.json ({_first_line(exc)})") from None
+    if not isinstance(config, dict):
+        raise RolloutHeadError(f"{path} holds a JSON {type(config).__name__}, not a model config (a JSON object)")
+    model_type = config.get("model_type")
+    if not isinstance(model_type, str):
+        raise RolloutHeadError(f"{path} names no model_type (got {model_type!r}); a model config names its family: "
+                               f"{', '.join(sorted(FAMILIES))}")
+    if model_type not in FAMILIES:
+        raise RolloutHeadError(f"{path}: model_type {model_type!r} has no rollout-head class; families: "
+                               f"{', '.join(sorted(FAMILIES))}")
+    return config
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+
+
+def _check_std(std: float) -> None:
+    if not isinstance(std, (int, float)) or isinstance(std, bool) or not 0.0 < std < float("inf"):
+        raise RolloutHeadError(f"the head's std must be a finite number > 0, got {std!r}")
+
+
+def _loaded(source: Path, cls: type):
+    """``source``'s model as ``cls`` (a rollout-head class, which its config then names) in the weights' own dtype;
+    what transformers cannot load is one ``RolloutHeadError`` line naming the folder."""
+    from safetensors import SafetensorError
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(source)
+        config.architectures = [cls.__name__]
+        return cls.from_pretrained(source, config=config, torch_dtype="auto")
+    except (OSError, ValueError, RuntimeError, KeyError, SafetensorError) as exc:
+        raise RolloutHeadError(f"{source}: transformers cannot load the model ({_first_line(exc)})") from None
 
 
 def add_rollout_head(source: str | Path, target: str | Path, seed: int = 0, std: float = INIT_STD) -> Path:
     """A checkpoint at ``target``: ``source``'s model with a rollout head drawn from N(0, std^2) (seeded), its
-    ``architectures`` ``R2PO<Base>``; the weights keep ``source``'s dtype. Refuses a model that has a head."""
-    from transformers import AutoConfig
-
+    ``architectures`` ``R2PO<Base>``; the weights keep ``source``'s dtype. Refuses a model that has a head (by its
+    architecture, or by ``rollout_head.*`` weights: verl's merger writes a trained head under the family's own
+    architecture, and a fresh draw would replace it), and a std whose draw is not finite in that dtype; nothing
+    is written before."""
     source, target = Path(source), Path(target)
-    if has_rollout_head(_config(source)):
-        raise RolloutHeadError(f"{source} has a rollout head already ({_config(source)['architectures'][0]})")
-    config = AutoConfig.from_pretrained(source)
-    cls = residual_class(config.model_type)
-    config.architectures = [cls.__name__]
-    model = cls.from_pretrained(source, config=config, torch_dtype="auto")
+    _check_std(std)
+    config = read_config(source)
+    if has_rollout_head(config):
+        raise RolloutHeadError(f"{source} has a rollout head already ({config['architectures'][0]}); train it as it "
+                               "is, or strip it first (python scripts/r2po_head.py strip)")
+    held = sorted(name for name in _weight_names(source) if name.startswith(HEAD + "."))
+    if held:
+        raise RolloutHeadError(f"{source} holds a rollout head already ({held[0]}, ... under architectures "
+                               f"{config.get('architectures')}: a merged R2PO checkpoint); to train it on, make its "
+                               f"config.json's architectures {residual_class(config['model_type']).__name__}"
+                               "; to start a fresh head, strip it first (python scripts/r2po_head.py strip)")
+    model = _loaded(source, residual_class(config["model_type"]))
     model.rollout_head.reset(std, torch.Generator().manual_seed(seed))
+    weights = [layer.weight for layer in (model.rollout_head.layer1, model.rollout_head.layer2)]
+    if not all(bool(torch.isfinite(weight).all()) for weight in weights):
+        dtype = weights[0].dtype
+        raise RolloutHeadError(f"a head drawn with std {std:g} has non-finite weights in the model's "
+                               f"{str(dtype).removeprefix('torch.')} (largest {torch.finfo(dtype).max:.3g}); "
+                               "take a smaller std")
     target.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(target)
     _copy_beside_weights(source, target)
@@ -303,39 +353,89 @@ def add_rollout_head(source: str | Path, target: str | Path, seed: int = 0, std:
 
 
 def _weight_names(source: Path) -> set[str]:
-    from safetensors import safe_open
+    """The names of the weights in ``source``'s files (safetensors headers, shard indices, PyTorch files read
+    memory-mapped); a file that cannot be read (corrupt, truncated) is one ``RolloutHeadError`` naming it."""
+    from safetensors import SafetensorError, safe_open
 
     names: set[str] = set()
-    for path in source.glob("*.safetensors"):
-        with safe_open(str(path), framework="pt") as weights:
-            names.update(weights.keys())
+    for path in sorted(source.iterdir()):
+        try:
+            if path.suffix == ".safetensors":
+                with safe_open(str(path), framework="pt") as weights:
+                    names.update(weights.keys())
+            elif path.name.endswith(".index.json"):
+                index = json.loads(path.read_text())
+                names.update(index["weight_map"])
+            elif path.suffix == ".bin":
+                names.update(torch.load(path, map_location="cpu", weights_only=True, mmap=True))
+        except (OSError, ValueError, KeyError, TypeError, RuntimeError, EOFError, SafetensorError) as exc:
+            raise RolloutHeadError(f"{path} is not a readable weights file ({_first_line(exc)})") from None
     return names
 
 
-# What model_for_run writes beside a copy it made: the model it was made from.
+# What model_for_run writes beside a copy it made: the model it was made from, and that model's files as they were.
 MADE_FROM = "r2po_made_from.json"
+
+
+def source_files(source: Path) -> dict[str, list[int]]:
+    """The identity of ``source``'s files, the copy's inputs: per top-level file, [size, mtime in ns]. A file
+    rewritten, replaced, added or removed changes it; reading a model's weights to hash them would cost a pass
+    over gigabytes at every launch."""
+    files = {}
+    for path in sorted(source.iterdir()):
+        if path.is_file():
+            info = path.stat()
+            files[path.name] = [info.st_size, info.st_mtime_ns]
+    return files
+
+
+def _changed(made: dict[str, list[int]], now: dict[str, list[int]]) -> str:
+    """What differs between two ``source_files``: the first file changed, added or removed, in words."""
+    for name in sorted(set(made) | set(now)):
+        if name not in now:
+            return f"{name} was removed"
+        if name not in made:
+            return f"{name} was added"
+        if made[name] != now[name]:
+            return f"{name} was rewritten"
+    return ""
 
 
 def model_for_run(source: str | Path, folder: str | Path) -> Path:
     """The model a run of R2PO trains: ``source`` when it carries a rollout head, else a copy with one in
     ``folder``, made once (a resumed run finds it, and the reference model of the KL is its start). A copy made
-    from another model is refused, never overwritten."""
+    from another model, or from ``source`` before its files changed (``source_files``), is refused, never
+    overwritten: the run's checkpoints were trained from it. A copy whose record predates ``source_files`` is
+    checked by time: refused where a file of ``source`` is newer than the record."""
     source, folder = Path(source).expanduser().resolve(), Path(folder)
-    if has_rollout_head(_config(source)):
+    if has_rollout_head(read_config(source)):
         return source
     record = folder / MADE_FROM
     if folder.exists():
         try:
-            made_from = json.loads(record.read_text())["source"]
+            made = json.loads(record.read_text())
+            made_from = made["source"]
         except (OSError, ValueError, KeyError, TypeError):
             raise RolloutHeadError(f"{folder} exists but holds no rollout-head copy the recipe made (no readable "
                                    f"{MADE_FROM}); remove it, or give the run another checkpoint folder") from None
         if made_from != str(source):
             raise RolloutHeadError(f"{folder} holds a rollout-head copy of {made_from}, not of {source}; remove it, "
                                    "or give the run another checkpoint folder")
+        now = source_files(source)
+        files = made.get("files")
+        if isinstance(files, dict):
+            change = _changed(files, now)
+        else:  # a record of an earlier version: only the time it was written
+            stamp = record.stat().st_mtime_ns
+            change = next((f"{name} was rewritten" for name, (_, mtime) in now.items() if mtime > stamp), "")
+        if change:
+            raise RolloutHeadError(f"{folder} holds a rollout-head copy of {source} as it was before it changed "
+                                   f"({change} since); remove the copy (and the checkpoints trained from it), or "
+                                   "give the run another checkpoint folder")
         return folder
+    files = source_files(source)  # before the copy reads them: a change while it copies shows at the next launch
     add_rollout_head(source, folder)
-    record.write_text(json.dumps({"source": str(source), "seed": 0, "std": INIT_STD}) + "\n")
+    record.write_text(json.dumps({"source": str(source), "seed": 0, "std": INIT_STD, "files": files}) + "\n")
     return folder
 
 
@@ -344,15 +444,14 @@ def strip_rollout_head(source: str | Path, target: str | Path) -> Path:
     ``architectures`` the family's own. ``source`` names a rollout-head architecture, or holds ``rollout_head.*``
     weights under the family's own (what verl's model merger writes of a checkpoint). Refuses a model with
     neither."""
-    from transformers import AutoConfig
-
     source, target = Path(source), Path(target)
-    if not has_rollout_head(_config(source)) and not any(n.startswith(HEAD + ".") for n in _weight_names(source)):
-        raise RolloutHeadError(f"{source} has no rollout head (architectures {_config(source).get('architectures')}, "
+    found = read_config(source)
+    held = any(name.startswith(HEAD + ".") for name in _weight_names(source))  # also: every weights file readable
+    if not has_rollout_head(found) and not held:
+        raise RolloutHeadError(f"{source} has no rollout head (architectures {found.get('architectures')}, "
                                f"no {HEAD}.* weights)")
-    config = AutoConfig.from_pretrained(source)
-    config.architectures = [residual_class(config.model_type).__name__]
-    model = residual_class(config.model_type).from_pretrained(source, config=config, torch_dtype="auto")
+    model = _loaded(source, residual_class(found["model_type"]))
+    config = model.config
     base = _base_class(config.model_type)
     config.architectures = [base.__name__]
     plain = base(config).to(model.dtype)
