@@ -67,11 +67,16 @@ def _numbers(values: Sequence[Any], count: int) -> Optional[tuple[np.ndarray, np
     return array, np.array([v is not None for v in values], dtype=bool)
 
 
+# The variables whose 1 means a right answer: verl's ``acc`` and the reward under its two names. Other 0/1
+# variables a reward function returns (``truncated``, a format flag) are not answers: a pass@k of them means nothing.
+ANSWER_VARIABLES = ("acc", "reward", "score")
+
+
 def validation_metrics(data_sources: Sequence[Any], sample_uids: Sequence[Any], infos_dict: dict[str, Sequence[Any]],
                        expected_acc_counts: Optional[dict[tuple[str, str], int]] = None) -> dict[str, float]:
     """``<section>/<data_source>/<var>/pass@k/mean``: the mean over a data source's problems (samples grouped by
-    uid) of pass@k, for every variable of ``infos_dict`` whose values there are all 0 or 1 (None: no value), at
-    the k verl logs ``best@k`` at (``ks_beside_best``; each k over the problems with at least k samples).
+    uid) of pass@k, for every answer variable (``ANSWER_VARIABLES``) whose values there are all 0 or 1 (None: no
+    value), at the k verl logs ``best@k`` at (``ks_beside_best``; each k over the problems with at least k samples).
 
     As verl does: ``val-core`` for the data source's core variable (``acc`` where it has one, else ``reward``) at
     its largest k, ``val-aux`` otherwise; with ``expected_acc_counts`` ((data source, uid) -> samples asked for),
@@ -92,6 +97,8 @@ def validation_metrics(data_sources: Sequence[Any], sample_uids: Sequence[Any], 
 
     metrics = {}
     for var, values in infos_dict.items():
+        if var not in ANSWER_VARIABLES:
+            continue
         numbers = _numbers(values, count)
         if numbers is None:
             continue

@@ -80,13 +80,16 @@ def test_validation_metrics_by_hand():
     acc = [1, 0, 0, 0, 1, 1, 0, 0, 0, 0]
     infos = {"reward": [float(x) for x in acc], "acc": [bool(x) for x in acc],
              "length": [3, 1, 2, 5, 4, 4, 1, 2, 7, 7],  # not right/wrong: no pass@k
-             "pred": ["1"] * 10}  # text: none either
+             "pred": ["1"] * 10,  # text: none either
+             "truncated": [0, 1, 0, 0, 0, 0, 1, 0, 0, 0],  # 0/1 but not an answer: none
+             "score": [float(x) for x in acc]}
     metrics = validation_metrics(sources, uids, infos)
     # a: pass@2 (1/2 + (1 - C(2,2)/C(4,2) = 5/6)) / 2 = 2/3; pass@4 (1 + 1) / 2 = 1. b: pass@2 0.
     assert metrics == pytest.approx({
         "val-aux/a/acc/pass@2/mean": 2 / 3, "val-core/a/acc/pass@4/mean": 1.0, "val-core/b/acc/pass@2/mean": 0.0,
         "val-aux/a/reward/pass@2/mean": 2 / 3, "val-aux/a/reward/pass@4/mean": 1.0,
         "val-aux/b/reward/pass@2/mean": 0.0,
+        "val-aux/a/score/pass@2/mean": 2 / 3, "val-aux/a/score/pass@4/mean": 1.0, "val-aux/b/score/pass@2/mean": 0.0,
     })
 
 
