@@ -149,10 +149,24 @@ def _check_sampling_loop(config: Any, rehearsal: bool) -> None:
             f"through: add the entry of {AGENT_LOOPS} to it")
 
 
+PLAIN_VERL = "python -m verl.trainer.main_ppo trainer.use_v1=false algorithm.adv_estimator=apo ... (docs/plain_verl.md)"
+
+
 def _check_trainer_version(config: Any, rehearsal: bool) -> None:
-    """Refuses trainer.use_v1=false: the recipe plugs into verl's V1 trainer only."""
+    """Refuses trainer.use_v1=false (the recipe plugs into verl's V1 trainer only), and a verl without the V1 task
+    runner the recipe's entry builds on (verl's ``neo`` branch deletes ``TaskRunnerV1``): one line naming verl's
+    version and the plain-verl command, where the registered estimators and losses still work."""
     if not config.trainer.get("use_v1", True):
         raise RecipeConfigError("trainer.use_v1=false: the recipe runs verl's V1 trainer; set trainer.use_v1=true")
+    import importlib
+
+    import verl
+
+    if not hasattr(importlib.import_module("verl.trainer.main_ppo"), "TaskRunnerV1"):
+        raise RecipeConfigError(
+            f"verl {getattr(verl, '__version__', '(unknown version)')} has no verl.trainer.main_ppo.TaskRunnerV1, "
+            f"which `python -m recipe_apo.main` runs on (the recipe pins verl 0.9.1); with this verl use its own "
+            f"entry, where the plugin's estimators and losses are registered: {PLAIN_VERL}")
 
 
 def _check_v1_settings(config: Any, rehearsal: bool) -> None:

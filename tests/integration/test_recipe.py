@@ -459,3 +459,19 @@ def test_a_seed_torch_cannot_take_is_refused_before_ray_starts(seed, said):
     assert str(refused.value) == said
     validate_recipe_config(compose_recipe("method=apo", "actor_rollout_ref.rollout.name=vllm",
                                           "actor_rollout_ref.rollout.n=8", "data.seed=4294967295"))
+
+
+def test_a_verl_without_the_v1_task_runner_is_one_line_naming_its_version_and_the_plain_verl_command(monkeypatch):
+    """verl's neo branch deletes TaskRunnerV1: the launch says so before anything imports the recipe's runner."""
+    import types
+
+    import verl
+
+    monkeypatch.setitem(sys.modules, "verl.trainer.main_ppo", types.ModuleType("verl.trainer.main_ppo"))
+    monkeypatch.setattr(verl, "__version__", "0.10.0.dev", raising=False)
+    with pytest.raises(RecipeConfigError) as refused:
+        validate_recipe_config(valid())
+    message = str(refused.value)
+    assert "\n" not in message
+    assert "verl 0.10.0.dev has no verl.trainer.main_ppo.TaskRunnerV1" in message
+    assert "python -m verl.trainer.main_ppo trainer.use_v1=false algorithm.adv_estimator=apo" in message
