@@ -3,25 +3,15 @@ with exit status 2 (arguments) or 1 (the model)."""
 
 from __future__ import annotations
 
-import contextlib
-import importlib.util
-import io
 import json
-from subprocess import CompletedProcess
 
-from helpers.paths import ROOT
+from helpers.scripts import load_script, run_main
 
-SPEC = importlib.util.spec_from_file_location("r2po_head", ROOT / "scripts" / "r2po_head.py")
-SCRIPT = importlib.util.module_from_spec(SPEC)
-SPEC.loader.exec_module(SCRIPT)
+SCRIPT = load_script("r2po_head")
 
 
 def run(*args):
-    """The script's main, in this process (a subprocess would import torch and transformers again)."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = SCRIPT.main([str(a) for a in args])
-    return CompletedProcess(args, code, out.getvalue(), err.getvalue())
+    return run_main(SCRIPT, *args)
 
 
 def test_add_then_strip(tiny_task, tmp_path):

@@ -3,23 +3,13 @@
 
 from __future__ import annotations
 
-import contextlib
-import importlib.util
-import io
-from subprocess import CompletedProcess
+from helpers.scripts import load_script, run_main
 
-from helpers.paths import ROOT
-
-SPEC = importlib.util.spec_from_file_location("r2po_head_scale", ROOT / "scripts" / "r2po_head_scale.py")
-SCRIPT = importlib.util.module_from_spec(SPEC)
-SPEC.loader.exec_module(SCRIPT)
+SCRIPT = load_script("r2po_head_scale")
 
 
 def run(*args):
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = SCRIPT.main([str(a) for a in args])
-    return CompletedProcess(args, code, out.getvalue(), err.getvalue())
+    return run_main(SCRIPT, *args)
 
 
 def _table(lines, title):
