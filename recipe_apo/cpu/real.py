@@ -239,11 +239,23 @@ def evaluate(model: Path, name: str, data: dict[str, Path], out: Path, samples: 
     return scores
 
 
-def audit(runs: dict[tuple[str, int], str], out: Path) -> Path:
-    """The bias audit of every run's rollout dumps, side by side."""
+def audit(runs: dict[tuple[str, int], str], out: Path, results: Path) -> Path:
+    """The bias audit of every run's rollout dumps, side by side, beside the report (``results/real_cpu_audit``)."""
     keys = sorted(runs, key=lambda key: (key[1], METHODS.index(key[0]) if key[0] in METHODS else 99, key[0]))
-    return rehearse.audit_runs([checkpoint_dir(out, runs[key]) for key in keys], out / "audit",
+    return rehearse.audit_runs([checkpoint_dir(out, runs[key]) for key in keys], results / "real_cpu_audit",
                                [f"{method}-s{seed}" for method, seed in keys])
+
+
+def audited_runs(runs: dict[tuple[str, int], str], earlier: Optional[dict], model: Path, data: dict[str, Path],
+                 out: Path, steps: int, engine: str) -> dict[tuple[str, int], str]:
+    """The runs trained here and those an earlier session reported whose finished checkpoints are still here (the
+    audit reads their rollout dumps; a run whose folder is gone stays in the report, out of the audit)."""
+    audited = dict(runs)
+    kept = sorted({(run["method"], run["seed"]) for run in (earlier or {}).get("runs", [])} - set(runs))
+    for seed in sorted({seed for _, seed in kept}):
+        names = experiments([m for m, s in kept if s == seed], seed, model, data, out, steps, engine)
+        audited.update({(method, seed): name for method, name in names.items() if last_step(out, name) >= steps})
+    return audited
 
 
 def provenance(command: Sequence[str]) -> dict:
@@ -281,7 +293,8 @@ def publish(runs: dict[tuple[str, int], str], model: Path, data: dict[str, Path]
         base = earlier["base"]["scores"] if earlier else evaluate(model, "base", data, out, samples, say)
         trained = {key: evaluate(checkpoint_dir(out, name) / f"global_step_{steps}", f"{key[0]}-s{key[1]}", data,
                                  out, samples, say) for key, name in runs.items()}
-    audit_report = audit(runs, out) if runs else None
+    audited = audited_runs(runs, earlier, model, data, out, steps, engine) if not quick else runs
+    audit_report = audit(audited, out, results) if audited else None
     metrics = real_report.read_runs(out / "metrics", PROJECT, runs)
     report = real_report.write(results, base, trained, metrics, audit_report, LEVELS,
                                provenance([sys.executable, "-m", "recipe_apo.cpu.real", *argv]),

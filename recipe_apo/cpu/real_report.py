@@ -12,8 +12,12 @@ Figures:
 - the gain over the base model, paired by problem: the mean over problems of (trained - base) and its standard
   error (the standard deviation of the differences over the square root of the number of problems);
 - a method against another: paired by seed (the same data order), the mean over seeds of the difference in
-  held-out pass@1, its SE across seeds, and Student's t with seeds - 1 degrees of freedom: "beyond noise" when
-  |t| exceeds the two-sided 95% critical value, else "within noise";
+  held-out pass@1, its SE across seeds, and Student's t with seeds - 1 degrees of freedom; and paired by problem,
+  each problem's difference averaged over the seeds, its SE across problems and Student's t with problems - 1
+  degrees of freedom (the evaluation's own noise: a finite problem set, a few samples each). "beyond noise" when
+  both |t| exceed their two-sided 95% critical values; "within the evaluation's noise" when the seeds agree but
+  the problems do not resolve the difference (three seeds can agree on a difference far smaller than one
+  evaluation can measure, and their 2 degrees of freedom then give a tiny SE); else "within noise";
 - the validation curve: verl's ``val-core/<level>/acc/mean@k`` at each validation step (the validation part,
   disjoint from the test part).
 """
@@ -144,6 +148,31 @@ def paired_gap(trained: dict, base: dict, level: str) -> tuple[float, Optional[f
     return mean, se, len(diffs)
 
 
+def t_critical(dof: int) -> float:
+    """The two-sided 95% critical value of Student's t: the table to 10 degrees of freedom, above it the
+    Cornish-Fisher expansion to 1/dof^3 around the normal's 1.95996 (within 2e-4 of the exact value from 11 on)."""
+    if dof <= len(T_975):
+        return T_975[dof - 1]
+    z = 1.959964
+    return (z + (z ** 3 + z) / (4 * dof) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * dof ** 2)
+            + (3 * z ** 7 + 19 * z ** 5 + 17 * z ** 3 - 15 * z) / (384 * dof ** 3))
+
+
+def problem_test(a_scores: Sequence[dict], b_scores: Sequence[dict], level: str) -> dict:
+    """Paired by problem, pooled over seeds: each problem's b - a averaged over the seeds (``a_scores[i]`` and
+    ``b_scores[i]`` are one seed's runs), then the mean, SE and t over problems (problems - 1 degrees of freedom)."""
+    tables = [(problems(a, level), problems(b, level)) for a, b in zip(a_scores, b_scores)]
+    keys = set(tables[0][0])
+    if any(set(a) != keys or set(b) != keys for a, b in tables):
+        raise ValueError(f"{level}: the runs compared scored different problems")
+    per_problem = [statistics.fmean(b[key] - a[key] for a, b in tables) for key in sorted(keys, key=str)]
+    mean, se = mean_se(per_problem)
+    if se is None or se == 0:
+        return {"problem_se": se, "problem_t": None, "problem_critical": None, "problems": len(per_problem)}
+    return {"problem_se": se, "problem_t": mean / se, "problem_critical": t_critical(len(per_problem) - 1),
+            "problems": len(per_problem)}
+
+
 def seed_test(differences: Sequence[float]) -> dict:
     """Paired test across seeds of per-seed differences."""
     mean, se = mean_se(differences)
@@ -199,6 +228,7 @@ def derive(study: dict) -> dict:
             row["gap"][level] = {"mean": mean, "se": se, "problems": n,
                                  "beyond_3se": bool(se and mean > 3 * se)}
         rows.append(row)
+    scores = {(run["method"], run["seed"]): run["scores"] for run in study["runs"]}
     methods = sorted(dict.fromkeys(r["method"] for r in rows), key=_method_order)
     per_method = {}
     for method in methods:
@@ -216,6 +246,10 @@ def derive(study: dict) -> dict:
             by = {(r["method"], r["seed"]): r for r in rows}
             for level in levels:
                 test = seed_test([by[(b, s)]["pass1"][level] - by[(a, s)]["pass1"][level] for s in seeds])
+                test.update(problem_test([scores[(a, s)] for s in seeds], [scores[(b, s)] for s in seeds], level))
+                if test["verdict"] == "beyond noise" and not (
+                        test["problem_t"] is not None and abs(test["problem_t"]) > test["problem_critical"]):
+                    test["verdict"] = "within the evaluation's noise"
                 pairs.append({"a": a, "b": b, "level": level, **test})
     return {"runs": rows, "methods": per_method, "pairs": pairs}
 
@@ -250,15 +284,21 @@ def markdown(study: dict, derived: dict, plot: Optional[str], audit: Optional[st
         cells = [f"{_pct(figs[lv]['mean'])} +- {_pct(figs[lv]['se'])}" for lv in levels]
         lines.append(f"| {method} | {', '.join(map(str, figs['seeds']))} | " + " | ".join(cells) + " |")
     if derived["pairs"]:
-        lines += ["", "## Verdicts: paired by seed, two-sided t-test at 95%", "",
-                  "| comparison | level | mean difference | SE | t | critical | verdict |",
-                  "|---|---|---:|---:|---:|---:|---|"]
+        lines += ["", "## Verdicts: two-sided t-tests at 95%, paired by seed and paired by problem", "",
+                  "Beyond noise when both tests resolve the difference: the seeds (SE across seeds) and the "
+                  "evaluation (each problem's difference averaged over the seeds, SE across problems).", "",
+                  "| comparison | level | mean difference | SE (seeds) | t | critical | SE (problems) | t | critical "
+                  "| verdict |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+
+        def num(value: Optional[float], digits: int) -> str:
+            return "-" if value is None else f"{value:.{digits}f}"
+
         for pair in derived["pairs"]:
-            t = "-" if pair["t"] is None else f"{pair['t']:.2f}"
-            crit = "-" if pair["critical"] is None else f"{pair['critical']:.3f}"
             verdict = f"**{pair['verdict']}**" if pair["verdict"] == "beyond noise" else pair["verdict"]
             lines.append(f"| {pair['b']} - {pair['a']} | {pair['level']} | {_pct(pair['mean'], True)} | "
-                         f"{_pct(pair['se'])} | {t} | {crit} | {verdict} |")
+                         f"{_pct(pair['se'])} | {num(pair['t'], 2)} | {num(pair['critical'], 3)} | "
+                         f"{_pct(pair.get('problem_se'))} | {num(pair.get('problem_t'), 2)} | "
+                         f"{num(pair.get('problem_critical'), 3)} | {verdict} |")
     lines += ["", "## Time per step (seconds, mean over each run's steps after the first)", "",
               "| run | step | generation | update |", "|---|---:|---:|---:|"]
     for run in study["runs"]:
@@ -271,7 +311,12 @@ def markdown(study: dict, derived: dict, plot: Optional[str], audit: Optional[st
     if plot:
         lines += ["", f"![validation pass@1 against step]({plot})"]
     if audit:
-        lines += ["", f"The bias audit of every run's rollouts: `{audit}`."]
+        report = Path(audit)
+        if report.is_absolute():  # an older report's record: the path on the machine that made it
+            lines += ["", f"The bias audit of every run's rollouts: `{audit}`."]
+        else:
+            lines += ["", f"The bias audit of the runs' rollouts (the four biases, per run): [{audit}]({audit}).", "",
+                      f"![the bias audit]({report.parent.as_posix()}/audit.png)"]
     return "\n".join(lines) + "\n"
 
 
@@ -339,8 +384,10 @@ def write(results: Path, base, trained: dict, metrics: dict, audit: Optional[Pat
     runs that this call did not train (each keeps its own provenance)."""
     results = Path(results)
     results.mkdir(parents=True, exist_ok=True)
+    if audit and Path(audit).resolve().is_relative_to(results.resolve()):  # a link the committed report can follow
+        audit = Path(audit).resolve().relative_to(results.resolve())
     study = {"provenance": provenance, "settings": settings, **figures(base, trained, metrics, levels),
-             "audit": str(audit) if audit else None}
+             "audit": Path(audit).as_posix() if audit else None}
     for run in study["runs"]:
         run["provenance"] = provenance
     if earlier:

@@ -62,3 +62,20 @@ def test_the_step_a_run_reached_is_verls_tracker(tmp_path):
     folder.mkdir(parents=True)
     (folder / "latest_checkpointed_iteration.txt").write_text("20")
     assert real.last_step(tmp_path, "run") == 20
+
+
+def test_the_audit_takes_the_earlier_sessions_runs_whose_checkpoints_are_still_here(tmp_path, monkeypatch):
+    # Seed 1's apo and grpo were reported by an earlier session; apo's folder reached the last step, grpo's did not
+    # (gone, or cut short); seed 2's apo is trained here.
+    asked = []
+
+    def experiments(methods, seed, model, data, out, steps, engine):
+        asked.append((tuple(methods), seed))
+        return {method: f"{method}-s{seed}" for method in methods}
+
+    monkeypatch.setattr(real, "experiments", experiments)
+    monkeypatch.setattr(real, "last_step", lambda out, name: {"apo-s1": 24, "grpo-s1": 8}.get(name, 0))
+    earlier = {"runs": [{"method": "apo", "seed": 1}, {"method": "grpo", "seed": 1}, {"method": "apo", "seed": 2}]}
+    audited = real.audited_runs({("apo", 2): "apo-s2"}, earlier, tmp_path, {}, tmp_path, 24, "hf")
+    assert audited == {("apo", 2): "apo-s2", ("apo", 1): "apo-s1"}
+    assert asked == [(("apo", "grpo"), 1)]  # the run trained here is not looked up again

@@ -71,6 +71,42 @@ def test_a_method_against_another_is_paired_by_seed(study):
     assert pair["critical"] == 12.706 and pair["verdict"] == "within noise"  # t = 5.0 < 12.706 at one degree
 
 
+def test_the_same_pair_paired_by_problem_pooled_over_seeds(study):
+    data, _ = study
+    pair = next(p for p in real_report.derive(data)["pairs"] if p["level"] == "all")
+    # apo - grpo per problem, averaged over seeds 1 and 2: easy 0: (0.5 + 0) / 2, easy 1: (0 + 1) / 2, hard 0:
+    # (0.25 + 0) / 2, hard 1: (0.25 + 0) / 2, hard 2: (0 + 0.5) / 2 -> 0.25, 0.5, 0.125, 0.125, 0.25: mean 0.25.
+    per_problem = [0.25, 0.5, 0.125, 0.125, 0.25]
+    sd = math.sqrt(sum((d - 0.25) ** 2 for d in per_problem) / 4)
+    assert pair["problems"] == 5 and pair["problem_se"] == pytest.approx(sd / math.sqrt(5))
+    assert pair["problem_t"] == pytest.approx(0.25 / (sd / math.sqrt(5)))  # 3.65 > 2.776 at 4 degrees
+    assert pair["problem_critical"] == 2.776 and pair["verdict"] == "within noise"  # the seeds do not resolve it
+
+
+@pytest.mark.parametrize("dof, table", [(11, 2.2010), (15, 2.1314), (20, 2.0860), (30, 2.0423), (60, 2.0003),
+                                        (120, 1.9799)])
+def test_the_critical_value_above_the_table_against_published_values(dof, table):
+    assert real_report.t_critical(dof) == pytest.approx(table, abs=2e-4)
+
+
+def test_seeds_that_agree_on_a_difference_the_problems_cannot_resolve_are_within_the_evaluations_noise():
+    # a scores 0.5 on each of four problems; b's differences per seed are 0.10, 0.11, 0.12 over all problems (the
+    # seed test's t = 19.05 > 4.303), from per-problem differences of +-0.5: averaged over seeds 0.5, -0.5, 0.5,
+    # -0.06, whose SE over problems is 0.242 (t = 0.45 < 3.182).
+    last = {1: 0.4, 2: 0.44, 3: 0.48}
+    runs = [{"method": "grpo", "seed": s, "scores": {"x": {0: 0.5, 1: 0.5, 2: 0.5, 3: 0.5}}} for s in last]
+    runs += [{"method": "apo", "seed": s, "scores": {"x": {0: 1.0, 1: 0.0, 2: 1.0, 3: value}}}
+             for s, value in last.items()]
+    base = {"x": {0: 0.0, 1: 0.0, 2: 0.0, 3: 0.0}}
+    pair = next(p for p in real_report.derive({"levels": ["x"], "base": {"scores": base}, "runs": runs})["pairs"]
+                if p["level"] == "x")
+    assert pair["t"] == pytest.approx(0.11 / (0.01 / math.sqrt(3)))
+    per_problem = [0.5, -0.5, 0.5, -0.06]
+    sd = math.sqrt(sum((d - 0.11) ** 2 for d in per_problem) / 3)
+    assert pair["problem_t"] == pytest.approx(0.11 / (sd / 2))
+    assert pair["verdict"] == "within the evaluation's noise"
+
+
 def test_verdicts_beyond_noise_and_without_spread():
     assert real_report.seed_test([0.1, 0.11, 0.12])["verdict"] == "beyond noise"  # t = 19.05 > 4.303
     assert real_report.seed_test([0.1, -0.1, 0.05])["verdict"] == "within noise"
@@ -89,7 +125,7 @@ def test_the_report_renders_from_the_json_alone(study, tmp_path):
     data, md = study
     text = md.read_text()
     assert "| apo seed 1 | 75.0 | 33.3 | 50.0 | +35.0 +- 6.1 | yes |" in text
-    assert "| apo - grpo | all | +25.0 | 5.0 | 5.00 | 12.706 | within noise |" in text
+    assert "| apo - grpo | all | +25.0 | 5.0 | 5.00 | 12.706 | 6.8 | 3.65 | 2.776 | within noise |" in text
     assert (md.parent / "real_cpu.png").stat().st_size > 0
     again = tmp_path / "again" / "real_cpu.json"
     again.parent.mkdir()
@@ -151,3 +187,17 @@ def test_a_later_session_keeps_the_runs_of_a_report_with_the_same_settings(study
     assert {r["seed"]: r["provenance"]["command"] for r in later["runs"] if r["method"] == "apo"} == {
         1: "x", 2: "x", 3: "y"}
     assert later["base"] == data["base"]
+
+
+def test_an_audit_beside_the_report_is_linked_relative_to_it_and_one_elsewhere_named_as_it_was(tmp_path):
+    base = scores_file(tmp_path / "base.jsonl", BASE)
+    trained = {("apo", 1): scores_file(tmp_path / "apo1.jsonl", RUNS[("apo", 1)])}
+    results = tmp_path / "results"
+    beside = real_report.write(results, base, trained, {}, results / "real_cpu_audit" / "report.md", LEVELS, {}, {})
+    assert json.loads(beside.with_suffix(".json").read_text())["audit"] == "real_cpu_audit/report.md"
+    text = beside.read_text()
+    assert "[real_cpu_audit/report.md](real_cpu_audit/report.md)" in text
+    assert "![the bias audit](real_cpu_audit/audit.png)" in text
+    elsewhere = real_report.write(tmp_path / "other", base, trained, {}, tmp_path / "audit" / "report.md", LEVELS,
+                                  {}, {})
+    assert f"`{tmp_path / 'audit' / 'report.md'}`" in elsewhere.read_text()
