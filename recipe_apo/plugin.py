@@ -1,5 +1,7 @@
 """Registers the recipe's methods with verl: every advantage estimator and policy loss a method of
-``recipe_apo.methods.catalog`` declares (``apo``, ``codapo``; ``apo``, ``apo_one_sided``, ``agpo_clip``).
+``recipe_apo.methods.catalog`` declares where it defines it (``@METHOD.estimator("apo")``, ``@METHOD.loss("apo")``).
+The methods declare them with their own decorators, not verl's (``register_adv_est`` at a definition would import
+verl, which imports this plugin, from inside a method: a circle), and this module registers them with verl.
 
 This module is the target of the ``verl.plugins`` entry point, so ``import verl`` imports it in the driver and
 in every Ray worker; the recipe's own entry points import it too (which also covers
@@ -12,8 +14,9 @@ left to it, recorded in ``TAKEN`` and warned about, and every other name still r
 run that names a taken one (``integration.validation``), so that a run never gets another estimator or loss than
 the recipe's under the recipe's name. (verl pull request #7497 registers a ``codapo`` of its own.)
 
-No module of a method imports verl at its top: ``import verl`` loads this plugin, which imports the methods'
-estimators and losses, so a method module that imported verl first would be registered half-initialised.
+No module of a method imports verl at its top: ``import verl`` loads this plugin, which imports every method's
+package and with it every module that declares a part (``recipe_apo.methods.catalog``), so a method module that
+imported verl first would be registered half-initialised.
 """
 
 from __future__ import annotations
@@ -22,14 +25,10 @@ import logging
 from typing import Optional
 
 from recipe_apo.methods import catalog
-from recipe_apo.methods.base import load
 
 logger = logging.getLogger("recipe_apo")
 
 PINNED_VERL_VERSION = "0.9.1"
-# Everything this plugin registers: the start-up node check looks for each name on every Ray node.
-ESTIMATORS = tuple(catalog.estimators())
-LOSSES = tuple(catalog.losses())
 
 
 def verl_version_warning(installed: Optional[str]) -> Optional[str]:
@@ -75,9 +74,9 @@ def register() -> None:
     import verl
     from verl.trainer.ppo import core_algos
 
-    # Everything loaded before anything is registered: a failure registers nothing.
-    estimators = {name: load(spec) for name, spec in catalog.estimators().items()}
-    losses = {name: load(spec) for name, spec in catalog.losses().items()}
+    # Every method loaded (its parts declare themselves on import) before anything is registered: a failure
+    # registers nothing.
+    estimators, losses = catalog.estimators(), catalog.losses()
     for name, fn in estimators.items():
         _register(core_algos.ADV_ESTIMATOR_REGISTRY, core_algos.register_adv_est, name, fn, "advantage estimator")
     for name, fn in losses.items():
@@ -88,12 +87,13 @@ def register() -> None:
 
 
 try:
+    # Everything this plugin registers: the start-up node check looks for each name on every Ray node.
+    ESTIMATORS, LOSSES = tuple(catalog.estimators()), tuple(catalog.losses())
     register()
 except Exception as exc:
     logger.error(
-        "recipe-apo: registering the advantage estimators %s and the policy losses %s with verl failed (%s: %s); "
-        "algorithm.adv_estimator=%s and policy_loss.loss_mode=%s will not be available in this process",
-        ", ".join(ESTIMATORS), ", ".join(LOSSES), type(exc).__name__, exc, "|".join(ESTIMATORS), "|".join(LOSSES),
-        exc_info=True,
+        "recipe-apo: registering the methods' advantage estimators and policy losses with verl failed (%s: %s); "
+        "none of them (algorithm.adv_estimator, policy_loss.loss_mode) will be available in this process",
+        type(exc).__name__, exc, exc_info=True,
     )
     raise

@@ -24,6 +24,41 @@ SLOW_UNIT_FILES = ("testbed/test_testbed.py", "integration/test_recipe.py", "int
 # tests/vllm runs verl's vLLM rollout: collected where vLLM's CPU build is installed (make test-vllm, .venv-vllm).
 collect_ignore = [] if vllm_engine.installed() else ["vllm"]
 
+# The marks of the tests that may start Ray (verl's whole loop, a Ray session of the recipe's trainer, a real FSDP2
+# step): `make test` leaves them out (`-m "not e2e"`), `make test-e2e` and `make test-vllm` run them. A Ray
+# session costs 10-80 CPU-seconds of start-up before a test checks anything: the fast suite starts none.
+RAY_MARKS = ("e2e", "vllm")
+_RAY_ALLOWED = {"now": True}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    # Before the test's fixtures: a package- or module-scoped fixture that starts Ray is set up for its first test.
+    _RAY_ALLOWED["now"] = any(item.get_closest_marker(mark) for mark in RAY_MARKS)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _ray_only_in_marked_tests():
+    """A test that starts Ray in this process without an ``e2e`` (or ``vllm``) mark fails, naming the mark: the
+    fast suite stays fast because no unmarked test can start a session. (A test that starts Ray in a subprocess,
+    ``python -m recipe_apo.main`` without ``--cfg job``, is marked by hand.)"""
+    try:
+        import ray
+    except ImportError:  # pragma: no cover - ray is a dependency
+        yield
+        return
+    init = ray.init
+
+    def guarded_init(*args, **kwargs):
+        if not _RAY_ALLOWED["now"]:
+            raise RuntimeError("this test starts Ray: mark it @pytest.mark.e2e (make test-e2e runs it; make test, "
+                               "the fast suite, starts no Ray session)")
+        return init(*args, **kwargs)
+
+    ray.init = guarded_init
+    yield
+    ray.init = init
+
 
 # Files that share a Ray session through a package-scoped fixture: make test's workers take each group whole, as
 # they take whole files (pyproject's --dist loadfile). Each Ray session costs 10-80 CPU-seconds of start-up.
@@ -47,7 +82,15 @@ def pytest_xdist_make_scheduler(config, log):
     return SharedSessionScheduling(config, log)
 
 
+# Fixtures that start a Ray session in the test's process: a test that uses one is marked ``e2e``.
+RAY_FIXTURES = ("transfer_queue",)
+
+
 def pytest_collection_modifyitems(items):
+    for item in items:
+        if set(RAY_FIXTURES) & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.e2e)
+
     def rank(item) -> int:
         path = item.path.as_posix()
         for position, suffix in enumerate(LONGEST_FIRST):

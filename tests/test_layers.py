@@ -60,8 +60,8 @@ def test_the_maths_imports_only_the_maths():
     from recipe_apo.methods import catalog
 
     packages = {p.name for p in (PACKAGE / "methods").iterdir() if (p / "__init__.py").is_file()}
-    assert packages == set(catalog.PACKAGES)
-    assert all((PACKAGE / "methods" / name / "runtime.py").is_file() for name in catalog.PACKAGES)
+    assert packages == set(catalog.names())
+    assert all((PACKAGE / "methods" / name / "runtime.py").is_file() for name in catalog.names())
     for path in files:
         for name in imports(path):
             assert name.split(".")[0] not in FORBIDDEN_IN_MATHS, f"{path.name} imports {name}"
@@ -169,7 +169,8 @@ def test_no_import_circles_through_imports_inside_functions_either():
 
 # The adapters of the methods' runtimes: they drive whatever the catalog activates and name no method.
 ADAPTERS = ("testbed/train.py", "testbed/update.py", "testbed/rollout.py", "integration/trainer.py",
-            "integration/verl_access.py", "integration/checkpoint.py", "integration/rollout_dump.py")
+            "integration/verl_access.py", "integration/verl_worker_access.py", "integration/checkpoint.py",
+            "integration/rollout_dump.py", "methods/handoff.py")
 
 
 def _names_in_code(path: Path) -> list[str]:
@@ -198,7 +199,7 @@ def test_the_adapters_name_no_method():
 
     from recipe_apo.methods import catalog
 
-    words = {*catalog.PACKAGES, "anchor", "agpo", "codapo", "pairing", "kept", "zv"}
+    words = {*catalog.names(), "anchor", "agpo", "codapo", "pairing", "kept", "zv"}
     for relative in ADAPTERS:
         found = []
         for name in _names_in_code(PACKAGE / relative):
@@ -206,3 +207,160 @@ def test_the_adapters_name_no_method():
             if parts & words or any(word in name.lower() for word in ("zero_variance", "agpo_dual")):
                 found.append(name)
         assert found == [], f"{relative} names {sorted(set(found))}"
+
+
+# ---- the hand-offs: the adapters own them (issue 50, item 2) ---------------------------------------------------------
+RUNTIMES = sorted((PACKAGE / "methods").glob("*/runtime.py"))
+DRIVER_STATE = ("recipe_apo.methods.driver_state", "recipe_apo.methods.handoff")
+
+
+def _declared_modules() -> set[str]:
+    """The modules of the estimators and losses the methods register with verl (the plugin loads them, whoever else
+    imports them)."""
+    from recipe_apo.methods import catalog
+
+    parts = [*catalog.estimators().values(), *catalog.losses().values()]
+    return {part.partition(":")[0] if isinstance(part, str) else part.__module__ for part in parts}
+
+
+def _runtime_only_modules(graph: dict[str, set[str]]) -> set[str]:
+    """The methods' runtimes and the modules of ``recipe_apo.methods`` that only they import (directly or through
+    other such modules; a module a declaration names is loaded by the plugin or the launch too)."""
+    runtimes = {module_name(path) for path in RUNTIMES}
+    declared = _declared_modules()
+    only = set(runtimes)
+    while True:
+        more = {name for name in graph if name.startswith("recipe_apo.methods.") and name not in only | declared
+                and (importers := {m for m, edges in graph.items() if name in edges}) and importers <= only}
+        if not more:
+            return only
+        only |= more
+
+
+def _reads_driver_state(module: str, name: str) -> bool:
+    """Whether ``module``'s top-level function or class ``name`` refers to the driver's state in its body."""
+    path = PACKAGE.parent / module.replace(".", "/")
+    tree = ast.parse((path / "__init__.py" if path.is_dir() else path.with_suffix(".py")).read_text())
+    words = {"driver_state", "kept", "keep", "forget", "handed", "record_result", "last_result", "clear_results"}
+    own = {alias.asname or alias.name for node in tree.body if isinstance(node, ast.ImportFrom)
+           and node.module == "recipe_apo.methods.driver_state" for alias in node.names}
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name == name:
+            used = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+            return bool(used & ({"driver_state"} | (own & words)))
+    return False
+
+
+def test_no_runtime_touches_the_driver_state():
+    """A runtime sees arguments and return values only: neither it nor a module only runtimes use imports the
+    driver's state (or the adapters' hand-off), and nothing it imports from a module shared with an estimator (APO's
+    ``anchor``) reads that state (``driver_anchors`` would)."""
+    graph = import_graph(module_level_only=False)
+    # The runtimes that once read it themselves are among those checked.
+    assert {path.parent.name for path in RUNTIMES} >= {"apo", "codapo", "agpo", "r2po"}
+    for module in sorted(_runtime_only_modules(graph)):
+        touched = sorted(graph[module] & set(DRIVER_STATE))
+        assert touched == [], f"{module} imports {touched}: a runtime sees arguments and return values only"
+    for path in RUNTIMES:
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("recipe_apo."):
+                if node.module in DRIVER_STATE:
+                    raise AssertionError(f"{path.relative_to(PACKAGE)} imports {node.module}")
+                readers = [a.name for a in node.names if _reads_driver_state(node.module, a.name)]
+                assert readers == [], f"{path.relative_to(PACKAGE)} imports {readers} from {node.module}, which read " \
+                                      "the driver's state: a runtime's state is its own (``estimator_state``)"
+
+
+# The modules that call a method's runtime: the adapters, the hand-off and the testbed's launch check.
+RUNTIME_CALLERS = (*ADAPTERS, "testbed/runner.py")
+
+
+def _runtime_attributes(path: Path) -> set[str]:
+    """The attributes a module reads of a runtime: of a name ``runtime``, or of a comprehension's or loop's variable
+    over something named ``runtimes``."""
+    tree = ast.parse(path.read_text())
+    variables = {"runtime"}
+    for node in ast.walk(tree):
+        loops = [(g.target, g.iter) for g in getattr(node, "generators", ())]
+        if isinstance(node, ast.For):
+            loops.append((node.target, node.iter))
+        for target, source in loops:
+            if isinstance(target, ast.Name) and ast.unparse(source).endswith("runtimes"):
+                variables.add(target.id)
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in variables:
+            found.add(node.attr)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("hasattr", "getattr") \
+                and node.args and isinstance(node.args[0], ast.Name) and node.args[0].id in variables:
+            raise AssertionError(f"{path.relative_to(PACKAGE)} asks a runtime for a hook by name "
+                                 f"({ast.unparse(node)}): declare it on MethodRuntime and call it")
+    return found
+
+
+def test_every_hook_the_adapters_call_is_declared_on_the_runtime_base():
+    from recipe_apo.methods.base import MethodRuntime
+
+    declared = set(dir(MethodRuntime)) | set(MethodRuntime.__annotations__)
+    called = {name: _runtime_attributes(PACKAGE / name) for name in RUNTIME_CALLERS}
+    hooks = {"estimator_state", "estimator_inputs", "after_advantage", "loss_denominators"}
+    assert hooks <= set().union(*called.values())  # the rule sees the calls it is meant to
+    for module, attributes in called.items():
+        undeclared = sorted(attributes - declared)
+        assert undeclared == [], f"{module} calls {undeclared} on a runtime, which MethodRuntime does not declare"
+        for attribute in attributes:
+            value = getattr(MethodRuntime, attribute, None)
+            if callable(value):
+                assert (value.__doc__ or "").strip(), f"MethodRuntime.{attribute} ({module} calls it) has no docstring"
+
+
+# The modules through which the recipe reaches into verl's internals, on the driver and in verl's workers. The CPU
+# rehearsal (``recipe_apo.cpu``) patches verl on purpose, in a rehearsal only (``cpu/patches.py``, ``cpu/activate.py``).
+VERL_ACCESS = ("integration/verl_access.py", "integration/verl_worker_access.py")
+
+
+def _verl_names(tree: ast.AST) -> set[str]:
+    """The names a module binds to verl's modules or objects (``import verl.x as y``, ``from verl.x import y``)."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update((a.asname or a.name.split(".")[0]) for a in node.names if a.name.split(".")[0] == "verl")
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "verl":
+            names.update(a.asname or a.name for a in node.names)
+    return names
+
+
+def verl_internals(path: Path) -> list[str]:
+    """What a module touches of verl's internals: a private verl name imported or read, an attribute of verl's set,
+    or one swapped (``setattr``, ``driver_state.swapped``)."""
+    tree = ast.parse(path.read_text())
+    verl = _verl_names(tree)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "verl":
+            found += [f"imports {node.module}.{a.name}" for a in node.names if a.name.startswith("_")]
+            found += [f"imports {node.module}" for part in node.module.split(".") if part.startswith("_")]
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in verl:
+            if node.attr.startswith("_") and not node.attr.startswith("__"):
+                found.append(f"reads {node.value.id}.{node.attr}")
+            if isinstance(node.ctx, (ast.Store, ast.Del)):
+                found.append(f"sets {node.value.id}.{node.attr}")
+        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Name) \
+                and node.args[0].id in verl:
+            function = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            if function in ("setattr", "delattr", "swapped"):
+                found.append(f"{function}({node.args[0].id}, ...)")
+    return found
+
+
+def test_verls_internals_are_touched_in_the_access_modules_only():
+    checked = [p for p in sources() if p.relative_to(PACKAGE).parts[0] != "cpu"
+               and str(p.relative_to(PACKAGE)) not in VERL_ACCESS]
+    touching = {str(p.relative_to(PACKAGE)): verl_internals(p) for p in checked}
+    assert {name: found for name, found in touching.items() if found} == {}
+    # The rule sees what it is meant to: the access modules and the rehearsal's patches do each of these.
+    seen = " ".join(f for p in VERL_ACCESS for f in verl_internals(PACKAGE / p))
+    assert "imports verl.experimental.agent_loop.agent_loop._agent_loop_registry" in seen
+    assert "sets FSDPEngineWithLMHead.forward_step" in seen and "swapped(trainer_base, ...)" in seen
+    assert "sets distributed.initialize_global_process_group_ray" in verl_internals(PACKAGE / "cpu/patches.py")

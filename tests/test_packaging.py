@@ -18,10 +18,15 @@ from helpers.paths import ROOT
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 
 
-def test_the_listed_packages_are_the_trees():
-    listed = set(PYPROJECT["tool"]["setuptools"]["packages"])
+def test_the_installed_packages_are_the_trees():
+    # setup.py finds them: a new method's package is installed without a list to extend.
+    listed = set(json.loads(subprocess.run(
+        [sys.executable, "-c", "import json, sys, setuptools; setuptools.setup = lambda **kw: print(json.dumps("
+         "kw['packages'])); sys.argv = ['setup.py']; exec(open('setup.py').read())"],
+        cwd=ROOT, check=True, capture_output=True, text=True).stdout))
     found = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "recipe_apo").rglob("__init__.py")}
     assert listed == found | {"recipe_apo.conf"}
+    assert "packages" not in PYPROJECT["tool"]["setuptools"]
     assert PYPROJECT["tool"]["setuptools"]["package-dir"] == {"recipe_apo.conf": "conf"}
     assert not (ROOT / "recipe_apo" / "conf").exists() and (ROOT / "conf" / "method" / "apo.yaml").is_file()
 
@@ -42,7 +47,7 @@ print(json.dumps(out))
 def test_a_built_wheel_composes_the_presets_in_a_fresh_environment(tmp_path):
     source = tmp_path / "source"
     source.mkdir()
-    for name in ("pyproject.toml", "README.md", "LICENSE"):
+    for name in ("pyproject.toml", "setup.py", "README.md", "LICENSE"):
         shutil.copy(ROOT / name, source / name)
     for folder in ("recipe_apo", "conf"):
         shutil.copytree(ROOT / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__"))

@@ -45,6 +45,7 @@ from typing import Callable, Iterable, NoReturn, Optional, Sequence
 from recipe_apo.cpu.checks import ENGINES  # the rollout engines a rehearsal runs; the first is its default
 from recipe_apo.errors import RecipeError
 from recipe_apo.integration import presets, quiet
+from recipe_apo.methods import catalog
 
 PROJECT = "rehearsal"
 # Written into --out by every rehearsal: what a later rehearsal may clear there.
@@ -86,12 +87,8 @@ STAGES = ("gen", "old_log_prob", "adv", "update_actor", "update_weights", "save_
 # What a method's runtime asks of the trainer beyond verl's stages (a probe's generation, a forward pass of the
 # updated policy: recipe_apo.integration.trainer.TrainerHost), shown when a run has them.
 HOST_STAGES = ("recipe_probe", "recipe_policy_log_probs")
-# The last step's method metrics the table shows (``<method>/<quantity>``, as the trainer logs them): APO's anchor
-# and weights, its gate; AGPO's dual feedback's mean temperature and clip, and KL_bar; AGPO's shaped reward and
-# the share of its micro-batches whose loss it clipped at 0; R2PO's phase (0 head, 1 policy).
-METHOD_METRICS = ("apo/anchor", "apo/batch_success", "apo/weight_pos_mean", "apo/weight_neg_mean",
-                  "actor/apo_gate_weight", "agpo_dual/temperature_mean", "agpo_dual/clip_eps_mean",
-                  "agpo_dual/kl_avg", "agpo/shaped_reward_mean", "actor/agpo_loss_clipped", "r2po/phase")
+# The table's method metrics, its last step's values as the trainer logs them, are the methods' headline metrics
+# (``Metric.headline``, ``catalog.headline_metrics()``).
 
 
 def tiny_overrides(paths: dict) -> list[str]:
@@ -232,12 +229,13 @@ def summarize(method: str, runs: Iterable[list[dict]], checkpoints: str) -> Meth
 def format_table(summaries: Sequence[MethodSummary]) -> str:
     stages = [s for s in ("step", "gen", "old_log_prob", "adv", "update_actor", *HOST_STAGES) if
               any(s in m.step_seconds for m in summaries)]
-    head = ["method", "steps", *(f"s/{s}" for s in stages), *METHOD_METRICS]
+    method_metrics = catalog.headline_metrics()
+    head = ["method", "steps", *(f"s/{s}" for s in stages), *method_metrics]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for m in summaries:
         cells = [m.method, str(m.steps), *(f"{m.step_seconds[s]:.3f}" if s in m.step_seconds else "-"
                                             for s in stages)]
-        cells += [f"{m.last[k]:.4f}" if k in m.last else "-" for k in METHOD_METRICS]
+        cells += [f"{m.last[k]:.4f}" if k in m.last else "-" for k in method_metrics]
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
     lines += [f"- {m.method} checkpoints: {m.checkpoints}" for m in summaries]

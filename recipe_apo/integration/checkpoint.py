@@ -1,5 +1,7 @@
 """The methods' runtime state in verl's checkpoint folders: ``global_step_N/<Method.state_file>`` next to ``actor/``
-and ``data.pt`` (APO's ``apo_state.json``, AGPO's ``agpo_state.json``, CoDaPO's ``codapo_state.json``).
+and ``data.pt`` (APO's ``apo_state.json``, AGPO (dual)'s ``agpo_dual_state.json``, CoDaPO's ``codapo_state.json``).
+A folder without it is searched for the file's old names (``Method.old_state_files``: AGPO (dual)'s
+``agpo_state.json``), so that a checkpoint written before a rename resumes; a file read so is said in one line.
 
 verl saves no estimator state, so a resumed run would restart APO's anchor from ``anchor_init``, AGPO's averages
 from zero and a CoDaPO pair without its kept prompts. The recipe's trainer (``recipe_apo.integration.trainer``)
@@ -24,7 +26,7 @@ from typing import Any, Optional
 from verl.trainer.ppo.checkpoint_callback import CheckpointCallback
 
 from recipe_apo.integration.errors import cause_of
-from recipe_apo.methods import catalog
+from recipe_apo.methods import catalog, handoff
 from recipe_apo.methods.base import MethodRuntime
 from recipe_apo.methods.errors import MethodStateError, StateMismatch
 from recipe_apo.methods.state_codec import MAX_STATE_BYTES, StateFileError, read_state, write_state
@@ -34,6 +36,19 @@ logger = logging.getLogger("recipe_apo")
 
 def state_path(runtime: MethodRuntime, folder: str) -> str:
     return os.path.join(folder, runtime.method.state_file)
+
+
+def resume_path(runtime: MethodRuntime, folder: str) -> tuple[str, bool]:
+    """(the file a resume from ``folder`` reads, whether it is under an old name): ``state_path``, or where the folder
+    has nothing of that name, the first of ``Method.old_state_files`` it has."""
+    path = state_path(runtime, folder)
+    if os.path.lexists(path):  # a link, even a broken one, is the file: its reader says what is wrong with it
+        return path, False
+    for name in runtime.method.old_state_files:
+        old = os.path.join(folder, name)
+        if os.path.lexists(old):
+            return old, True
+    return path, False
 
 
 def save_state(runtime: MethodRuntime, folder: str, step: int) -> Optional[str]:
@@ -47,10 +62,18 @@ def save_state(runtime: MethodRuntime, folder: str, step: int) -> Optional[str]:
 
 def restore_state(runtime: MethodRuntime, folder: str, step: int) -> bool:
     """Restore the runtime from ``folder``, the checkpoint of ``step``; True if restored. A file the runtime cannot
-    restore goes to ``runtime.state_unreadable`` (which raises, or starts fresh and returns)."""
+    restore goes to ``runtime.state_unreadable`` (which raises, or starts fresh and returns). Either way its
+    estimator's state is then the driver's (``handoff.keep_estimator_states``: APO's restored or fresh anchors)."""
+    restored = _read_back(runtime, folder, step)
+    handoff.keep_estimator_states([runtime])
+    return restored
+
+
+def _read_back(runtime: MethodRuntime, folder: str, step: int) -> bool:
+    """What ``restore_state`` does before the hand-off: the file read back into the runtime, or its judgement."""
     if runtime.method.state_file is None or not runtime.state_needed(step):
         return False
-    path = state_path(runtime, folder)
+    path, old_name = resume_path(runtime, folder)
     try:
         state, saved_step = read_state(path, runtime.method.name, runtime.state_max_bytes or MAX_STATE_BYTES)
         runtime.load_state_dict(state, step)
@@ -69,6 +92,9 @@ def restore_state(runtime: MethodRuntime, folder: str, step: int) -> bool:
     folder_step = os.path.basename(os.path.normpath(folder)).rpartition("global_step_")[2]
     if folder_step.isdigit() and saved_step != int(folder_step):
         logger.warning("recipe-apo: %s says step %s but sits in %s; restored it anyway", path, saved_step, folder)
+    if old_name:
+        logger.warning("recipe-apo: restored %s's state from %s, its file's old name (the recipe now writes %s)",
+                       runtime.method.title, path, runtime.method.state_file)
     return True
 
 
@@ -107,6 +133,7 @@ class AnchorCheckpointCallback(CheckpointCallback):
         if config is None:
             return
         self.runtimes = [m.build_runtime(config) for m in catalog.active(config) if m.plain_verl]
+        handoff.keep_estimator_states(self.runtimes)
         folder = resume_folder(config.trainer)
         for runtime in self.runtimes:
             if folder is not None:

@@ -23,7 +23,7 @@ INSTALL_HINT = (
 )
 
 
-def check_apo_on_every_node(timeout_s: float = 300.0) -> list[dict]:
+def check_recipe_on_every_node(timeout_s: float = 300.0) -> list[dict]:
     """Probe every alive node; raise ``NodeCheckError`` naming the nodes where any of the plugin's
     estimators or losses is not registered."""
     from recipe_apo.plugin import ESTIMATORS, LOSSES

@@ -12,12 +12,12 @@ member of its group (``utils.py:167-175``), so a trajectory with three outputs w
 APO's group success rate, its anchor's batch success and CoDaPO's accuracy.
 
 The recipe's trainer gives ``apo`` and ``codapo`` the same rule as ``grpo``: for the duration of verl's own
-advantage step, ``final_output_rule`` swaps (``recipe_apo.methods.driver_state.swapped``) the one name verl's
-trainer looks up at call time (``trainer_base.compute_advantage_for_multi_trajectories``,
-``trainer/ppo/v1/trainer_base.py:75,1775``) for ``final_output_advantage``, which calls verl's
-``compute_advantage`` on the final rows and broadcasts as verl does. verl's KL-in-reward, rollout correction and
-write-back around it run unchanged. A batch in which every trajectory has one output (verl's ``single_turn_agent``
-and ``tool_agent`` loops) is left to verl's own function: the identity, bit for bit.
+advantage step, the trainer swaps (``verl_access.multi_trajectory_advantage_replaced``) the one name verl's trainer
+looks up at call time (``trainer_base.compute_advantage_for_multi_trajectories``,
+``trainer/ppo/v1/trainer_base.py:75,1775``) for ``final_output_advantage``, which calls verl's ``compute_advantage``
+on the final rows and broadcasts as verl does (``final_output_rule`` gives it for a step). verl's KL-in-reward,
+rollout correction and write-back around it run unchanged. A batch in which every trajectory has one output (verl's
+``single_turn_agent`` and ``tool_agent`` loops) is left to verl's own function: the identity, bit for bit.
 
 ``Sessions`` is the one pass over a step's keys that everything else reads: the hooks hand the estimator the
 final rows' data sources and old log-probs, broadcast its per-response values back to every row for the dump,
@@ -26,23 +26,20 @@ and the zero-variance rescale decides which groups are dead on the final rows.
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 import pandas as pd
 import torch
 
 from recipe_apo.errors import RecipeError
-from recipe_apo.methods import catalog, driver_state
+from recipe_apo.methods import catalog
 from recipe_apo.methods.base import Trajectories
 
 # The estimators routed through the final-output rule: every estimator a method of the recipe registers (verl
 # applies the rule to ``grpo`` itself).
 ROUTED_ESTIMATORS = frozenset(catalog.estimators())
-# The name in verl's trainer module that its ``_compute_advantage`` calls (looked up at call time).
-VERL_FUNCTION = "compute_advantage_for_multi_trajectories"
 
 
 class MultiOutputError(RecipeError, RuntimeError):
@@ -143,27 +140,15 @@ def final_output_advantage(sessions: Sessions, data, batch_keys: Sequence[str], 
     return data
 
 
-@contextlib.contextmanager
-def final_output_rule(adv_estimator: Any, sessions: Sessions) -> Iterator[None]:
-    """While held, verl's V1 advantage step applies the final-output rule to ``adv_estimator`` too.
-
-    Nothing changes for an estimator verl handles itself (``grpo``'s rule, or every other estimator's every
-    row) or for a step whose trajectories have one output each.
-    """
+def final_output_rule(adv_estimator: Any, sessions: Sessions) -> Optional[Callable[..., Any]]:
+    """What verl's V1 advantage step calls instead of its ``compute_advantage_for_multi_trajectories`` for this step
+    (``verl_access.multi_trajectory_advantage_replaced``): the final-output rule for ``adv_estimator`` too; None
+    (nothing changes) for an estimator verl handles itself (``grpo``'s rule, or every other estimator's every row)
+    or for a step whose trajectories have one output each."""
     if not routes(adv_estimator) or sessions.single_output:
-        yield
-        return
-    from verl.trainer.ppo.v1 import trainer_base
-
-    verl_function = getattr(trainer_base, VERL_FUNCTION, None)
-    if verl_function is None:
-        raise MultiOutputError(
-            f"multi-output: verl's trainer_base has no {VERL_FUNCTION} (not verl 0.9.1?): the final-output rule "
-            f"for {adv_estimator} cannot be applied"
-        )
+        return None
 
     def routed(data, batch_keys, adv_estimator, **kwargs):
         return final_output_advantage(sessions, data, batch_keys, adv_estimator, **kwargs)
 
-    with driver_state.swapped(trainer_base, VERL_FUNCTION, routed):
-        yield
+    return routed

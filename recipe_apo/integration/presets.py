@@ -13,10 +13,11 @@ and ``league.methods`` (``scripts/lib/recipe_launch.sh`` lists the same files fr
 
 a YAML flow mapping read by this module only: Hydra and verl see a comment, so the composed config does not
 change. ``order`` (a number) places the preset in every list of methods (ascending); ``title`` is the name the
-reports print (default: the file's name). A file without the line is a preset too; it comes after the ordered
-ones, by file name. The line must not start with ``# @`` (Hydra reads such lines as its own header, and refuses
-a value with spaces) and must come after ``# @package`` (Hydra's header ends at the first other line, so a
-``# @package`` below it would be ignored and the preset's keys would land under ``method.``).
+reports print (default: the title of the method whose declaration names the preset, ``Method.presets``, else the
+file's name). A file without the line is a preset too; it comes after the ordered ones, by file name. The line
+must not start with ``# @`` (Hydra reads such lines as its own header, and refuses a value with spaces) and must
+come after ``# @package`` (Hydra's header ends at the first other line, so a ``# @package`` below it would be
+ignored and the preset's keys would land under ``method.``).
 
 The names need no Hydra (``importlib.resources`` reads the package's files). ``settings(name)`` composes the
 recipe's config (``apo_trainer``) with ``method=<name>`` and returns the settings that define the method.
@@ -67,7 +68,7 @@ class MethodSettings:
     loss_agg_mode: str
     # The active methods (``recipe_apo.methods.catalog``) that change the advantages beyond the estimator's.
     advantage_methods: tuple[str, ...] = ()
-    # What the estimator reads beyond a batch's rewards, mask and uids (None: nothing; ``Method.estimator_needs``).
+    # What the estimator reads beyond a batch's rewards, mask and uids (None: nothing; ``Estimator.needs``).
     needs: Optional[str] = None
 
     @classmethod
@@ -76,7 +77,7 @@ class MethodSettings:
         actor = config.actor_rollout_ref.actor
         active = catalog.active(config)
         estimator = str(config.algorithm.adv_estimator)
-        needs = next((m.estimator_needs for m in active if estimator in m.estimators), None)
+        needs = next((m.estimator_needs(estimator) for m in active if estimator in m.estimators), None)
         return cls(
             adv_estimator=estimator,
             norm_adv_by_std_in_grpo=bool(config.algorithm.norm_adv_by_std_in_grpo),
@@ -147,7 +148,8 @@ def presets() -> tuple[Preset, ...]:
             continue
         name = entry.name[: -len(".yaml")]
         declared = parse_declaration(entry.read_text(encoding="utf-8"), f"conf/method/{entry.name}")
-        found.append(Preset(name, str(declared.get("title", name)), declared.get("order")))
+        title = declared.get("title") or next((m.title for m in catalog.of_preset(name)), name)
+        found.append(Preset(name, str(title), declared.get("order")))
     return tuple(sorted(found, key=lambda p: (p.order is None, p.order or 0, p.name)))
 
 

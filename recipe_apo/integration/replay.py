@@ -45,7 +45,7 @@ def preset_methods() -> tuple[Method, ...]:
     composes them, in their order, that a replay from a step's scores, lengths and groups alone can run.
 
     Left out: a preset whose estimator needs more than a batch's rewards, response mask and uids (CoDaPO's needs
-    the old policy's log-probs, which the replay does not have: ``Method.estimator_needs``) or whose advantages
+    the old policy's log-probs, which the replay does not have: ``Estimator.needs``) or whose advantages
     another method's runtime changes (the replay runs the estimator alone), one whose loss aggregation has no
     per-token weight rule here (``WEIGHT_RULES``; CoDaPO's token-mean too), and one whose advantages and
     aggregation are an earlier preset's (AGPO's dual feedback is GRPO's on a batch: it acts on the sampling and

@@ -23,6 +23,7 @@ from typing import Any
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput
 
 from recipe_apo.integration.sampling import COLUMN_PREFIX, INNER_KEY, NAME
+from recipe_apo.integration.verl_worker_access import agent_loop, registered_agent_loops
 
 
 class SamplingAgentLoop(AgentLoopBase):
@@ -33,14 +34,11 @@ class SamplingAgentLoop(AgentLoopBase):
         self._init = init
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
-        import hydra
-        from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
-
         inner = kwargs.pop(INNER_KEY, None) or self.rollout_config.agent.default_agent_loop
         own = {key[len(COLUMN_PREFIX):]: kwargs.pop(key) for key in list(kwargs) if key.startswith(COLUMN_PREFIX)}
-        if inner == NAME or inner not in _agent_loop_registry:
+        if inner == NAME or inner not in registered_agent_loops():
             raise ValueError(f"{NAME}: the prompt's agent loop {inner!r} is not a registered agent loop")
         params = dict(sampling_params, top_p=self.rollout_config.top_p, top_k=self.rollout_config.top_k)
         params.update({key: float(value) for key, value in own.items() if value is not None})
-        loop = hydra.utils.instantiate(config=_agent_loop_registry[inner], **self._init)
+        loop = agent_loop(inner, self._init)
         return await loop.run(params, **kwargs)

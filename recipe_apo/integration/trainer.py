@@ -10,7 +10,8 @@ This is one of the two adapters of the methods' runtimes (``recipe_apo.methods.b
 testbed's). It names no method: it builds the runtimes of the methods a config activates
 (``recipe_apo.methods.catalog``) and calls each, in catalog order, at verl's hand-offs:
 
-- ``__init__``: fresh runtimes for the run;
+- ``__init__``: fresh runtimes for the run, their estimators' states kept in the driver process
+  (``recipe_apo.methods.handoff``; again after a restore and after each ``begin_step``);
 - ``_load_checkpoint``: after verl's restore, the actor workers' loss gets the methods' loss columns
   (``verl_access.install_column_loss``), and each runtime its state from the folder verl resumed from
   (``recipe_apo.integration.checkpoint``);
@@ -21,8 +22,9 @@ testbed's). It names no method: it builds the runtimes of the methods a config a
   ``drew_prompts`` (a probe runs through ``TrainerHost``); per-prompt sampling settings send every prompt through
   the ``recipe_sampling`` agent loop;
 - ``_compute_advantage``: the step's trajectories parsed once from its keys (``multi_output.Sessions``); verl's
-  advantage step inside the final-output rule for the recipe's estimators and every ``estimator_inputs``; then
-  ``after_advantage``: metrics, new advantages and loss columns written back, dump columns kept;
+  advantage step inside the final-output rule for the recipe's estimators and ``handoff.advantage_step`` (every
+  ``estimator_inputs`` handed, the estimators' results collected); then ``after_advantage``: metrics, new advantages
+  and loss columns written back, dump columns kept;
 - ``_compute_old_log_prob``, ``_compute_ref_log_prob``, ``_update_actor``: before each of verl's passes of the
   policy, the runtimes' ``actor_call`` (the logits head of the pass, an optimizer restart) in the batch's metadata
   (``verl_access.hand_actor_call``; the actor's workers read it: ``recipe_apo.integration.model_classes``);
@@ -58,7 +60,7 @@ from recipe_apo.integration.modes import RECIPE_TRAINERS
 from recipe_apo.integration.multi_output import Sessions, final_output_rule
 from recipe_apo.integration.refill_cap import RefillCap
 from recipe_apo.integration.rollout_dump import AuditFields, RowColumns
-from recipe_apo.methods import catalog
+from recipe_apo.methods import catalog, handoff
 from recipe_apo.methods.base import ActorCall, MethodRuntime, Probe, Prompts, StepBatch
 
 TRAINER_NAME = RECIPE_TRAINERS["sync"]
@@ -75,7 +77,7 @@ class TrainerHost:
         with verl_access.timed(self.trainer, "recipe_probe"):  # timing_s/recipe_probe: not in verl's gen
             return verl_access.probe(self.trainer, prompts, samples, temperature, answer_key)
 
-    def policy_log_probs(self, batch: StepBatch) -> Any:
+    def policy_log_probs(self) -> Any:
         with verl_access.timed(self.trainer, "recipe_policy_log_probs"):
             return verl_access.policy_log_probs(self.trainer, self.batch)
 
@@ -99,6 +101,7 @@ class RecipeHooks:
     def _start_runtimes(self, config: DictConfig) -> None:
         self.methods = catalog.active(config)
         self.runtimes = [r for r in (m.build_runtime(config) for m in self.methods) if r is not None]
+        handoff.keep_estimator_states(self.runtimes)
         self.host = TrainerHost(self)
         self.dump_columns = RowColumns()
         self.audit_fields = AuditFields(self, config)
@@ -158,6 +161,7 @@ class RecipeHooks:
             self.refill_cap.begin_step(self.global_steps)
         for runtime in self.runtimes:
             runtime.begin_step(self.global_steps)
+        handoff.keep_estimator_states(self.runtimes)
         batch = super().step(metrics, timing_raw)
         for runtime in self.runtimes:
             metrics.update(runtime.end_step(self.global_steps))
@@ -188,9 +192,11 @@ class RecipeHooks:
         step_batch, nested_mask = (verl_access.step_batch(batch, sessions, self.needs, self._readers())
                                    if self.runtimes else (None, None))
         with contextlib.ExitStack() as stack:
-            stack.enter_context(final_output_rule(self.config.algorithm.adv_estimator, sessions))
-            for runtime in self.runtimes:
-                stack.enter_context(runtime.estimator_inputs(step_batch))
+            estimator = self.config.algorithm.adv_estimator
+            stack.enter_context(verl_access.multi_trajectory_advantage_replaced(
+                final_output_rule(estimator, sessions), estimator))
+            if self.runtimes:
+                stack.enter_context(handoff.advantage_step(self.runtimes, step_batch))
             batch = super()._compute_advantage(batch, metrics)
         if self.runtimes:
             self._after_advantage(batch, step_batch, nested_mask, metrics)
@@ -272,19 +278,19 @@ class RecipeHooks:
 
 
 @register_trainer(TRAINER_NAME)
-class ApoSyncTrainer(RecipeHooks, PPOTrainerSync):
+class RecipeSyncTrainer(RecipeHooks, PPOTrainerSync):
     """verl's synchronous V1 trainer with the recipe's methods."""
 
 
 @register_trainer(RECIPE_TRAINERS["colocate_async"])
-class ApoColocateAsyncTrainer(RecipeHooks, PPOTrainerColocateAsync):
+class RecipeColocateAsyncTrainer(RecipeHooks, PPOTrainerColocateAsync):
     """verl's colocated asynchronous trainer (partial rollouts across weight updates) with the recipe's methods."""
 
     VERL_MODE = "colocate_async"
 
 
 @register_trainer(RECIPE_TRAINERS["separate_async"])
-class ApoSeparateAsyncTrainer(RecipeHooks, PPOTrainerSeparateAsync):
+class RecipeSeparateAsyncTrainer(RecipeHooks, PPOTrainerSeparateAsync):
     """verl's asynchronous trainer on separate rollout and training pools with the recipe's methods."""
 
     VERL_MODE = "separate_async"

@@ -128,7 +128,7 @@ def _check_method_settings(config: Any, rehearsal: bool) -> None:
 
 
 def _check_methods(config: Any, rehearsal: bool) -> None:
-    """Every method's own launch checks (``Method.launch_checks``, in catalog order), each on what it reads."""
+    """Every method's own launch checks (``@METHOD.launch_check``, in catalog order), each on what it reads."""
     launch = launch_of(config, rehearsal)
     for method in catalog.methods():
         for check in method.checks():
@@ -331,11 +331,12 @@ def _check_agent_loop(config: Any, rehearsal: bool) -> None:
     listed = _listed_loops(str(path)) if path else set()
     if isinstance(loop, str) and loop in listed:
         return
-    from verl.experimental.agent_loop.agent_loop import _agent_loop_registry  # importing it registers verl's loops
+    from recipe_apo.integration.verl_worker_access import registered_agent_loops
 
-    if isinstance(loop, str) and loop in _agent_loop_registry:
+    registered = registered_agent_loops()
+    if isinstance(loop, str) and loop in registered:
         return
-    known = ", ".join(sorted((set(_agent_loop_registry) | listed) - {SAMPLING_LOOP}))
+    known = ", ".join(sorted((set(registered) | listed) - {SAMPLING_LOOP}))
     raise RecipeConfigError(f"{key}={loop} is not a registered agent loop; known: {known} (a loop of your own: list "
                             "it in actor_rollout_ref.rollout.agent.agent_loop_config_path)")
 
@@ -525,7 +526,7 @@ WARNINGS: tuple[Callable[[Any], Optional[str]], ...] = (
 def config_warnings(config: Any, rehearsal: bool = False) -> list[str]:
     """Settings that run but probably skew a comparison of methods, or a method's own balance; one line each,
     printed once before Ray starts (``validate_recipe_config`` has accepted ``config``): every method's own
-    (``Method.launch_warnings``, in catalog order), then the launch's."""
+    (``@METHOD.launch_warning``, in catalog order), then the launch's."""
     launch = launch_of(config, rehearsal)
     lines = [warn(launch) for method in catalog.methods() for warn in method.warnings()]
     return [line for line in (*lines, *(warn(config) for warn in WARNINGS)) if line]

@@ -12,6 +12,9 @@ The adapter (``recipe_apo.integration.trainer``) overrides verl's hand-off metho
   ``replay_buffer.sample(partition_id="val")``, and in colocated reward mode ``checkpoint_manager.sleep_replicas`` /
   ``update_weights`` around the private ``_compute_reward_colocate``;
 - the rollout dump's writer, ``_dump_generations`` (``dumping_with``);
+- the function of verl's trainer module that its ``_compute_advantage`` looks up at call time for a multi-output
+  step, ``trainer_base.compute_advantage_for_multi_trajectories`` (``multi_trajectory_advantage_replaced``: the
+  recipe's final-output rule, ``recipe_apo.integration.multi_output``);
 - the dataloader's prompt batches (TensorDicts, ``verl.utils.tensordict_utils``);
 - the replay buffer's group filter (``trainer.replay_buffer``, built by ``_build_replay_buffer``): its ``refill_fn``,
   ``sample``, ``wait_for_sampleable`` (asynchronous modes), the private ``_wait_for_next_poll`` (where its polling
@@ -20,6 +23,8 @@ The adapter (``recipe_apo.integration.trainer``) overrides verl's hand-off metho
   ``max_num_gen_batches`` is ignored (``trainer_base.py:205-211``, ``cap_warning_dropped``).
 
 verl 0.9.1's line numbers are in ``docs/internals.md``; a verl release that changes one of these is a change here.
+What the recipe touches of verl in its worker processes (the actor's engine and loss, the agent loop worker) is
+``recipe_apo.integration.verl_worker_access``'s.
 """
 
 from __future__ import annotations
@@ -35,13 +40,9 @@ import torch
 from recipe_apo.integration.refill_cap import RefillCap
 from recipe_apo.integration.sampling import COLUMN_PREFIX, INNER_KEY
 from recipe_apo.integration.sampling import NAME as SAMPLING_LOOP
+from recipe_apo.integration.verl_worker_access import HEAD_KEY, RESTART_KEY, ColumnLoss
 from recipe_apo.methods.base import Probe, Prompts, StepBatch, Trajectories
 from recipe_apo.methods.errors import BatchInputError, MethodStateError
-
-# The batch metadata that names a pass's logits head, and the step whose update restarts the optimizer (-1: none),
-# read in the actor's workers by ``recipe_apo.integration.model_classes``.
-HEAD_KEY = "recipe_logits_head"
-RESTART_KEY = "recipe_optimizer_restart"
 
 # The batch fields a runtime may need (``MethodRuntime.needs``) beside uids, scores and the mask, by verl's names.
 FIELDS = {"old_log_probs": "old_log_probs", "entropy": "entropy", "advantages": "advantages"}
@@ -125,10 +126,16 @@ def timed(trainer: Any, name: str) -> Iterator[None]:
 
 def install_column_loss(trainer: Any, columns: Sequence[str]) -> None:
     """The actor workers' loss becomes verl's ``ppo_loss`` with the micro-batch's ``columns`` handed to the policy
-    loss (``recipe_apo.integration.column_loss``), through verl's registered ``set_loss_fn``."""
-    from recipe_apo.integration.column_loss import ColumnLoss, actor_loss_config
-
+    loss (``verl_worker_access.ColumnLoss``), through verl's registered ``set_loss_fn``."""
     trainer.actor_rollout_wg.set_loss_fn(ColumnLoss(actor_loss_config(trainer.config), tuple(columns)))
+
+
+def actor_loss_config(config: Any) -> Any:
+    """The actor config verl's worker builds for ``ppo_loss`` (``omega_conf_to_dataclass`` of
+    ``actor_rollout_ref.actor``), built on the driver."""
+    from verl.utils.config import omega_conf_to_dataclass
+
+    return omega_conf_to_dataclass(config.actor_rollout_ref.actor)
 
 
 def hand_actor_call(batch: Any, logits_head: Optional[str], restart_at: int) -> None:
@@ -174,6 +181,31 @@ def dumping_with(trainer: Any, batch: Any, fields: Mapping[str, list]) -> Iterat
         yield
     finally:
         del trainer._dump_generations
+
+
+# ---- verl's V1 advantage step ---------------------------------------------------------------------------------------
+# The name in verl's trainer module that its ``_compute_advantage`` calls (looked up at call time).
+MULTI_TRAJECTORY_ADVANTAGE = "compute_advantage_for_multi_trajectories"
+
+
+@contextlib.contextmanager
+def multi_trajectory_advantage_replaced(replacement: Optional[Callable[..., Any]], estimator: Any) -> Iterator[None]:
+    """While held, verl's V1 advantage step calls ``replacement(data, batch_keys, adv_estimator, **kwargs)`` where it
+    calls its own ``compute_advantage_for_multi_trajectories`` (None: verl's own); verl's own again afterwards, also
+    on an error. A verl without that function is ``MultiOutputError`` (naming the run's ``estimator``)."""
+    if replacement is None:
+        yield
+        return
+    from verl.trainer.ppo.v1 import trainer_base
+
+    from recipe_apo.integration.multi_output import MultiOutputError
+    from recipe_apo.methods import driver_state
+
+    if getattr(trainer_base, MULTI_TRAJECTORY_ADVANTAGE, None) is None:
+        raise MultiOutputError(f"multi-output: verl's trainer_base has no {MULTI_TRAJECTORY_ADVANTAGE} (not verl "
+                               f"0.9.1?): the final-output rule for {estimator} cannot be applied")
+    with driver_state.swapped(trainer_base, MULTI_TRAJECTORY_ADVANTAGE, replacement):
+        yield
 
 
 # ---- prompt batches -------------------------------------------------------------------------------------------------

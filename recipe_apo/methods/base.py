@@ -14,16 +14,23 @@ A step, as both adapters run it (verl's V1 trainer step; a testbed round):
    (CoDaPO's second step of a pair); otherwise the host draws and every runtime sees ``drew_prompts`` (CoDaPO's
    first step keeps the table; AGPO probes it through ``host.probe`` and returns each prompt's temperature);
 3. the rollout, the old log-probs (and their token entropies when a runtime needs them);
-4. ``estimator_inputs(batch)``: contexts held while verl's ``compute_advantage`` runs (what verl does not pass an
-   estimator: data sources, old log-probs);
-5. ``after_advantage(step, batch)``, in catalog order (a runtime that rescales the advantages comes last): metrics,
-   per-row dump columns, per-row loss columns, and possibly new advantages;
-6. the update (verl's actor, or the testbed's), then ``after_update(step, batch, host)``;
+4. ``estimator_inputs(batch)``: what verl does not pass an estimator (data sources, old log-probs), which the adapter
+   hands the estimators while verl's ``compute_advantage`` runs;
+5. ``after_advantage(step, batch)``, in catalog order (a runtime that rescales the advantages comes last), with what
+   the estimators left in ``batch.estimator_results``: metrics, per-row dump columns, per-row loss columns, and
+   possibly new advantages;
+6. the update (verl's actor, or the testbed's: there, ``loss_denominators`` per mini-batch), then
+   ``after_update(step, batch, host)``;
 
 Around steps 3 and 6 the host asks ``actor_call(step, call)`` for each pass of the policy (the old log-probs, the
 reference's log-probs, the update): a runtime may pick the model's logits head for it and restart the optimizer
 (R2PO's phases).
 7. ``end_step(step)``: the step's metrics.
+
+A runtime sees arguments and return values only. What an estimator (a plain function verl calls on the driver)
+reads between calls, such as APO's anchors, is the runtime's ``estimator_state()``; the adapters keep it in the
+driver process for the estimator, and hand the estimator its inputs and collect its results
+(``recipe_apo.methods.handoff``; the process state itself is ``recipe_apo.methods.driver_state``).
 
 Metric names are ``<method>/<quantity>`` wherever they are logged (trainer, testbed, rehearsal, league, audit); a
 method's ``metrics`` maps each quantity to what it means, for the reports. Runtime state is a JSON-safe
@@ -32,15 +39,14 @@ method's ``metrics`` maps each quantity to what it means, for the reports. Runti
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, field
-from typing import Any, Callable, ContextManager, Mapping, Optional, Protocol, Sequence
+from typing import Any, Callable, Mapping, Optional, Protocol, Sequence
 
 import numpy as np
 import torch
 
-__all__ = ["ActorCall", "Host", "Launch", "Method", "MethodRuntime", "Probe", "Prompts", "StepBatch", "StepOutput",
-           "Trajectories", "load", "setting"]
+__all__ = ["ActorCall", "EstimatorInputs", "EstimatorResult", "Host", "Launch", "Method", "MethodRuntime", "Probe",
+           "Prompts", "StepBatch", "StepOutput", "Trajectories", "load", "setting"]
 
 
 @dataclass(frozen=True)
@@ -98,6 +104,26 @@ class Trajectories:
 
 
 @dataclass
+class EstimatorResult:
+    """What one estimator call computed beyond its advantages: metrics, and arrays of one value per response
+    in the batch's order (``per_response``; with a multi-output agent loop, the final rows')."""
+
+    metrics: dict[str, float] = field(default_factory=dict)
+    per_response: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class EstimatorInputs:
+    """What a runtime has the adapter hand its estimator for one advantage step, beside verl's arguments (verl
+    passes an estimator neither): ``scopes``, each response's data source (APO's ``anchor_scope=data_source``), and
+    ``old_log_probs``, the old policy's (rows, length) (CoDaPO's); None hands nothing. Rows are the estimator's (the
+    final rows with a multi-output agent loop: ``Trajectories.finals``)."""
+
+    scopes: Optional[np.ndarray] = None
+    old_log_probs: Optional[torch.Tensor] = None
+
+
+@dataclass
 class StepBatch:
     """One advantage step's rows, in the host's row order (every output row of a multi-output step).
 
@@ -105,7 +131,9 @@ class StepBatch:
     ``response_mask``: (rows, length), padded;
     ``old_log_probs`` and ``entropy``: the old policy's, (rows, length), when a runtime needs them
     (``MethodRuntime.needs``); ``data_sources``: per row, when needed; ``advantages``: verl's, once computed (and as the
-    runtimes before this one left them); ``trajectories``: which rows are final outputs.
+    runtimes before this one left them); ``trajectories``: which rows are final outputs;
+    ``estimator_results``: what the step's estimator calls left, by estimator name (``EstimatorResult``; set by the
+    adapter after verl's advantage step; an estimator that did not run this step has no entry).
     """
 
     uids: np.ndarray
@@ -116,6 +144,7 @@ class StepBatch:
     entropy: Optional[torch.Tensor] = None
     data_sources: Optional[np.ndarray] = None
     advantages: Optional[torch.Tensor] = None
+    estimator_results: dict[str, EstimatorResult] = field(default_factory=dict)
 
     @property
     def rows(self) -> int:
@@ -166,8 +195,9 @@ class Host(Protocol):
         response's answer key is ``answer_key`` of its text. A host whose task has answers of its own (the
         testbed) uses those, and refuses a run whose runtime has a ``custom_answer_key``."""
 
-    def policy_log_probs(self, batch: StepBatch) -> torch.Tensor:
-        """The current (just updated) policy's token log-probs of ``batch``'s responses, (rows, length)."""
+    def policy_log_probs(self) -> torch.Tensor:
+        """The current (just updated) policy's token log-probs of the responses it was just updated on (the rows of
+        the ``batch`` that ``after_update`` is handed), (rows, length)."""
 
 
 @dataclass(frozen=True)
@@ -223,7 +253,7 @@ class ActorCall:
 
 class MethodRuntime:
     """One run of a method: its state and the step-level logic both adapters drive (the module's docstring).
-    Every call is optional; the base does nothing."""
+    Every call is optional; the base does nothing. These are all the adapters call (a test holds them to it)."""
 
     # The method's declaration; set by ``Method.build_runtime``.
     method: "Method"
@@ -271,13 +301,29 @@ class MethodRuntime:
         name -> one value per prompt) for their rollout."""
         return {}
 
-    def estimator_inputs(self, batch: StepBatch) -> ContextManager:
-        """A context held while verl computes the step's advantages (what verl does not pass an estimator)."""
-        return contextlib.nullcontext()
+    def estimator_state(self) -> Any:
+        """The object this method's estimator reads between its calls (APO's anchors, R2PO's phase of the step),
+        which the adapters keep in the driver process under ``method.name`` at a run's start, after a restore, after
+        ``begin_step`` and at each advantage step; None: nothing (whatever the driver kept under that name is
+        dropped)."""
+        return None
+
+    def estimator_inputs(self, batch: StepBatch) -> Optional[EstimatorInputs]:
+        """What the adapter hands the step's estimator calls while verl computes the advantages (what verl does not
+        pass an estimator); None: nothing."""
+        return None
 
     def after_advantage(self, step: int, batch: StepBatch) -> StepOutput:
-        """The advantages are in ``batch.advantages``: this method's metrics, columns, and new advantages."""
+        """The advantages are in ``batch.advantages``, what the estimators left in ``batch.estimator_results``:
+        this method's metrics, columns, and new advantages."""
         return StepOutput()
+
+    def loss_denominators(self, rows: torch.Tensor, mask: torch.Tensor) -> Optional[dict[str, Any]]:
+        """The CPU testbed's update, which sets each mini-batch's loss denominators itself, asks for the mini-batch
+        of ``rows`` (indices into the step's rows; ``mask``: the step's response mask, bool): ``responses`` and
+        ``tokens`` replace its denominators, any other key is a note for the update's trace; None: as usual. verl's
+        actor fixes its denominators per mini-batch and calls nothing of this."""
+        return None
 
     def actor_call(self, step: int, call: str) -> Optional[ActorCall]:
         """What the policy's pass ``call`` (one of ``ACTOR_CALLS``) of step ``step`` should do (None: as usual)."""
@@ -292,60 +338,224 @@ class MethodRuntime:
 
 
 @dataclass(frozen=True)
-class Method:
-    """A method's declaration: everything the adapters, the plugin and the reports need to know of it.
+class Metric:
+    """What one of a method's metrics means (``words``), and the tables beyond every metric's (the testbed's report,
+    which shows each one's mean over the rounds) that show it: ``headline``, the CPU rehearsal's table of the last
+    step's values; ``trust``, the league's table of the generation and the trust region; ``final``, a value the
+    method carries from step to step (KL_bar): the league's table shows its last round's, not its mean."""
 
-    - ``name``: the package's name and the prefix of its metrics (``apo/anchor``);
-    - ``title``: how reports name it; ``presets``: its files in ``conf/method/``;
-    - ``estimators`` and ``losses``: what it registers with verl, name -> ``module:function`` (imported when the
-      plugin registers, so a declaration is light);
-    - ``settings``: its settings dataclass, read from ``algorithm.<settings_key>`` (None: none);
+    words: str
+    headline: bool = False
+    trust: bool = False
+    final: bool = False
+
+
+@dataclass(frozen=True)
+class Estimator:
+    """An advantage estimator a method registers with verl (``Method.estimator``): ``function``, with verl's
+    signature; ``needs``, what it reads beyond a batch's rewards, mask and uids (the recipe's trainer hands it over;
+    the demo and the audit's replay, which have a batch only, cannot run it); ``reads_std_norm``, it divides by the
+    group's std as ``algorithm.norm_adv_by_std_in_grpo`` says, as verl's ``grpo`` does."""
+
+    function: Callable
+    needs: Optional[str] = None
+    reads_std_norm: bool = False
+
+
+@dataclass(frozen=True)
+class PolicyLoss:
+    """A policy loss a method registers with verl (``Method.loss``): ``function``, with verl's signature; ``columns``,
+    the per-row inputs it reads (its runtime's ``StepOutput.loss_columns``, handed micro-batch by micro-batch);
+    ``metrics``, what it logs beside verl's own (``actor/<method>_<quantity>`` -> ``Metric``)."""
+
+    function: Callable
+    columns: tuple[str, ...] = ()
+    metrics: Mapping[str, Metric] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ModelParts:
+    """What a method adds to the model (R2PO's rollout head), for the places that build one:
+
+    - ``hf``: functions registering its model classes with transformers, run in every process where verl builds a
+      model (``actor_rollout_ref.model.external_lib``, which its preset names);
+    - ``vllm``: architecture -> ``module:Class`` of its vLLM model classes (the recipe's vLLM plugin registers them
+      lazily, as vLLM's registry takes them, so that its processes import none until a checkpoint asks);
+    - ``prepare``: ``prepare(source, folder)``, the model a run trains from the run's model ``source`` (R2PO's: a
+      copy with a rollout head, made once in ``folder``), called by the launch before Ray starts;
+    - ``policy_head``: ``policy_head(hidden_size, vocab_size, generator)``, the residual logits head the testbed's
+      policy gains (its logits ``BASE_HEAD`` or ``ROLLOUT_HEAD``).
+    """
+
+    hf: tuple[Callable[[], None], ...] = ()
+    vllm: Mapping[str, str] = field(default_factory=dict)
+    prepare: Optional[Callable[[str, Any], Any]] = None
+    policy_head: Optional[Callable[..., Any]] = None
+
+
+class Parts:
+    """What a method's modules declare of themselves where they define it (``Method``'s decorators), by kind."""
+
+    def __init__(self) -> None:
+        self.estimators: dict[str, Estimator] = {}
+        self.losses: dict[str, PolicyLoss] = {}
+        self.runtime: Optional[type] = None
+        self.checks: list[Callable[[Launch], None]] = []
+        self.warnings: list[Callable[[Launch], Optional[str]]] = []
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Whether two definitions are one (the same module and name: a module imported again defines it anew)."""
+    return (getattr(a, "__module__", None), getattr(a, "__qualname__", None)) == (
+        getattr(b, "__module__", None), getattr(b, "__qualname__", None))
+
+
+def _add(found: list, item: Any) -> None:
+    """``item`` into ``found``, in place of a former definition of it, else last (definition order)."""
+    for index, known in enumerate(found):
+        if _same(known, item):
+            found[index] = item
+            return
+    found.append(item)
+
+
+@dataclass(frozen=True)
+class Method:
+    """A method's declaration: everything the adapters, the plugin, the launch and the reports know of it.
+
+    The package's ``__init__`` declares it (``METHOD = Method(...)``) and then imports its modules, whose parts
+    declare themselves where they are defined, with its decorators::
+
+        @METHOD.estimator("apo")              an advantage estimator verl calls by that name (``Estimator``)
+        @METHOD.loss("apo")                   a policy loss verl calls by that name (``PolicyLoss``)
+        @METHOD.runtime                       its ``MethodRuntime`` (none: no step logic)
+        @METHOD.launch_check                  a function of a ``Launch`` run before Ray starts: raises
+                                              ``MethodConfigError``
+        @METHOD.launch_warning                the same, returning a line to print, or None
+
+    The fields:
+
+    - ``name``: the package's name, the prefix of its metrics (``apo/anchor``), its settings node
+      (``algorithm.<name>``: ``settings_key``) and its state file (``<name>_state.json``: ``state_file``);
+    - ``title``: how reports name it (and its presets, unless their header says otherwise); ``presets``: its files
+      in ``conf/method/``;
     - ``active``: the one predicate "does a run of this config use the method";
-    - ``runtime``: ``module:Class`` of its ``MethodRuntime`` (None: the method has no step logic);
-    - ``launch_checks``, ``launch_warnings``: functions of a ``Launch`` (``module:function`` each), run before Ray
-      starts; a check raises ``MethodConfigError``, a warning returns a line or None;
-    - ``loss_columns``: per-row inputs its loss reads (handed micro-batch by micro-batch);
+    - ``settings``: its settings dataclass (None: none);
     - ``prompt_columns``: per-prompt sampling settings its runtime sets (``temperature``);
-    - ``changes_advantages``: its runtime or estimator gives advantages other than verl's estimator of its preset's
-      settings would (the demo and the audit show a column only for a preset whose advantages differ);
-    - ``estimator_needs``: what its estimator reads beyond a batch's rewards, mask and uids (the recipe's trainer
-      hands it over; the demo and the audit's replay, which have a batch only, cannot run it);
-    - ``state_file``: its runtime's file in a checkpoint folder;
     - ``plain_verl``: its estimator and loss run in plain verl's trainer too, where the recipe's checkpoint callback
       keeps its runtime's state (APO's anchor);
-    - ``hf_models``: functions (``module:function``) that register its model classes with transformers, run in
-      every process where verl builds a model (``actor_rollout_ref.model.external_lib``, which its preset names);
-    - ``vllm_models``: architecture -> ``module:Class`` of its vLLM model classes (the recipe's vLLM plugin);
-    - ``model_preparer``: ``module:function(source, folder)`` giving the model a run of the method trains from the
-      run's model (R2PO's: a copy with a rollout head, made once in ``folder``), called by the launch before Ray
-      starts;
-    - ``policy_head``: ``module:function(hidden_size, vocab_size, generator)`` making the residual logits head the
-      testbed's policy gains (its logits ``BASE_HEAD`` or ``ROLLOUT_HEAD``);
-    - ``metrics``: quantity -> what it means (the metric is ``<name>/<quantity>``).
+    - ``old_state_files``: the names its state file had before, read on resume where a folder has no
+      ``state_file`` (a checkpoint written before the rename still resumes);
+    - ``models``: what it adds to the model (``ModelParts``);
+    - ``metrics``: quantity -> what it means (the metric is ``<name>/<quantity>``), as words or a ``Metric``;
+    - ``order``, ``rescales_advantages``: its place at every hand-off (the runtimes, the launch checks, the reports;
+      ``catalog.methods``): a method that rescales the advantages every other method has seen comes last; the
+      others by ``order``, then those without one by name.
     """
 
     name: str
     title: str
     active: Callable[[Any], bool]
     presets: tuple[str, ...] = ()
-    estimators: Mapping[str, str] = field(default_factory=dict)
-    losses: Mapping[str, str] = field(default_factory=dict)
     settings: Optional[type] = None
-    settings_key: Optional[str] = None
-    runtime: Optional[str] = None
-    launch_checks: tuple[str, ...] = ()
-    launch_warnings: tuple[str, ...] = ()
-    loss_columns: tuple[str, ...] = ()
     prompt_columns: tuple[str, ...] = ()
-    changes_advantages: bool = True
-    estimator_needs: Optional[str] = None
-    state_file: Optional[str] = None
     plain_verl: bool = False
-    hf_models: tuple[str, ...] = ()
-    vllm_models: Mapping[str, str] = field(default_factory=dict)
-    model_preparer: Optional[str] = None
-    policy_head: Optional[str] = None
-    metrics: Mapping[str, str] = field(default_factory=dict)
+    old_state_files: tuple[str, ...] = ()
+    models: ModelParts = field(default_factory=ModelParts)
+    metrics: Mapping[str, Metric] = field(default_factory=dict)
+    order: Optional[float] = None
+    rescales_advantages: bool = False
+    parts: Parts = field(default_factory=Parts, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # Words alone are a metric with no table of its own.
+        metrics = {q: m if isinstance(m, Metric) else Metric(m) for q, m in self.metrics.items()}
+        object.__setattr__(self, "metrics", metrics)
+
+    # ---- the parts' decorators ----------------------------------------------------------------------------------
+    def estimator(self, name: str, needs: Optional[str] = None, reads_std_norm: bool = False) -> Callable:
+        """Registers the decorated function as the advantage estimator ``name`` (``Estimator``)."""
+        return self._registering(self.parts.estimators, name, "estimator",
+                                 lambda f: Estimator(f, needs, reads_std_norm))
+
+    def loss(self, name: str, columns: Sequence[str] = (), metrics: Optional[Mapping[str, Any]] = None) -> Callable:
+        """Registers the decorated function as the policy loss ``name`` (``PolicyLoss``); ``metrics``: name -> words
+        or ``Metric``."""
+        logged = {k: m if isinstance(m, Metric) else Metric(m) for k, m in (metrics or {}).items()}
+        return self._registering(self.parts.losses, name, "policy loss",
+                                 lambda f: PolicyLoss(f, tuple(columns), logged))
+
+    def _registering(self, table: dict, name: str, kind: str, part: Callable[[Callable], Any]) -> Callable:
+        def register(function: Callable) -> Callable:
+            known = table.get(name)
+            if known is not None and not _same(known.function, function):
+                raise ValueError(f"{self.name} declares two {kind}s named {name!r}: "
+                                 f"{known.function.__qualname__} and {function.__qualname__}")
+            table[name] = part(function)
+            return function
+
+        return register
+
+    def runtime(self, cls: type) -> type:
+        """Declares the decorated ``MethodRuntime`` subclass as the method's runtime."""
+        if self.parts.runtime is not None and not _same(self.parts.runtime, cls):
+            raise ValueError(f"{self.name} declares two runtimes: {self.parts.runtime.__qualname__} and "
+                             f"{cls.__qualname__}")
+        cls.method = self
+        self.parts.runtime = cls
+        return cls
+
+    def launch_check(self, function: Callable[[Launch], None]) -> Callable[[Launch], None]:
+        """Declares the decorated function a launch check (run in definition order)."""
+        _add(self.parts.checks, function)
+        return function
+
+    def launch_warning(self, function: Callable[[Launch], Optional[str]]) -> Callable[[Launch], Optional[str]]:
+        """Declares the decorated function a launch warning (run in definition order)."""
+        _add(self.parts.warnings, function)
+        return function
+
+    # ---- what the declaration says ------------------------------------------------------------------------------
+    @property
+    def estimators(self) -> dict[str, Callable]:
+        """What it registers with verl as advantage estimators: name -> function."""
+        return {name: e.function for name, e in self.parts.estimators.items()}
+
+    @property
+    def losses(self) -> dict[str, Callable]:
+        """What it registers with verl as policy losses: name -> function."""
+        return {name: loss.function for name, loss in self.parts.losses.items()}
+
+    def estimator_needs(self, estimator: str) -> Optional[str]:
+        """What its estimator ``estimator`` reads beyond a batch's rewards, mask and uids (None: nothing)."""
+        found = self.parts.estimators.get(estimator)
+        return None if found is None else found.needs
+
+    @property
+    def loss_columns(self) -> tuple[str, ...]:
+        """The per-row inputs its losses read (handed micro-batch by micro-batch)."""
+        return tuple(dict.fromkeys(c for loss in self.parts.losses.values() for c in loss.columns))
+
+    @property
+    def loss_metrics(self) -> dict[str, Metric]:
+        """What its losses log beside verl's own: ``actor/<method>_<quantity>`` -> ``Metric``."""
+        return {name: m for loss in self.parts.losses.values() for name, m in loss.metrics.items()}
+
+    @property
+    def settings_key(self) -> Optional[str]:
+        """Its settings' node under ``algorithm`` (None: no settings)."""
+        return None if self.settings is None else self.name
+
+    @property
+    def state_file(self) -> str:
+        """Its runtime's file in a checkpoint folder (written when the runtime has a state to save)."""
+        return f"{self.name}_state.json"
+
+    @property
+    def changes_advantages(self) -> bool:
+        """Its estimator or its runtime gives advantages other than verl's estimator of its preset's settings would
+        (the demo and the audit show a column only for a preset whose advantages differ)."""
+        return bool(self.parts.estimators) or self.rescales_advantages
 
     def metric(self, quantity: str) -> str:
         """The one name of a quantity of this method, everywhere: ``<method>/<quantity>``."""
@@ -359,18 +569,15 @@ class Method:
 
     def build_runtime(self, config: Any) -> Optional[MethodRuntime]:
         """A fresh runtime for a run of ``config`` (None when the method has no step logic)."""
-        if self.runtime is None:
+        if self.parts.runtime is None:
             return None
-        runtime_class = load(self.runtime)
-        runtime_class.method = self
-        runtime = runtime_class(config)
-        return runtime
+        return self.parts.runtime(config)
 
     def checks(self) -> Sequence[Callable[[Launch], None]]:
-        return [load(spec) for spec in self.launch_checks]
+        return list(self.parts.checks)
 
     def warnings(self) -> Sequence[Callable[[Launch], Optional[str]]]:
-        return [load(spec) for spec in self.launch_warnings]
+        return list(self.parts.warnings)
 
 
 def setting(config: Any, dotted: str, default: Any = None) -> Any:
@@ -387,9 +594,13 @@ def setting(config: Any, dotted: str, default: Any = None) -> Any:
     return node
 
 
-def load(spec: str) -> Any:
-    """The object ``module:attribute`` names."""
+def load(spec: Any) -> Any:
+    """The object ``module:attribute`` names (a setting's, such as a user's ``vote_key``); anything but such a string
+    is that object itself (a declaration's part)."""
     import importlib
+
+    if not isinstance(spec, str):
+        return spec
 
     module, _, attribute = spec.partition(":")
     return getattr(importlib.import_module(module), attribute)

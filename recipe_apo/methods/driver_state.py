@@ -2,21 +2,22 @@
 
 verl calls an advantage estimator as a registered plain function on the driver (its TaskRunner actor),
 ``fn(token_level_rewards, response_mask, config, index, ...)``, and keeps only the (advantages, returns) it
-returns. What else an estimator reads or leaves behind has to live in the process. This module owns all of it;
-the methods' runtimes (``recipe_apo.methods.<method>.runtime``), the testbed and the audit read and write it
-through the functions below, never through another module's globals.
+returns. What else an estimator reads or leaves behind has to live in the process. This module owns all of it; the
+estimators read and write it through the functions below, never through another module's globals, and so do the
+adapters that drive the methods' runtimes (``recipe_apo.methods.handoff``), the audit and the tests. A runtime
+(``recipe_apo.methods.<method>.runtime``) never does: it sees arguments and return values only.
 
 - **A method's state that outlives an estimator call** (``kept``): APO's anchors (C_t outlives a call, a step
-  and, through the checkpoint, a run); its runtime starts fresh ones for a run (``forget``) and installs a
-  checkpoint's on resume (``keep``).
+  and, through the checkpoint, a run), R2PO's phase of the step; each is its runtime's ``estimator_state()``, which
+  the adapters keep here under the method's name (``keep``; ``forget`` when it has none).
 - **What a call is handed** (``handed``): the per-response ``data_source`` for
   ``algorithm.apo.anchor_scope=data_source`` and the old policy's log-probs for CoDaPO, neither of which verl
   passes to an estimator. The adapters hold the context around verl's own advantage step; outside it, nothing is
   handed and the estimators say which trainer they need.
-- **What a call leaves** (``last_result``): per-response values the estimator computed and verl drops (APO's
-  Phi_i and the C_t each response was measured against, CoDaPO's w_g and uids) and the step's metrics, for the
-  runtimes to log, dump and resample from. Cleared before each advantage step, so a step that ran no such
-  estimator reads nothing stale.
+- **What a call leaves** (``last_result``, ``results``): per-response values the estimator computed and verl drops
+  (APO's Phi_i and the C_t each response was measured against, CoDaPO's w_g and uids) and the step's metrics, which
+  the adapters hand the runtimes (``StepBatch.estimator_results``) to log, dump and resample from. Cleared before
+  each advantage step, so a step that ran no such estimator reads nothing stale.
 - **verl's own functions swapped for a while** (``swapped``): the final-output rule for multi-output agent loops
   replaces one name verl's trainer looks up at call time (``recipe_apo.integration.multi_output``); the swap is
   undone when the context ends, also on an error.
@@ -31,21 +32,14 @@ from typing import Any, Callable, Iterator, Optional, TypeVar
 import numpy as np
 import torch
 
+from recipe_apo.methods.base import EstimatorResult
+
 __all__ = [
     "EstimatorResult", "clear_results", "forget", "handed", "handed_log_probs", "handed_scopes", "keep", "kept",
-    "last_result", "record_result", "swapped",
+    "last_result", "record_result", "results", "swapped",
 ]
 
 T = TypeVar("T")
-
-
-@dataclass
-class EstimatorResult:
-    """What one estimator call computed beyond its advantages: metrics, and arrays of one value per response
-    in the batch's order (``per_response``)."""
-
-    metrics: dict[str, float] = field(default_factory=dict)
-    per_response: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 @dataclass
@@ -112,6 +106,11 @@ def record_result(estimator: str, metrics: dict[str, float], **per_response: np.
 def last_result(estimator: str) -> Optional[EstimatorResult]:
     """What the last ``estimator`` call since ``clear_results`` left, or None."""
     return _STATE.results.get(estimator)
+
+
+def results() -> dict[str, EstimatorResult]:
+    """What every estimator call since ``clear_results`` left, by estimator name (the last call's of each)."""
+    return dict(_STATE.results)
 
 
 def clear_results(*estimators: str) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import pandas as pd
 import torch
 
 from recipe_apo.methods.errors import BatchInputError
@@ -79,6 +78,8 @@ def _factorize(labels: np.ndarray) -> tuple[np.ndarray, int]:
     pandas too (it hashes ``==``-equal values alike), so the codes are those of the whole array. Without runs,
     or with labels that cannot be compared (``pd.NA``), the whole array is hashed.
     """
+    import pandas as pd  # on use: importing a method's declaration stays light (``recipe_apo.methods.catalog``)
+
     if labels.size > 1:
         starts = np.empty(labels.size, dtype=bool)
         starts[0] = True

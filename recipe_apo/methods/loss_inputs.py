@@ -1,10 +1,13 @@
 """Per-row inputs of a policy loss beyond what verl passes one (a method's ``loss_columns``), handed to the loss
 micro-batch by micro-batch.
 
-verl's ``ppo_loss`` calls a registered policy loss with the log-probs, advantages, mask and actor config only. A
-method whose loss reads more per row (AGPO's per-prompt clip) declares the columns; its runtime computes them per
-row of the step, and each adapter hands the micro-batch's rows while the loss runs: verl's trainer through its
-actor workers' loss function (``recipe_apo.integration.column_loss``), the testbed in its own update.
+verl's ``ppo_loss`` calls a registered policy loss with the log-probs, advantages, mask and actor config only, by
+keyword (``policy_loss_fn(old_log_prob=..., log_prob=..., advantages=..., response_mask=..., loss_agg_mode=...,
+config=..., rollout_is_weights=...)``): no argument of it can carry a batch column, so the columns pass beside the
+call, in this thread, for the call's duration. A method whose loss reads more per row (AGPO (dual)'s per-prompt
+clip) declares the columns; its runtime computes them per row of the step, and each adapter hands the micro-batch's
+rows while the loss runs: verl's trainer through its actor workers' loss function
+(``recipe_apo.integration.verl_worker_access.ColumnLoss``), the testbed in its own update.
 """
 
 from __future__ import annotations

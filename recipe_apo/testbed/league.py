@@ -41,22 +41,17 @@ TRUST_COLUMNS = [
     ("probe_tokens_avg", "of which probe", "{:.0f}"),
     ("ratio_out_share_avg", "r outside [0.8, 1.2]", "{:.3f}"),
     ("clipfrac_avg", "clipped (pg_clipfrac)", "{:.3f}"),
-    ("gate_weight_avg", "APO gate weight", "{:.3f}"),
 ]
-# Method metrics of that table (``<method>/<quantity>``, their words from the method's declaration): the mean over
-# the rounds, or the last round's value for an average the method carries.
-TRUST_METRICS = (("agpo_dual/clip_eps_mean", "avg"), ("agpo_dual/clip_eps_std", "avg"),
-                 ("agpo_dual/temperature_mean", "avg"), ("agpo_dual/temperature_std", "avg"),
-                 ("agpo_dual/kl_avg", "final"))
 
 
 def trust_columns() -> list[tuple[str, str, str]]:
-    """``TRUST_COLUMNS`` and the method metrics of ``TRUST_METRICS``, headed with their declared words."""
+    """``TRUST_COLUMNS`` and the methods' trust metrics (``Metric.trust``), headed with their declared words: the
+    mean over the rounds, or the last round's value of a value the method carries (``Metric.final``)."""
     from recipe_apo.methods import catalog
 
-    words = catalog.metric_descriptions()
-    return TRUST_COLUMNS + [(f"{name}_{which}", f"{name}: {words[name]}" + (", last round" if which == "final" else ""),
-                             "{:.4f}" if which == "final" else "{:.3f}") for name, which in TRUST_METRICS]
+    return TRUST_COLUMNS + [(f"{name}_final", f"{name}: {m.words}, last round", "{:.4f}") if m.final else
+                            (f"{name}_avg", f"{name}: {m.words}", "{:.3f}")
+                            for name, m in catalog.trust_metrics().items()]
 HEADERS = {
     "success_final": "final success",
     "success_avg": "success, mean over training",

@@ -6,7 +6,7 @@ token from the same weights, at temperature 1 or at a temperature per row (AGPO'
 recomputes the behaviour policy's log probabilities with ``log_probs`` after sampling, as verl recomputes
 ``old_log_prob`` with the actor, so the first update of a round is exactly on-policy (ratio 1).
 
-A method whose model has a residual logits head (``Method.policy_head``: R2PO's rollout head) gives the policy one
+A method whose model has a residual logits head (``ModelParts.policy_head``: R2PO's rollout head) gives the policy one
 (``add_residual_head``): its logits are then the base head's z or, with ``logits_head`` ``roll`` (the default once
 added: sampling draws from it), z + delta(h) on the GRU's output h, both entering the residual detached so that a
 loss on them trains the residual alone; ``select_logits_head`` picks one for a pass. The evaluation samples the

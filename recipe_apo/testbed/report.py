@@ -77,7 +77,6 @@ HEADLINE = [
     ("ratio_dev_mean", "ratio at the update's start, mean abs(r - 1) (stale runs)", "{:.3f}", None),
     ("ratio_out_share_avg", "share of tokens with r outside [0.8, 1.2]", "{:.3f}", None),
     ("clipfrac_avg", "share of tokens clipped (pg_clipfrac; PPO-clip losses, at their own clip)", "{:.3f}", None),
-    ("gate_weight_avg", "soft gate's mean weight (apo loss)", "{:.3f}", None),
     ("kl_loss_avg", "KL loss to the initial policy (use_kl_loss)", "{:.4f}", None),
     ("grad_norm_mean", "grad norm before clip, mean", "{:.3f}", None),
     ("grad_norm_max", "grad norm before clip, max", "{:.3f}", None),
@@ -91,11 +90,12 @@ HEADLINE = [
 
 
 def method_rows() -> list[tuple[str, str, str, None]]:
-    """A row per method metric (``<method>/<quantity>``, its declaration's words): its mean over the rounds."""
+    """A row per metric a method declares (``<method>/<quantity>``, and its losses' ``actor/<method>_...``; its
+    declaration's words): its mean over the rounds."""
     from recipe_apo.methods import catalog
 
-    return [(f"{name}_avg", f"{name}: {text}, mean over rounds", "{:.3f}", None)
-            for name, text in catalog.metric_descriptions().items()]
+    return [(f"{name}_avg", f"{name}: {declared.words}, mean over rounds", "{:.3f}", None)
+            for name, declared in catalog.metrics().items()]
 
 
 # The metrics compared pair by pair.
@@ -143,12 +143,9 @@ def run_summary(run: dict[str, Any], rounds: int, early_fraction: float) -> dict
     out["batch_success_avg"] = _nanmean(history["batch_success"])
     if "live_share" in history:
         out["live_share_avg"] = _nanmean(history["live_share"])
-    # The trust region at work: tokens whose ratio left [0.8, 1.2] (measured alike for every loss) and the soft
-    # gate's mean weight.
+    # The trust region at work: tokens whose ratio left [0.8, 1.2] (measured alike for every loss).
     if "ratio_out_share" in history:
         out["ratio_out_share_avg"] = _nanmean(history["ratio_out_share"])
-    if "actor/apo_gate_weight" in history:
-        out["gate_weight_avg"] = _nanmean(history["actor/apo_gate_weight"])
     if "ratio_dev_mean" in history:
         out["ratio_dev_mean"] = _nanmean(history["ratio_dev_mean"])
     if "actor/pg_clipfrac" in history:
@@ -165,8 +162,8 @@ def run_summary(run: dict[str, Any], rounds: int, early_fraction: float) -> dict
             out[f"{key}_avg"] = _nanmean(history[key])
     if "actor/kl_loss" in history:
         out["kl_loss_avg"] = _nanmean(history["actor/kl_loss"])
-    # Each method's metrics (``<method>/<quantity>``): the mean over the rounds where it has a value, the last
-    # value, the largest.
+    # Each method's metrics (``<method>/<quantity>``, and what its losses log): the mean over the rounds where it
+    # has a value, the last value, the largest.
     for key in method_keys(history):
         out[f"{key}_avg"] = _nanmean(history[key])
         out[f"{key}_final"] = float(history[key][-1])
@@ -189,12 +186,12 @@ def active_settings(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def method_keys(history: dict[str, Any]) -> list[str]:
-    """The history's method metrics (``<method>/<quantity>`` of a method of the catalog) with a value in some
-    round."""
+    """The history's method metrics (``<method>/<quantity>`` of a method of the catalog, or a metric a method's loss
+    declares) with a value in some round."""
     from recipe_apo.methods import catalog
 
-    names = {m.name for m in catalog.methods()}
-    return [key for key in history if key.partition("/")[0] in names
+    names, declared = set(catalog.names()), set(catalog.metrics())
+    return [key for key in history if (key.partition("/")[0] in names or key in declared)
             and np.isfinite(np.asarray(history[key], dtype=np.float64)).any()]
 
 
@@ -397,8 +394,10 @@ ZERO_VARIANCE_WORDS = {"keep": "kept", "exclude": "excluded (round-level scale)"
 
 def _method_row(label: str, m: dict[str, Any]) -> str:
     """A method's row of the report's first table: its estimator, loss and denominator settings."""
-    # The two estimators that read norm_adv_by_std_in_grpo.
-    std = m["norm_adv_by_std_in_grpo"] if m["adv_estimator"] in ("grpo", "codapo") else "-"
+    from recipe_apo.methods import catalog
+
+    # The estimators that read norm_adv_by_std_in_grpo: verl's grpo, and the methods' that declare it.
+    std = m["norm_adv_by_std_in_grpo"] if m["adv_estimator"] in ("grpo", *catalog.std_norm_estimators()) else "-"
     agg = m["loss_agg_mode"] + (f" / {m['loss_scale_factor']}" if m["loss_agg_mode"].endswith("norm") else "")
     if m["loss_mode"] in OWN_AGGREGATION:  # the loss ignores loss_agg_mode: show what it does
         agg = f"{OWN_AGGREGATION[m['loss_mode']]} (the loss's own; {m['loss_agg_mode']} ignored)"

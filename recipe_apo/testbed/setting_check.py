@@ -396,7 +396,7 @@ def launch_of(cfg: Any) -> Any:
 
 def check_launch(cfg: Any) -> None:
     """Refuse, as a ``LaunchRefusal`` in the launch's own line, a testbed config of a method whose run the recipe's
-    launch refuses: every active method's launch checks (``Method.launch_checks``), run as the launch runs them
+    launch refuses: every active method's launch checks (``@METHOD.launch_check``), run as the launch runs them
     (``launch_of``). A check skips only what the testbed runs on purpose where the recipe cannot
     (``algorithm.zero_variance=exact``; R2PO's model folder: the testbed's policy is its own), and the testbed's
     ``staleness`` counts as the asynchronous mode it stands for where a method's reason holds for it (R2PO: a stale

@@ -14,7 +14,6 @@ its config, so results do not depend on scheduling.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import multiprocessing as mp
 import sys
@@ -27,7 +26,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from recipe_apo.methods import catalog
+from recipe_apo.methods import catalog, handoff
 from recipe_apo.methods.base import BASE_HEAD, ActorCall, Probe, Prompts, StepBatch, Trajectories, load
 from recipe_apo.methods.group_stats import length_by_outcome, live_rows
 from recipe_apo.testbed.errors import TestbedSettingError
@@ -199,7 +198,7 @@ class TestbedHost:
         self.probe_tokens += tokens
         return Probe(rewards, keys.reshape(n, samples).tolist(), int(tokens))
 
-    def policy_log_probs(self, batch: StepBatch) -> torch.Tensor:
+    def policy_log_probs(self) -> torch.Tensor:
         with torch.no_grad():
             return self.run.policy.log_probs(self.batch["prompts"], self.batch["responses"])
 
@@ -209,12 +208,13 @@ class MethodRun:
     sampling policy of a stale run, the active methods' runtimes, and what the rounds recorded.
 
     A round is verl's step r + 1, run as the recipe's trainer runs it (``recipe_apo.methods.base``): the runtimes'
-    ``begin_step``; the round's prompts (a runtime's ``replace_prompts``, else the seed's prompt batch r) and every
-    runtime's ``drew_prompts`` (with their per-prompt temperatures); the rollout and the old log-probs; verl's
-    ``compute_advantage`` inside the runtimes' ``estimator_inputs``; their ``after_advantage`` (new advantages, loss
-    columns); the update (``update.ppo_update``); ``after_update``; ``end_step``; then the round's record. Nothing
-    here names a method: each active method's declared metrics (``<method>/<quantity>``) are recorded every round
-    (NaN where a round has none).
+    ``begin_step`` (and their estimators' states kept, ``recipe_apo.methods.handoff``); the round's prompts (a
+    runtime's ``replace_prompts``, else the seed's prompt batch r) and every runtime's ``drew_prompts`` (with their
+    per-prompt temperatures); the rollout and the old log-probs; verl's ``compute_advantage`` inside
+    ``handoff.advantage_step`` (the runtimes' ``estimator_inputs`` handed, the estimators' results collected); their
+    ``after_advantage`` (new advantages, loss columns); the update (``update.ppo_update``); ``after_update``;
+    ``end_step``; then the round's record. Nothing here names a method: each active method's declared metrics
+    (``<method>/<quantity>``) are recorded every round (NaN where a round has none).
     """
 
     def __init__(self, cfg: DictConfig, setup: SeedSetup) -> None:
@@ -229,6 +229,7 @@ class MethodRun:
                                            weight_decay=optim.weight_decay)
         self.sampling, self.shuffling = generator(setup.seed, _SAMPLING), generator(setup.seed, _SHUFFLE)
         self.runtimes = [r for r in (m.build_runtime(cfg) for m in self.methods) if r is not None]
+        handoff.keep_estimator_states(self.runtimes)
         self.needs = frozenset().union(*(r.needs for r in self.runtimes))
         self.host = TestbedHost(self, generator(setup.seed, _PROBE))
         group_filter = cfg.algorithm.filter_groups
@@ -247,12 +248,12 @@ class MethodRun:
 
     def _build_policy(self, residual: bool) -> TokenPolicy:
         """The seed's initial policy; with ``residual``, the residual logits head an active method's model has
-        (``Method.policy_head``), drawn from the seed's own stream."""
+        (``ModelParts.policy_head``), drawn from the seed's own stream."""
         cfg = self.cfg
         policy = build_policy(self.task, cfg.policy.embed_dim, cfg.policy.hidden_dim, cfg.policy.layers,
                               self.setup.seed)
         policy.load_state_dict(self.setup.init_state)
-        heads = [m.policy_head for m in self.methods if m.policy_head] if residual else []
+        heads = [m.models.policy_head for m in self.methods if m.models.policy_head] if residual else []
         if heads:
             policy.add_residual_head(load(heads[0])(cfg.policy.hidden_dim, self.task.vocab_size,
                                                     generator(self.setup.seed, _RESIDUAL)))
@@ -280,6 +281,7 @@ class MethodRun:
         step = r + 1
         for runtime in self.runtimes:
             runtime.begin_step(step)
+        handoff.keep_estimator_states(self.runtimes)
         self.host.probe_tokens = self.host.dropped_tokens = 0.0
         prompts, k = self.round_prompts(step)
         batch, old_log_prob, entropy = self.sample_round(step, prompts, k)
@@ -410,12 +412,10 @@ class MethodRun:
 
     def advantages(self, step: int, batch: dict[str, Any],
                    step_batch: StepBatch) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
-        """verl's advantages of the round, inside every runtime's ``estimator_inputs``, then each runtime's
+        """verl's advantages of the round, inside ``handoff.advantage_step``, then each runtime's
         ``after_advantage`` in catalog order: into ``step_batch.advantages``; returns the round's method metrics
         so far and the loss columns (one float32 value per response)."""
-        with contextlib.ExitStack() as stack:
-            for runtime in self.runtimes:
-                stack.enter_context(runtime.estimator_inputs(step_batch))
+        with handoff.advantage_step(self.runtimes, step_batch):
             step_batch.advantages = compute_advantages(batch, self.cfg.algorithm)
         metrics, loss_columns = {}, {}
         for runtime in self.runtimes:

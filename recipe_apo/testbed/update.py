@@ -18,6 +18,7 @@ from typing import Any, Iterator, Mapping, Optional, Sequence
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from recipe_apo.methods.base import MethodRuntime
 from recipe_apo.methods.checks import RATIO_BAND
 from recipe_apo.methods.checks import effective_agg_mode as _effective
 from recipe_apo.methods.loss_inputs import handed_columns
@@ -77,7 +78,7 @@ def ppo_update(
     advantages: torch.Tensor,
     old_log_prob: torch.Tensor,
     shuffle_generator: torch.Generator,
-    runtimes: Sequence[Any] = (),
+    runtimes: Sequence[MethodRuntime] = (),
     trace: Optional[list] = None,
     loss_columns: Optional[Mapping[str, torch.Tensor]] = None,
     ref_log_prob: Optional[torch.Tensor] = None,
@@ -88,8 +89,8 @@ def ppo_update(
     clipping (an adaptive optimizer rescales its steps, so the update norm would hide how large the loss
     gradient was), and ``ratio_out_share``: the share of valid tokens whose ratio r = pi / pi_old lay outside
     [1 - 0.2, 1 + 0.2] (GRPO's clip range) when their loss was computed, the same measure for every loss.
-    ``runtimes``: the round's method runtimes; one with ``loss_denominators(rows, mask)`` sets a mini-batch's
-    denominators (``responses``, ``tokens``) or notes something of it (every other key goes into the ``trace``).
+    ``runtimes``: the round's method runtimes; each one's ``loss_denominators(rows, mask)`` may set a mini-batch's
+    denominators (``responses``, ``tokens``) or note something of it (every other key goes into the ``trace``).
     ``trace``, when a list, gets one entry per mini-batch: its rows, its loss and those notes.
 
     ``loss_columns`` (name -> one value per response): each micro-batch's loss is called inside
@@ -110,12 +111,11 @@ def ppo_update(
     loss_fn = get_policy_loss_fn(config.policy_loss.loss_mode)
     extra = _Extras(dict(loss_columns or {}), ref_log_prob if config.use_kl_loss else None)
     mask = batch["response_mask"].to(torch.bool)
-    deciders = [r for r in runtimes if hasattr(r, "loss_denominators")]
     stats = _UpdateStats()
     micro = config.ppo_micro_batch_size_per_gpu or config.ppo_mini_batch_size * config.rollout_n
     for rows in mini_batches(config, rows_total, shuffle_generator):
         responses, valid_tokens, notes = len(rows), int(mask[rows].sum()), {}
-        for runtime in deciders:
+        for runtime in runtimes:
             said = runtime.loss_denominators(rows, mask) or {}
             responses, valid_tokens = said.pop("responses", responses), said.pop("tokens", valid_tokens)
             notes.update(said)

@@ -15,9 +15,9 @@ def _recipe_config(tmp_path, *overrides, method="apo"):
 
 def _bare_trainer(config):
     """The trainer without verl's worker groups: enough for the overridden advantage/checkpoint methods."""
-    from recipe_apo.integration.trainer import ApoSyncTrainer
+    from recipe_apo.integration.trainer import RecipeSyncTrainer
 
-    trainer = object.__new__(ApoSyncTrainer)
+    trainer = object.__new__(RecipeSyncTrainer)
     trainer.config = config
     trainer._start_runtimes(config)
     trainer.global_steps = 0

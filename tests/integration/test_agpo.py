@@ -141,19 +141,19 @@ def test_a_vote_key_that_cannot_work_is_one_line_at_launch(tmp_path, monkeypatch
 def test_the_column_loss_hands_the_micro_batchs_columns_to_verls_ppo_loss(monkeypatch):
     from tensordict import TensorDict
 
-    from recipe_apo.integration.column_loss import ColumnLoss
+    from recipe_apo.integration.verl_worker_access import ColumnLoss
     from recipe_apo.methods.errors import BatchInputError
     from recipe_apo.methods.loss_inputs import handed_column
 
-    seen = []
+    seen, column = [], "agpo_dual_clip_eps"
     monkeypatch.setattr("verl.workers.utils.losses.ppo_loss",
-                        lambda config, out, data, group: seen.append((config, handed_column("agpo_clip_eps").tolist()))
+                        lambda config, out, data, group: seen.append((config, handed_column(column).tolist()))
                         or "loss")
-    wrapper = ColumnLoss("config", ["agpo_clip_eps"])
-    data = TensorDict({"agpo_clip_eps": torch.tensor([0.1, 0.3])}, batch_size=2)
+    wrapper = ColumnLoss("config", [column])
+    data = TensorDict({column: torch.tensor([0.1, 0.3])}, batch_size=2)
     assert wrapper({}, data) == "loss" and seen == [("config", pytest.approx([0.1, 0.3]))]
-    assert handed_column("agpo_clip_eps") is None
-    with pytest.raises(BatchInputError, match="the actor's micro-batch has no agpo_clip_eps column"):
+    assert handed_column(column) is None
+    with pytest.raises(BatchInputError, match="the actor's micro-batch has no agpo_dual_clip_eps column"):
         wrapper({}, TensorDict({}, batch_size=2))
 
 

@@ -61,9 +61,9 @@ def test_readme_plain_verl_command_composes_with_verls_own_config_and_keeps_the_
 def test_importing_the_recipes_trainer_registers_its_trainer_mode():
     from verl.trainer.ppo.v1 import get_trainer_cls
 
-    from recipe_apo.integration.trainer import ApoSyncTrainer
+    from recipe_apo.integration.trainer import RecipeSyncTrainer
 
-    assert get_trainer_cls("apo_sync") is ApoSyncTrainer
+    assert get_trainer_cls("apo_sync") is RecipeSyncTrainer
 
 
 def test_the_rehearsals_worker_module_and_the_configs_are_where_configs_name_them():

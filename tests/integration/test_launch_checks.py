@@ -12,6 +12,7 @@ from helpers.in_process import run_recipe_main
 from omegaconf import open_dict
 
 from recipe_apo.cpu.checks import check_rehearsal_config
+from recipe_apo.integration import presets
 from recipe_apo.integration.modes import recipe_mode
 from recipe_apo.integration.validation import RecipeConfigError, validate_recipe_config
 from recipe_apo.integration.verl_settings import registered_trainers
@@ -346,7 +347,7 @@ def test_the_documented_gpu_command_passes_a_dry_run(page, tmp_path):
 
 
 # ---- verl's loss settings, for every method (issue 51, item 5) ---------------------------------------------------
-METHODS = ("apo", "grpo", "drgrpo", "codapo", "agpo", "agpo_dual", "r2po")
+METHODS = presets.names()
 ACTOR = "actor_rollout_ref.actor."
 
 

@@ -124,9 +124,9 @@ def test_validation_metrics_over_problems_with_different_sample_counts_and_faile
 def test_the_recipes_trainer_logs_pass_at_k_beside_verls_best_at_k():
     """verl #7240: one right answer of four. verl's bootstrapped best@4 reads about 1 - (3/4)^4 = 0.684; every
     draw of four of the four samples holds the right one: pass@4 is 1, pass@2 is 1/2 (best@2: 1 - (3/4)^2)."""
-    from recipe_apo.integration.trainer import ApoSyncTrainer
+    from recipe_apo.integration.trainer import RecipeSyncTrainer
 
-    trainer = object.__new__(ApoSyncTrainer)  # the hook reads nothing of the trainer's state
+    trainer = object.__new__(RecipeSyncTrainer)  # the hook reads nothing of the trainer's state
     infos = {"reward": [1.0, 0.0, 0.0, 0.0], "acc": [1.0, 0.0, 0.0, 0.0]}
     metrics = trainer._val_metrics_update(["math"] * 4, ["q"] * 4, infos, [], expected_acc_counts={("math", "q"): 4})
     assert metrics["val-core/math/acc/best@4/mean"] == pytest.approx(1 - 0.75**4, abs=0.04)  # verl's own
@@ -142,13 +142,13 @@ def test_every_mode_of_the_recipes_trainer_logs_it():
     from verl.trainer.ppo.v1.trainer_base import PPOTrainer
 
     from recipe_apo.integration.trainer import (
-        ApoColocateAsyncTrainer,
-        ApoSeparateAsyncTrainer,
-        ApoSyncTrainer,
+        RecipeColocateAsyncTrainer,
         RecipeHooks,
+        RecipeSeparateAsyncTrainer,
+        RecipeSyncTrainer,
     )
 
-    for trainer_cls in (ApoSyncTrainer, ApoColocateAsyncTrainer, ApoSeparateAsyncTrainer):
+    for trainer_cls in (RecipeSyncTrainer, RecipeColocateAsyncTrainer, RecipeSeparateAsyncTrainer):
         assert trainer_cls._val_metrics_update is RecipeHooks._val_metrics_update
         verl_cls = trainer_cls.__mro__[2]
         assert verl_cls.__module__.startswith("verl.") and "_val_metrics_update" not in verl_cls.__dict__

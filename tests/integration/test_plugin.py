@@ -64,8 +64,8 @@ def test_a_broken_plugin_import_is_reported_as_an_error():
     assert result.returncode == 0, result.stderr
     assert "apo registered: False" in result.stdout
     assert "ERROR" in result.stderr
-    assert ("recipe-apo: registering the advantage estimators apo, codapo, agpo, r2po, rarity and the policy losses "
-            "apo, apo_one_sided, agpo, agpo_clip with verl failed") in result.stderr
+    assert "recipe-apo: registering the methods' advantage estimators and policy losses with verl failed" in \
+        result.stderr
     assert "recipe_apo.methods.apo.loss" in result.stderr
 
 

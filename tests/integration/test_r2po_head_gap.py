@@ -1,7 +1,7 @@
 """The actor's update passes log how far pi_roll is from pi_base: ``recipe_apo.integration.model_classes`` wraps
-verl's ``forward_step`` so that a pass naming a logits head, in an update, measures the model's head gap on the
-micro-batch's response tokens (their lengths read as verl reads them) and adds it to verl's metrics of the pass;
-forward-only passes and a pass that names no head are left as verl runs them."""
+verl's ``forward_step`` (``verl_worker_access.with_heads``) so that a pass naming a logits head, in an update,
+measures the model's head gap on the micro-batch's response tokens (their lengths read as verl reads them) and adds
+it to verl's metrics of the pass; forward-only passes and a pass that names no head are left as verl runs them."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ TOKENS = torch.tensor([[5, 6, 10, 11, 12, 0], [7, 8, 9, 13, 0, 0]])  # each sequ
 def _forward_step():
     """The wrapper around a stand-in for verl's ``forward_step``: the model's forward on the micro-batch's
     sequences, and verl's metrics of the pass."""
-    from recipe_apo.integration.model_classes import with_heads
+    from recipe_apo.integration.verl_worker_access import with_heads
 
     def original(engine, micro_batch, loss_function, forward_only):
         logits = engine.module(TOKENS).logits

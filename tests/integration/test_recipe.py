@@ -330,7 +330,7 @@ def test_launch_hands_verl_the_recipe_task_runner_and_ends_its_ray_session(monke
     import ray
     import verl.trainer.main_ppo as main_ppo
 
-    from recipe_apo.integration.task_runner import ApoTaskRunner
+    from recipe_apo.integration.task_runner import RecipeTaskRunner
     from recipe_apo.main import run
 
     seen = {"up": ray_before, "shutdowns": 0}
@@ -346,7 +346,7 @@ def test_launch_hands_verl_the_recipe_task_runner_and_ends_its_ray_session(monke
     monkeypatch.setattr(ray, "is_initialized", lambda: seen["up"])
     monkeypatch.setattr(ray, "shutdown", shutdown)
     run(launchable())
-    assert seen["runner"] is ApoTaskRunner
+    assert seen["runner"] is RecipeTaskRunner
     assert (seen["up"], seen["shutdowns"]) == ((True, 0) if ray_before else (False, 1))
 
 
@@ -355,20 +355,20 @@ def test_task_runner_registers_the_trainer_and_checks_the_nodes_for_apo(monkeypa
     from verl.trainer.main_ppo import TaskRunnerV1
 
     import recipe_apo.integration.cluster as cluster
-    from recipe_apo.integration.task_runner import ApoTaskRunner, _ApoTaskRunner
+    from recipe_apo.integration.task_runner import RecipeTaskRunner, _RecipeTaskRunner
 
     calls = []
-    monkeypatch.setattr(cluster, "check_apo_on_every_node", lambda: calls.append("checked"))
+    monkeypatch.setattr(cluster, "check_recipe_on_every_node", lambda: calls.append("checked"))
     monkeypatch.setattr(TaskRunnerV1.__ray_actor_class__, "run", lambda self, config: calls.append("verl run"))
-    assert issubclass(ApoTaskRunner.__ray_actor_class__, TaskRunnerV1.__ray_actor_class__)
-    _ApoTaskRunner().run(launchable(f"method={method}"))
+    assert issubclass(RecipeTaskRunner.__ray_actor_class__, TaskRunnerV1.__ray_actor_class__)
+    _RecipeTaskRunner().run(launchable(f"method={method}"))
     assert calls == (["checked", "verl run"] if checked else ["verl run"])
 
     from verl.trainer.ppo.v1 import get_trainer_cls
 
-    from recipe_apo.integration.trainer import ApoSyncTrainer
+    from recipe_apo.integration.trainer import RecipeSyncTrainer
 
-    assert get_trainer_cls("apo_sync") is ApoSyncTrainer
+    assert get_trainer_cls("apo_sync") is RecipeSyncTrainer
 
 
 def test_plugin_check_prints_the_three_presets_advantages(capsys):
@@ -423,7 +423,7 @@ def test_verls_trainer_modes_run_the_recipes_trainer_for_each(tmp_path):
 
 @pytest.mark.parametrize("mode", ["apo_colocate_async", "apo_separate_async"])
 def test_the_recipes_features_pass_in_the_asynchronous_trainers_but_codapos_resampling(mode):
-    from recipe_apo.integration.trainer import ApoColocateAsyncTrainer, ApoSeparateAsyncTrainer
+    from recipe_apo.integration.trainer import RecipeColocateAsyncTrainer, RecipeSeparateAsyncTrainer
 
     validate_recipe_config(valid("method=apo", f"trainer.v1.trainer_mode={mode}", *SEPARATE_POOL,
                                  "algorithm.apo.anchor_scope=data_source", "algorithm.zero_variance=exclude"))
@@ -435,7 +435,7 @@ def test_the_recipes_features_pass_in_the_asynchronous_trainers_but_codapos_resa
     from verl.trainer.ppo.v1 import get_trainer_cls
 
     trainer = get_trainer_cls(mode)
-    assert trainer in (ApoColocateAsyncTrainer, ApoSeparateAsyncTrainer) and trainer.VERL_MODE == mode[4:]
+    assert trainer in (RecipeColocateAsyncTrainer, RecipeSeparateAsyncTrainer) and trainer.VERL_MODE == mode[4:]
 
 
 @pytest.mark.parametrize("seed, said", [

@@ -17,25 +17,28 @@ from omegaconf import OmegaConf
 
 from recipe_apo.integration import verl_access
 from recipe_apo.integration.checkpoint import AnchorCheckpointCallback, restore_state, save_state
-from recipe_apo.methods import catalog
-from recipe_apo.methods.agpo_dual.controllers import AgpoState
-from recipe_apo.methods.agpo_dual.runtime import AgpoStateError
+from recipe_apo.methods import catalog, handoff
+from recipe_apo.methods.agpo_dual.controllers import AgpoDualState
+from recipe_apo.methods.agpo_dual.runtime import AgpoDualStateError
 from recipe_apo.methods.apo.anchor import driver_anchors, reset_driver_anchors
 from recipe_apo.methods.apo.runtime import AnchorStateError
 from recipe_apo.methods.codapo.runtime import ResamplingStateError
 from recipe_apo.methods.errors import MethodStateError
 from recipe_apo.methods.state_codec import StateFileError, read_state, write_state
 
-APO_FILE, AGPO_FILE, CODAPO_FILE = "apo_state.json", "agpo_state.json", "codapo_state.json"
+APO_FILE, AGPO_FILE, CODAPO_FILE = "apo_state.json", "agpo_dual_state.json", "codapo_state.json"
 
 
 def runtime(method: str, **algorithm):
-    """A fresh runtime of ``method`` for a config of ``algorithm`` settings (verl's node, the estimator set)."""
+    """A fresh runtime of ``method`` for a config of ``algorithm`` settings (verl's node, the estimator set), its
+    estimator's state kept in the driver as an adapter starts a run (APO's anchors: ``driver_anchors()``)."""
     estimator = {"apo": "apo", "codapo": "codapo"}.get(method, "grpo")
     config = OmegaConf.create({"algorithm": {"adv_estimator": estimator, **algorithm},
                                "actor_rollout_ref": {"actor": {"policy_loss": {"loss_mode": "agpo_clip"}},
                                                      "rollout": {"temperature": 1.0}}})
-    return catalog.method(method).build_runtime(config)
+    built = catalog.method(method).build_runtime(config)
+    handoff.keep_estimator_states([built])
+    return built
 
 
 # ---- the codec ------------------------------------------------------------------------------------------------------
@@ -143,6 +146,7 @@ def test_resume_in_a_new_process_continues_bit_for_bit(tmp_path):
     exec(STEP_SCRIPT, namespace)
     config = OmegaConf.load(config_path)
     apo = catalog.method("apo").build_runtime(config)
+    handoff.keep_estimator_states([apo])  # the estimator moves the runtime's anchors, as in the recipe's trainer
     uninterrupted = []
     for k in range(1, 7):
         uninterrupted.append(namespace["step"](k, config.algorithm))
@@ -292,7 +296,7 @@ def agpo_runtime():
 
 def test_the_controllers_round_trip_bit_for_bit(tmp_path):
     agpo = agpo_runtime()
-    agpo.state = AgpoState(uncertainty_avg=0.1 + 0.2, entropy_ref=1 / 3, kl_avg=float(np.nextafter(0.02, 1.0)))
+    agpo.state = AgpoDualState(uncertainty_avg=0.1 + 0.2, entropy_ref=1 / 3, kl_avg=float(np.nextafter(0.02, 1.0)))
     path = save_state(agpo, str(tmp_path), 7)
     assert json.loads(open(path).read())["global_step"] == 7
     restored = agpo_runtime()
@@ -313,17 +317,55 @@ def test_a_missing_or_foreign_controller_file_stops_the_resume_in_one_line(tmp_p
     if content is not None:
         (tmp_path / AGPO_FILE).write_text(content)
     agpo = agpo_runtime()
-    with pytest.raises(AgpoStateError) as info:
+    with pytest.raises(AgpoDualStateError) as info:
         restore_state(agpo, str(tmp_path), 3)
     message = str(info.value)
     assert message.startswith(f"cannot resume AGPO's controllers from {tmp_path / AGPO_FILE}: ")
     assert cause in message and "\n" not in message
     assert isinstance(info.value, MethodStateError)
-    assert agpo.state.state_dict() == AgpoState().state_dict()
+    assert agpo.state.state_dict() == AgpoDualState().state_dict()
 
 
 def test_a_fresh_start_reads_no_controller_file(tmp_path):
     assert restore_state(agpo_runtime(), str(tmp_path), 0) is False
+
+
+# agpo_dual's state file while it had AGPO's name, as such a checkpoint holds it.
+OLD_AGPO_FILE = "agpo_state.json"
+OLD_STATE = {"kind": "agpo_dual", "global_step": 7, "uncertainty_avg": 0.25, "entropy_ref": 1.5, "kl_avg": 0.125}
+
+
+def test_a_checkpoint_of_the_old_file_name_resumes_and_says_so_in_one_line(tmp_path, caplog):
+    folder = tmp_path / "global_step_7"
+    folder.mkdir()
+    (folder / OLD_AGPO_FILE).write_text(json.dumps(OLD_STATE))
+    agpo = agpo_runtime()
+    with caplog.at_level(logging.INFO, logger="recipe_apo"):
+        assert restore_state(agpo, str(folder), 7) is True
+    assert agpo.state.state_dict() == {"uncertainty_avg": 0.25, "entropy_ref": 1.5, "kl_avg": 0.125}
+    assert [record.getMessage() for record in caplog.records] == [
+        f"recipe-apo: restored AGPO (dual)'s state from {folder / OLD_AGPO_FILE}, its file's old name (the recipe "
+        "now writes agpo_dual_state.json)"]
+    # the next checkpoint has the new name only
+    assert save_state(agpo, str(tmp_path / "global_step_8"), 8) == str(tmp_path / "global_step_8" / AGPO_FILE)
+    assert os.listdir(tmp_path / "global_step_8") == [AGPO_FILE]
+
+
+def test_the_new_file_name_is_read_before_the_old_one_and_without_a_line(tmp_path, caplog):
+    (tmp_path / OLD_AGPO_FILE).write_text(json.dumps(OLD_STATE))
+    (tmp_path / AGPO_FILE).write_text(json.dumps({**OLD_STATE, "kl_avg": 0.5}))
+    agpo = agpo_runtime()
+    with caplog.at_level(logging.INFO, logger="recipe_apo"):
+        assert restore_state(agpo, str(tmp_path), 7) is True
+    assert agpo.state.kl_avg == 0.5 and caplog.records == []
+
+
+def test_an_unreadable_file_of_the_old_name_stops_the_resume_naming_it(tmp_path):
+    (tmp_path / OLD_AGPO_FILE).write_text(json.dumps({**OLD_STATE, "kind": "agpo"}))
+    with pytest.raises(AgpoDualStateError) as info:
+        restore_state(agpo_runtime(), str(tmp_path), 7)
+    assert str(info.value) == (f"cannot resume AGPO's controllers from {tmp_path / OLD_AGPO_FILE}: it is not "
+                               "agpo_dual's state (kind 'agpo')")
 
 
 # ---- CoDaPO's kept prompts ------------------------------------------------------------------------------------------
@@ -465,7 +507,7 @@ def _refused(method: str, folder, step: int, within_s: float = 10.0) -> str:
         assert driver_anchors().anchor().value is None  # nothing installed
         reset_driver_anchors()
     if method == "agpo_dual":
-        assert fresh.state.state_dict() == AgpoState().state_dict()
+        assert fresh.state.state_dict() == AgpoDualState().state_dict()
     if method == "codapo":
         assert fresh.kept is None and fresh.pairing.kept_step is None
     return message
@@ -517,7 +559,12 @@ def test_a_state_path_that_is_not_a_regular_file_ends_the_resume_in_one_line_at_
         os.symlink(tmp_path, path)
     else:
         held = socket.socket(socket.AF_UNIX)
-        held.bind(str(path))
+        cwd = os.getcwd()
+        os.chdir(folder)  # an AF_UNIX address holds 108 bytes, less than a test worker's tmp_path: bind by name
+        try:
+            held.bind(name)
+        finally:
+            os.chdir(cwd)
     try:
         message = _refused(method, folder, step)
     finally:

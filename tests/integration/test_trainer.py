@@ -18,8 +18,8 @@ from tensordict.tensorclass import NonTensorStack
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils.tracking import Tracking
 
-from recipe_apo.integration.cluster import check_apo_on_every_node
-from recipe_apo.integration.trainer import ApoSyncTrainer
+from recipe_apo.integration.cluster import check_recipe_on_every_node
+from recipe_apo.integration.trainer import RecipeSyncTrainer
 from recipe_apo.methods.apo.anchor import AnchorBook, driver_anchors, reset_driver_anchors
 from recipe_apo.methods.apo.estimator import compute_apo_advantage
 from recipe_apo.methods.driver_state import last_result
@@ -164,7 +164,7 @@ def test_init_keeps_verls_sync_mode_and_starts_a_fresh_anchor(tmp_path, monkeypa
     monkeypatch.setattr(PPOTrainerSync, "__init__",
                         lambda self, config: seen.setdefault("mode", config.trainer.v1.trainer_mode))
     driver_anchors(init=0.7).anchor()
-    trainer = ApoSyncTrainer(recipe_config(tmp_path))
+    trainer = RecipeSyncTrainer(recipe_config(tmp_path))
     assert seen["mode"] == "sync" and trainer.runtime("apo") is not None
     assert driver_anchors().anchor().value is None  # the previous run's anchor is gone
 
@@ -176,8 +176,8 @@ def test_checkpoint_save_writes_the_anchor_before_verl_marks_the_folder_latest(t
     state_file = tmp_path / "ckpt" / "global_step_7" / STATE_FILE
     seen = {}
     monkeypatch.setattr(PPOTrainerSync, "_save_checkpoint", lambda self: seen.setdefault("exists", state_file.exists()))
-    reset_driver_anchors()
-    driver_anchors(init=0.3).anchor()
+    trainer.runtime("apo").book = AnchorBook(init=0.3)  # the run's anchors are its runtime's
+    trainer.runtime("apo").book.anchor()
     trainer._save_checkpoint()
     assert seen["exists"] is True
     assert json.loads(state_file.read_text())["anchors"]["global"]["value"] == 0.3
@@ -194,7 +194,7 @@ def test_node_check_passes_where_the_plugin_is_installed(transfer_queue):
     """Also the plugin's registration in a Ray worker by verl's entry point alone: the probe is shipped by value
     (the worker imports nothing of recipe_apo) and the worker's environment, the driver's, names no plugin module."""
     assert not any(key.startswith("VERL_USE_EXTERNAL") for key in os.environ)
-    reports = check_apo_on_every_node(timeout_s=120)
+    reports = check_recipe_on_every_node(timeout_s=120)
     assert len(reports) == 1 and reports[0]["estimator"] and reports[0]["loss"] and reports[0]["missing"] == []
 
 
@@ -210,7 +210,7 @@ def test_node_check_names_a_node_without_the_plugin(transfer_queue, monkeypatch)
     monkeypatch.setattr(cluster.ray, "remote", lambda **options: remote(
         **options, runtime_env={"env_vars": {"VERL_USE_EXTERNAL_PLUGINS": "none"}}))
     with pytest.raises(NodeCheckError) as info:
-        check_apo_on_every_node(timeout_s=120)
+        check_recipe_on_every_node(timeout_s=120)
     message = str(info.value)
     assert message.startswith("recipe-apo: the recipe's estimators/losses are not registered on Ray node(s) ")
     assert ("missing estimator apo, estimator codapo, estimator agpo, estimator r2po, estimator rarity, loss apo, "
@@ -323,10 +323,10 @@ def test_each_async_trainer_hands_verl_its_mode_and_runs_the_recipes_hooks(tmp_p
     from verl.trainer.ppo.v1.trainer_colocate_async import PPOTrainerColocateAsync
     from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
 
-    from recipe_apo.integration.trainer import ApoColocateAsyncTrainer, ApoSeparateAsyncTrainer, RecipeHooks
+    from recipe_apo.integration.trainer import RecipeColocateAsyncTrainer, RecipeHooks, RecipeSeparateAsyncTrainer
 
-    trainer_cls, verl_cls = {"colocate_async": (ApoColocateAsyncTrainer, PPOTrainerColocateAsync),
-                             "separate_async": (ApoSeparateAsyncTrainer, PPOTrainerSeparateAsync)}[mode]
+    trainer_cls, verl_cls = {"colocate_async": (RecipeColocateAsyncTrainer, PPOTrainerColocateAsync),
+                             "separate_async": (RecipeSeparateAsyncTrainer, PPOTrainerSeparateAsync)}[mode]
     seen = {}
     monkeypatch.setattr(verl_cls, "__init__",
                         lambda self, config: seen.setdefault("mode", config.trainer.v1.trainer_mode))

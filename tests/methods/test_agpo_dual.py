@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from recipe_apo.methods.agpo_dual.controllers import (
-    AgpoState,
+    AgpoDualState,
     ProbeStats,
     dispersion,
     pooled_entropy,
@@ -28,7 +28,7 @@ from recipe_apo.methods.agpo_dual.controllers import (
     step_kl,
     vote_entropy,
 )
-from recipe_apo.methods.agpo_dual.settings import AgpoConfigError, AgpoSettings
+from recipe_apo.methods.agpo_dual.settings import AgpoDualConfigError, AgpoDualSettings
 from recipe_apo.methods.agpo_dual.vote_keys import (
     RULE,
     VoteKeyError,
@@ -38,7 +38,7 @@ from recipe_apo.methods.agpo_dual.vote_keys import (
 )
 from recipe_apo.methods.errors import BatchInputError, MethodStateError
 
-S = AgpoSettings()
+S = AgpoDualSettings()
 A = [1, 0, 0, 0, 1, 1, 0, 0]
 C = [0, 0, 0, 0, 0, 0, 0, 1]
 
@@ -129,11 +129,11 @@ TRANSCRIBED_TEMPERATURES = [
 
 
 def test_a_run_of_temperature_calls_is_the_sources_call_by_call_and_as_one_batch():
-    state = AgpoState()
+    state = AgpoDualState()
     for u, c, tau, avg in TRANSCRIBED_TEMPERATURES:
         got_tau, got_c = state.temperatures(np.array([u]), S)
         assert (got_c[0], got_tau[0], state.uncertainty_avg) == (pytest.approx(c, rel=1e-12), tau, avg)
-    batch = AgpoState()
+    batch = AgpoDualState()
     taus, cs = batch.temperatures(np.array([row[0] for row in TRANSCRIBED_TEMPERATURES]), S)
     assert taus.tolist() == [row[2] for row in TRANSCRIBED_TEMPERATURES]
     assert batch.uncertainty_avg == state.uncertainty_avg
@@ -141,11 +141,11 @@ def test_a_run_of_temperature_calls_is_the_sources_call_by_call_and_as_one_batch
 
 def test_the_lower_temperature_clamp_and_the_restart_while_u_bar_is_zero():
     # transcribed, lambda 0.6 (not a default): U = 1 then 0 gives c = -0.99999999 and tau = 0.5
-    steep = AgpoSettings(temperature_gain=0.6)
-    tau, c = AgpoState().temperatures(np.array([1.0, 0.0]), steep)
+    steep = AgpoDualSettings(temperature_gain=0.6)
+    tau, c = AgpoDualState().temperatures(np.array([1.0, 0.0]), steep)
     assert tau.tolist() == [1.0, 0.5] and c[1] == pytest.approx(-0.9999999900000002, rel=1e-12)
     # transcribed: U = 0, 0.5, 0: the start rule fires again while U_bar is 0
-    state = AgpoState()
+    state = AgpoDualState()
     tau, c = state.temperatures(np.array([0.0, 0.5, 0.0]), S)
     assert c.tolist()[:2] == [0.0, 0.0] and c[2] == pytest.approx(-0.9999999800000003, rel=1e-12)
     assert tau.tolist() == [1.0, 1.0, 0.8500000238418579] and state.uncertainty_avg == pytest.approx(0.45)
@@ -169,7 +169,7 @@ TRANSCRIBED_CLIPS = [
 
 @pytest.mark.parametrize("h_pi, ref, sigma, h_v, kl, kappa, eps, ref_after", TRANSCRIBED_CLIPS)
 def test_the_clip_is_the_sources(h_pi, ref, sigma, h_v, kl, kappa, eps, ref_after):
-    state = AgpoState(entropy_ref=ref, kl_avg=kl)
+    state = AgpoDualState(entropy_ref=ref, kl_avg=kl)
     got, _ = state.clips(np.array([h_pi]), stats(sigma, h_v, kappa), S)
     assert got[0] == pytest.approx(eps, abs=1e-8)
     assert state.entropy_ref == pytest.approx(ref_after, rel=1e-12)
@@ -177,16 +177,17 @@ def test_the_clip_is_the_sources(h_pi, ref, sigma, h_v, kl, kappa, eps, ref_afte
 
 def test_the_clip_by_hand():
     # eps = 0.2 * clip(2 / (1 + 1e-8), 0.5, 1.5) * (1 + 0.1 * 0.7) / (1 + 0.5 + 0.5 * 0.1) = 0.2 * 1.5 * 1.07 / 1.55
-    state = AgpoState(entropy_ref=1.0, kl_avg=0.1)
+    state = AgpoDualState(entropy_ref=1.0, kl_avg=0.1)
     eps, ratio = state.clips(np.array([2.0]), stats(0.5, 0.7, 0.3), S)
     assert eps[0] == pytest.approx(0.2 * 1.5 * 1.07 / 1.55, rel=1e-7) and ratio[0] == pytest.approx(2.0)
     # zeta weighs |kappa| in the denominator: 0.2 * 1 / (1 + 0.5 * 2) = 0.1
-    eps, _ = AgpoState(entropy_ref=1.0).clips(np.array([1.0]), stats(kappa=-2.0), AgpoSettings(clip_skewness=0.5))
+    eps, _ = AgpoDualState(entropy_ref=1.0).clips(np.array([1.0]), stats(kappa=-2.0),
+                                                  AgpoDualSettings(clip_skewness=0.5))
     assert eps[0] == pytest.approx(0.1, rel=1e-7)
 
 
 def test_a_batch_moves_h_ref_prompt_by_prompt_each_clip_reading_the_previous_prompts_h_ref():
-    state = AgpoState()
+    state = AgpoDualState()
     eps, ratio = state.clips(np.array([1.0, 2.0, 0.5]), ProbeStats(np.zeros(3), np.zeros(3), np.zeros(3)), S)
     # H_ref: starts at 1.0 (first H_pi), then 0.99 + 0.02 = 1.01, then 0.99 * 1.01 + 0.005
     assert ratio == pytest.approx([1.0, 2.0, 0.5 / 1.01], rel=1e-7)
@@ -195,7 +196,7 @@ def test_a_batch_moves_h_ref_prompt_by_prompt_each_clip_reading_the_previous_pro
 
 
 def test_kl_bar_and_step_kl_are_the_sources():
-    state = AgpoState()
+    state = AgpoDualState()
     for value, expected in ((0.2, 0.020000000000000004), (0.0, 0.018000000000000006), (0.5, 0.06620000000000001)):
         state.add_step_kl(value, S)
         assert state.kl_avg == expected
@@ -220,8 +221,8 @@ def test_h_pi_pools_a_prompts_tokens_and_a_prompt_without_tokens_gets_zero():
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.floats(0, 10), min_size=1, max_size=40), st.floats(0.0, 20.0), st.floats(0.01, 1.0))
 def test_tau_always_lies_in_its_bounds_and_u_bar_between_the_values_seen(us, start, gain):
-    settings_ = AgpoSettings(temperature_gain=gain)
-    state = AgpoState(uncertainty_avg=start)
+    settings_ = AgpoDualSettings(temperature_gain=gain)
+    state = AgpoDualState(uncertainty_avg=start)
     tau, _ = state.temperatures(np.array(us), settings_)
     assert ((tau >= 0.5 - 1e-7) & (tau <= 1.5 + 1e-7)).all()
     # each update is a convex combination of the old U_bar and the new U, or the new U itself
@@ -232,20 +233,20 @@ def test_tau_always_lies_in_its_bounds_and_u_bar_between_the_values_seen(us, sta
 @given(st.lists(st.floats(0, 10), min_size=1, max_size=20), st.floats(0, 3), st.floats(0, 3), st.floats(0, 5))
 def test_eps_always_lies_in_its_bounds(h_pi, sigma, h_v, kl):
     n = len(h_pi)
-    eps, _ = AgpoState(kl_avg=kl).clips(np.array(h_pi), ProbeStats(np.full(n, sigma), np.full(n, h_v),
+    eps, _ = AgpoDualState(kl_avg=kl).clips(np.array(h_pi), ProbeStats(np.full(n, sigma), np.full(n, h_v),
                                                                     np.zeros(n)), S)
     assert ((eps >= 0.05 - 1e-8) & (eps <= 0.4 + 1e-8)).all()
 
 
 # ---- state and settings ----------------------------------------------------------------------------------------
 def test_the_state_round_trips_bit_for_bit_and_refuses_anything_else():
-    state = AgpoState(uncertainty_avg=0.1 + 0.2, entropy_ref=1 / 3, kl_avg=2.0 ** -60)
-    restored = AgpoState()
+    state = AgpoDualState(uncertainty_avg=0.1 + 0.2, entropy_ref=1 / 3, kl_avg=2.0 ** -60)
+    restored = AgpoDualState()
     restored.load_state_dict(state.state_dict())
     assert restored.state_dict() == state.state_dict()
     for bad, part in (({"uncertainty_avg": 1.0}, "exactly"), ({**state.state_dict(), "kl_avg": -1.0}, "kl_avg"),
                       ({**state.state_dict(), "entropy_ref": "1"}, "entropy_ref"), ([], "exactly")):
-        keep = AgpoState(uncertainty_avg=5.0)
+        keep = AgpoDualState(uncertainty_avg=5.0)
         with pytest.raises(MethodStateError, match=part):
             keep.load_state_dict(bad)
         assert keep.uncertainty_avg == 5.0  # nothing half-restored
@@ -268,14 +269,14 @@ def test_the_state_round_trips_bit_for_bit_and_refuses_anything_else():
     ("entropy_ratio_min", float("nan"), "algorithm.agpo_dual.entropy_ratio_min"),
 ])
 def test_a_bad_setting_is_refused_in_one_line_naming_it(key, value, message):
-    with pytest.raises(AgpoConfigError, match=message) as info:
-        AgpoSettings.from_algorithm_config({"agpo_dual": {key: value}})
+    with pytest.raises(AgpoDualConfigError, match=message) as info:
+        AgpoDualSettings.from_algorithm_config({"agpo_dual": {key: value}})
     assert "\n" not in str(info.value)
 
 
 def test_an_unknown_setting_is_refused_naming_it():
-    with pytest.raises(AgpoConfigError, match="unknown setting algorithm.agpo_dual.probe_sample;"):
-        AgpoSettings.from_algorithm_config({"agpo_dual": {"probe_sample": 8}})
+    with pytest.raises(AgpoDualConfigError, match="unknown setting algorithm.agpo_dual.probe_sample;"):
+        AgpoDualSettings.from_algorithm_config({"agpo_dual": {"probe_sample": 8}})
 
 
 def test_non_finite_probe_rewards_are_refused_naming_the_prompt():
@@ -284,8 +285,8 @@ def test_non_finite_probe_rewards_are_refused_naming_the_prompt():
 
 
 def test_clip_base_at_either_bound_is_accepted():
-    assert AgpoSettings(clip_base=0.4).clip_base == 0.4
-    assert AgpoSettings(clip_base=0.05, clip_min=0.05).clip_base == 0.05
+    assert AgpoDualSettings(clip_base=0.4).clip_base == 0.4
+    assert AgpoDualSettings(clip_base=0.05, clip_min=0.05).clip_base == 0.05
 
 
 # ---- vote keys that name process or file-system functions (issue 51, 6b) ----------------------------------------

@@ -45,7 +45,7 @@ def test_one_eps_for_every_row_is_verls_vanilla_loss_at_that_clip(eps, mode):
     (got_grad,) = torch.autograd.grad(got, new)
     assert got.item() == want.item() and torch.equal(got_grad, want_grad)
     assert {k: metrics[k] for k in want_metrics} == want_metrics
-    assert metrics["actor/agpo_clip_eps_mean"] == pytest.approx(eps)
+    assert metrics["actor/agpo_dual_clip_eps_mean"] == pytest.approx(eps)
 
 
 def test_each_row_is_clipped_at_its_own_eps_by_hand():
@@ -56,7 +56,7 @@ def test_each_row_is_clipped_at_its_own_eps_by_hand():
     with handed_columns({CLIP_COLUMN: torch.tensor([0.2, 0.4])}):
         loss, metrics = compute_policy_loss_agpo_clip(old, new, adv, mask, "token-mean", actor())
     assert loss.item() == pytest.approx(-(1.2 + 1.3) / 2, rel=1e-6)
-    assert metrics["actor/pg_clipfrac"] == 0.5 and metrics["actor/agpo_clip_eps_mean"] == pytest.approx(0.3)
+    assert metrics["actor/pg_clipfrac"] == 0.5 and metrics["actor/agpo_dual_clip_eps_mean"] == pytest.approx(0.3)
 
 
 def test_per_row_clips_equal_the_rows_computed_one_by_one():

@@ -16,7 +16,7 @@ from helpers.r2po_reference import policy_advantage, reward_rarity
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from recipe_apo.methods import driver_state
+from recipe_apo.methods import driver_state, handoff
 from recipe_apo.methods.base import ActorCall
 from recipe_apo.methods.errors import MethodStateError
 from recipe_apo.methods.r2po import METHOD
@@ -311,7 +311,10 @@ def test_the_runtime_picks_each_pass_head_and_restarts_at_each_phase():
                         "update": ActorCall("base", True)}
     assert calls[4]["update"] == ActorCall("roll", True)
     assert runtime.end_step(3) == {"r2po/phase": 1.0, "r2po/round": 0.0}
+    assert runtime.estimator_state() is None  # no step under way: the estimator refuses to guess a phase
     runtime.begin_step(4)
+    assert runtime.estimator_state() == HEAD
+    handoff.keep_estimator_states([runtime])  # what the adapters do after begin_step
     assert driver_state.kept("r2po", lambda: None) == HEAD
     driver_state.forget("r2po")
 

@@ -139,7 +139,7 @@ def _hand_update(overrides, clip_eps, old_shift, ref_shift=None, lengths=(2, 3, 
     ref = None if ref_shift is None else current - ref_shift
     metrics = ppo_update(policy, torch.optim.SGD(policy.parameters(), lr=0.0), actor, batch, mask.clone(),
                          current - old_shift, torch.Generator().manual_seed(0),
-                         loss_columns={"agpo_clip_eps": clip_eps}, ref_log_prob=ref)
+                         loss_columns={"agpo_dual_clip_eps": clip_eps}, ref_log_prob=ref)
     return metrics, policy.theta.grad.clone(), mask
 
 
@@ -162,7 +162,7 @@ def test_each_row_is_clipped_at_its_own_eps_micro_batch_by_micro_batch():
     assert metrics["pg_loss"] == pytest.approx(-(2 * 1.1 + 2 * r) / 4, abs=1e-6)
     # agpo_clip's own metric, the mean eps over valid tokens per micro-batch, averaged over the two.
     per_micro = [(0.1 * 2 + 0.3 * 3) / 5, (0.3 * 1 + 0.1 * 2) / 3]
-    assert metrics["actor/agpo_clip_eps_mean"] == pytest.approx(sum(per_micro) / 2, abs=1e-6)
+    assert metrics["actor/agpo_dual_clip_eps_mean"] == pytest.approx(sum(per_micro) / 2, abs=1e-6)
 
 
 def test_the_kl_loss_is_verls_k1_against_the_reference_aggregated_as_the_policy_loss():
@@ -206,7 +206,7 @@ def test_a_round_probes_tempers_clips_and_moves_kl_bar_as_the_formulas_say(hydra
     agpo.after_advantage = lambda *a: seen.setdefault("out", after(*a))
     run.train_round(0, on_round=lambda r, batch, old, adv: seen.update(batch=batch, old=old))
     seen["tau"] = torch.from_numpy(seen["settings"]["temperature"]).to(torch.float32)
-    seen["eps_rows"] = torch.from_numpy(seen["out"].loss_columns["agpo_clip_eps"])
+    seen["eps_rows"] = torch.from_numpy(seen["out"].loss_columns["agpo_dual_clip_eps"])
     batch, old = seen["batch"], seen["old"]
 
     # The probe: G samples per prompt at base_temperature from the round's policy, on the probe's own stream.
@@ -287,7 +287,7 @@ def test_an_agpo_run_is_deterministic_for_a_seed_and_records_its_metrics(hydra_c
 
     # Every metric AGPO declares, every round, finite (a round without one would record NaN).
     for key in [catalog.method("agpo_dual").metric(q) for q in catalog.method("agpo_dual").metrics] + [
-            "probe_tokens", "actor/kl_loss", "actor/agpo_clip_eps_mean"]:
+            "probe_tokens", "actor/kl_loss", "actor/agpo_dual_clip_eps_mean"]:
         assert len(h[key]) == 4 and all(math.isfinite(v) for v in h[key]), key
     assert all(0.5 <= t <= 1.5 for t in h["agpo_dual/temperature_mean"])
     assert all(0.05 <= e <= 0.4 for e in h["agpo_dual/clip_eps_mean"])

@@ -13,6 +13,7 @@ from helpers.testbed_tiny import TINY_RUN
 from hydra import initialize_config_module
 from omegaconf import OmegaConf
 
+from recipe_apo.integration import presets
 from recipe_apo.methods.apo.settings import ApoSettings
 from recipe_apo.methods.codapo.estimator import CodapoSettings
 
@@ -52,9 +53,9 @@ def test_smoke_every_method_writes_its_files_with_finite_numbers(tiny_run):
     out, summary = tiny_run
     for name in ("summary.json", "report.md", "success.png", "length.png", "anchor.png", "grad_norm.png"):
         assert (out / name).stat().st_size > 0, name
-    assert list(summary["methods"]) == ["grpo", "drgrpo", "apo", "codapo", "agpo_dual", "agpo", "r2po"]
+    assert list(summary["methods"]) == list(presets.names())  # every preset (the list: tests/test_catalog.py)
     on_disk = json.loads((out / "summary.json").read_text())
-    for label in ("grpo", "drgrpo", "apo", "codapo", "agpo_dual", "agpo", "r2po"):
+    for label in presets.names():
         for seed in ("0", "1"):
             run = on_disk["runs"][label][seed]
             # len_correct may be NaN in a round without a correct response; everything headline is finite.
@@ -722,8 +723,9 @@ def test_the_report_shows_the_trust_region_metrics_and_a_dash_where_a_method_has
     report = (tmp_path / "report.md").read_text()
     agg = summary["aggregate"]
     assert agg["apo"]["ratio_dev_mean"]["mean"] > 0 and agg["grpo"]["ratio_dev_mean"]["mean"] > 0
-    assert 0 < agg["apo"]["gate_weight_avg"]["mean"] <= 1 and "gate_weight_avg" not in agg["grpo"]
-    gate = next(line for line in report.splitlines() if line.startswith("| soft gate's mean weight"))
+    gate_avg = "actor/apo_gate_weight_avg"  # the apo loss's declared metric, its mean over the rounds
+    assert 0 < agg["apo"][gate_avg]["mean"] <= 1 and gate_avg not in agg["grpo"]
+    gate = next(line for line in report.splitlines() if line.startswith("| actor/apo_gate_weight: "))
     assert gate.split("|")[2].strip() == "-"  # grpo is the first column
     assert "| share of tokens with r outside [0.8, 1.2] |" in report
     assert "Task: strings of up to 8 symbols, responses from the policy of 2 rounds before. 4 rounds" in report

@@ -39,7 +39,7 @@ def test_agpo_trains_a_step_on_vllms_samples_with_its_controllers(agpo_runs):
 
 def test_vllm_samples_each_prompt_at_its_own_temperature(agpo_runs):
     flat, tempered = agpo_runs["0.0"], agpo_runs["0.15"]
-    assert {r["agpo_temperature"] for r in flat["dump"]} == {1.0}
+    assert {r["agpo_dual_temperature"] for r in flat["dump"]} == {1.0}
     assert flat["row"]["training/rollout_probs_diff_max"] <= 1e-4
-    assert len({r["agpo_temperature"] for r in tempered["dump"]}) > 1
+    assert len({r["agpo_dual_temperature"] for r in tempered["dump"]}) > 1
     assert tempered["row"]["training/rollout_probs_diff_max"] > 1e-3

@@ -19,9 +19,9 @@ import pytest
 from helpers.rehearsal_runs import checkpoint_root, dump, run, tail
 
 from recipe_apo.cpu import rehearse
-from recipe_apo.methods.agpo_dual.settings import AgpoSettings
+from recipe_apo.methods.agpo_dual.settings import AgpoDualSettings
 
-STATE_FILE = "agpo_state.json"  # AGPO's state file (recipe_apo.methods.agpo_dual's declaration)
+STATE_FILE = "agpo_dual_state.json"  # AGPO (dual)'s state file (recipe_apo.methods.agpo_dual's declaration)
 
 pytestmark = pytest.mark.e2e
 STEPS = (1, 2)
@@ -58,7 +58,7 @@ def test_every_checkpoint_holds_the_controllers_as_that_step_logged_them(agpo_ru
 
 
 def test_kl_bar_moves_once_a_step_by_the_steps_kl(agpo_runs):
-    rate = AgpoSettings().average_rate
+    rate = AgpoDualSettings().average_rate
     rows = {row["step"]: row for row in agpo_runs["rows"]}
     kl = 0.0
     for step in STEPS:
@@ -72,19 +72,19 @@ def test_each_prompt_is_sampled_at_its_temperature_and_clipped_at_its_eps(agpo_r
     for step, responses in agpo_runs["dumps"].items():
         groups = by_prompt(responses)
         assert len(groups) == 4 and all(len(g) == 4 for g in groups.values())
-        tau = np.array([g[0]["agpo_temperature"] for g in groups.values()])
-        eps = np.array([g[0]["agpo_clip_eps"] for g in groups.values()])
+        tau = np.array([g[0]["agpo_dual_temperature"] for g in groups.values()])
+        eps = np.array([g[0]["agpo_dual_clip_eps"] for g in groups.values()])
         for g in groups.values():  # one value per prompt
-            assert {r["agpo_temperature"] for r in g} == {g[0]["agpo_temperature"]}
-            assert {r["agpo_clip_eps"] for r in g} == {g[0]["agpo_clip_eps"]}
+            assert {r["agpo_dual_temperature"] for r in g} == {g[0]["agpo_dual_temperature"]}
+            assert {r["agpo_dual_clip_eps"] for r in g} == {g[0]["agpo_dual_clip_eps"]}
         assert ((tau >= 0.5) & (tau <= 1.5)).all() and ((eps >= 0.05) & (eps <= 0.4)).all()
         assert rows[step]["agpo_dual/temperature_mean"] == pytest.approx(tau.mean(), rel=1e-6)
         assert rows[step]["agpo_dual/clip_eps_mean"] == pytest.approx(eps.mean(), rel=1e-6)
         # the loss saw the same clips: its token-weighted mean lies within the prompts' range
-        assert eps.min() - 1e-6 <= rows[step]["actor/agpo_clip_eps_mean"] <= eps.max() + 1e-6
-        assert rows[step]["agpo_dual/probe_tokens"] >= 4 * AgpoSettings().probe_samples  # a token at least each
+        assert eps.min() - 1e-6 <= rows[step]["actor/agpo_dual_clip_eps_mean"] <= eps.max() + 1e-6
+        assert rows[step]["agpo_dual/probe_tokens"] >= 4 * AgpoDualSettings().probe_samples  # a token at least each
     # the run's first prompt is the controller's start: c = 0, tau = tau_base (verl's dump sorts prompts by uid)
-    assert 1.0 in {g[0]["agpo_temperature"] for g in by_prompt(agpo_runs["dumps"][1]).values()}
+    assert 1.0 in {g[0]["agpo_dual_temperature"] for g in by_prompt(agpo_runs["dumps"][1]).values()}
 
 
 def test_the_kl_penalty_runs_against_the_reference_model(agpo_runs):
@@ -98,5 +98,5 @@ def test_the_rollout_samples_at_each_prompts_temperature(agpo_runs):
     error at tau_base: APO's run on this rollout, tests/e2e/test_apo_resume.py.)"""
     rows = {row["step"]: row for row in agpo_runs["rows"]}
     for step in STEPS:
-        assert {r["agpo_temperature"] for r in agpo_runs["dumps"][step]} != {1.0}
+        assert {r["agpo_dual_temperature"] for r in agpo_runs["dumps"][step]} != {1.0}
         assert rows[step]["training/rollout_probs_diff_max"] > 1e-3, step

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from recipe_apo.methods.agpo.settings import AgpoSettings
-from recipe_apo.methods.base import Method, setting
+from recipe_apo.methods.base import Method, Metric, setting
 
 ESTIMATOR = "agpo"
 LOSS = "agpo"
@@ -34,17 +34,17 @@ METHOD = Method(
     title="AGPO",
     active=uses_agpo,
     presets=("agpo",),
-    estimators={ESTIMATOR: "recipe_apo.methods.agpo.estimator:agpo_outcome_advantage"},
-    losses={LOSS: "recipe_apo.methods.agpo.loss:compute_policy_loss_agpo"},
     settings=AgpoSettings,
-    settings_key="agpo",
-    runtime="recipe_apo.methods.agpo.runtime:AgpoRuntime",
-    launch_checks=("recipe_apo.methods.agpo.launch:check_rewards",),
+    order=3,
     metrics={
-        "shaped_reward_mean": "R~, the training reward with the length bonus on algorithm.agpo.wrong_reward's scale "
-                              "(-1/+1 by default: 2 x accuracy - 1 plus the bonuses), mean over the step's responses",
+        "shaped_reward_mean": Metric("R~, the training reward with the length bonus on algorithm.agpo.wrong_reward's "
+                                     "scale (-1/+1 by default: 2 x accuracy - 1 plus the bonuses), mean over the "
+                                     "step's responses", headline=True),
         "bonus_share": "share of the step's responses given a length bonus",
         "saturated_share": "share of the step's responses in groups given +1 or -1 (all rewards 1, or all 0: only "
                            "with wrong_reward=0)",
     },
 )
+
+# Its parts declare themselves into METHOD where they are defined (``@METHOD.estimator(...)``, ...).
+from recipe_apo.methods.agpo import estimator, launch, loss, runtime  # noqa: E402, F401

@@ -44,6 +44,7 @@ import numpy as np
 import torch
 
 from recipe_apo.methods import driver_state
+from recipe_apo.methods.agpo import ESTIMATOR, METHOD
 from recipe_apo.methods.agpo.settings import AgpoSettings
 from recipe_apo.methods.checks import check_advantages, check_finite, check_mask, check_shapes, output_dtype
 from recipe_apo.methods.errors import BatchInputError, MethodConfigError
@@ -121,6 +122,7 @@ def compute_agpo_advantage(
     return advantages, {"shaped": np.where(valid, shaped, 0.0), "bonused": bonused, "saturated": saturated}
 
 
+@METHOD.estimator(ESTIMATOR, reads_std_norm=True)
 def agpo_outcome_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,

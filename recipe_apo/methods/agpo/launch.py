@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from recipe_apo.methods.agpo import uses_agpo
+from recipe_apo.methods.agpo import METHOD, uses_agpo
 from recipe_apo.methods.base import Launch
 from recipe_apo.methods.errors import MethodConfigError
 
@@ -17,6 +17,7 @@ from recipe_apo.methods.errors import MethodConfigError
 FILTER_METRICS = ("reward", "acc")
 
 
+@METHOD.launch_check
 def check_rewards(launch: Launch) -> None:
     """Refuses what makes AGPO's reading of the rewards wrong: a KL penalty in them (no reward is then exactly 1,
     so no length bonus and no +-1 rule), the zero-variance rescale (it takes a group whose rewards are all equal

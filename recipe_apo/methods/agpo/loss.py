@@ -25,9 +25,16 @@ from typing import Any, Optional
 
 import torch
 
+from recipe_apo.methods.agpo import LOSS, METHOD
+from recipe_apo.methods.base import Metric
 from recipe_apo.methods.errors import MethodConfigError
 
+# What the loss logs that the reports show.
+CLIP_METRICS = {"actor/agpo_loss_clipped": Metric("share of the update's micro-batches whose surrogate was below 0, "
+                                                  "clipped to 0 (no gradient)", headline=True)}
 
+
+@METHOD.loss(LOSS, metrics=CLIP_METRICS)
 def compute_policy_loss_agpo(
     old_log_prob: torch.Tensor,
     log_prob: torch.Tensor,

@@ -40,7 +40,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from recipe_apo.methods.agpo_dual.settings import DISPERSIONS, AgpoConfigError, AgpoSettings
+from recipe_apo.methods.agpo_dual.settings import DISPERSIONS, AgpoDualConfigError, AgpoDualSettings
 from recipe_apo.methods.errors import BatchInputError, MethodStateError
 from recipe_apo.methods.state_codec import shown, unknown_keys
 
@@ -55,7 +55,7 @@ MAD_SCALE, IQR_SCALE = 1.4826, 1.349
 # The largest value each state field can reach, what a restored state is held to. H_ref: an average of token
 # entropies, each at most ln |V| (no tokenizer has 2^32 tokens). KL_bar: an average of step_KL, a mean of
 # differences of two float32 log-probs. U_bar: an average of U = w_r sigma_p + w_e H_v + w_k |kappa|, the weights
-# at most 1e6 (``AgpoSettings``), sigma_p a float32, H_v at most ln G (G <= 4096 probe samples), |kappa| <= 10.
+# at most 1e6 (``AgpoDualSettings``), sigma_p a float32, H_v at most ln G (G <= 4096 probe samples), |kappa| <= 10.
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 STATE_MAX = {"uncertainty_avg": 1e6 * (FLOAT32_MAX + math.log(4096) + SKEW_MAX),
              "entropy_ref": math.log(2.0**32),
@@ -97,7 +97,7 @@ def dispersion(rewards: np.ndarray, kind: str = "std") -> np.ndarray:
     if kind == "iqr":
         q = torch.quantile(x, torch.tensor([0.75, 0.25]), dim=1)
         return ((q[0] - q[1]) / IQR_SCALE).double().numpy()
-    raise AgpoConfigError(f"algorithm.agpo_dual.dispersion must be one of {', '.join(DISPERSIONS)}, got {kind!r}")
+    raise AgpoDualConfigError(f"algorithm.agpo_dual.dispersion must be one of {', '.join(DISPERSIONS)}, got {kind!r}")
 
 
 def skewness(rewards: np.ndarray) -> np.ndarray:
@@ -148,14 +148,14 @@ class ProbeStats:
     def of(cls, rewards: np.ndarray, keys: Sequence[Sequence[str]], kind: str = "std") -> "ProbeStats":
         return cls(dispersion(rewards, kind), vote_entropy(keys), skewness(rewards))
 
-    def uncertainty(self, settings: AgpoSettings) -> np.ndarray:
+    def uncertainty(self, settings: AgpoDualSettings) -> np.ndarray:
         """U = w_r sigma_p + w_e H_v + w_k |kappa| per prompt."""
         return (settings.weight_dispersion * self.dispersion + settings.weight_vote_entropy * self.vote_entropy
                 + settings.weight_skewness * np.abs(self.skewness))
 
 
 @dataclass
-class AgpoState:
+class AgpoDualState:
     """What AGPO carries from step to step (driver state, checkpointed): U_bar, H_ref, KL_bar; 0 means "not
     started" for U_bar and H_ref, as in the source."""
 
@@ -165,7 +165,7 @@ class AgpoState:
 
     FIELDS = ("uncertainty_avg", "entropy_ref", "kl_avg")
 
-    def temperatures(self, uncertainty: np.ndarray, settings: AgpoSettings) -> tuple[np.ndarray, np.ndarray]:
+    def temperatures(self, uncertainty: np.ndarray, settings: AgpoDualSettings) -> tuple[np.ndarray, np.ndarray]:
         """tau_t and c per prompt, moving U_bar prompt by prompt in batch order (T:412-435).
 
         A recurrence over the batch's prompts (one float each), not over responses: c of prompt j reads U_bar
@@ -183,7 +183,8 @@ class AgpoState:
         tau = settings.base_temperature * (1.0 + settings.temperature_gain * centred)
         return _f32(np.clip(_f32(tau), settings.min_temperature, settings.max_temperature)), centred
 
-    def clips(self, entropy: np.ndarray, stats: ProbeStats, settings: AgpoSettings) -> tuple[np.ndarray, np.ndarray]:
+    def clips(self, entropy: np.ndarray, stats: ProbeStats,
+              settings: AgpoDualSettings) -> tuple[np.ndarray, np.ndarray]:
         """eps_p and H_pi / H_ref (before the clamp) per prompt, moving H_ref prompt by prompt (T:683-710)."""
         h_values = np.asarray(entropy, dtype=np.float64)
         ref = np.empty(h_values.shape)
@@ -199,7 +200,7 @@ class AgpoState:
                   + settings.clip_skewness * np.abs(stats.skewness)))
         return _f32(np.clip(_f32(eps), settings.clip_min, settings.clip_max)), ratio
 
-    def add_step_kl(self, step_kl: float, settings: AgpoSettings) -> None:
+    def add_step_kl(self, step_kl: float, settings: AgpoDualSettings) -> None:
         """KL_bar <- (1 - a) KL_bar + a step_KL, once per training step after its updates (T:558-559)."""
         if not math.isfinite(step_kl) or step_kl < 0:
             raise BatchInputError(f"AGPO's step KL must be a finite number >= 0, got {step_kl!r}")

@@ -15,19 +15,20 @@ from __future__ import annotations
 from typing import Any
 
 from recipe_apo.methods import catalog
-from recipe_apo.methods.agpo_dual import LOSS, uses_agpo
-from recipe_apo.methods.agpo_dual.settings import AgpoSettings
+from recipe_apo.methods.agpo_dual import LOSS, METHOD, uses_agpo_dual
+from recipe_apo.methods.agpo_dual.settings import AgpoDualSettings
 from recipe_apo.methods.agpo_dual.vote_keys import VoteKeyError, check_vote_key_name, load_vote_key
-from recipe_apo.methods.base import Launch, MethodRuntime, load
+from recipe_apo.methods.base import Launch, MethodRuntime
 from recipe_apo.methods.errors import MethodConfigError
 
 
-def check_agpo_launch(launch: Launch) -> None:
+@METHOD.launch_check
+def check_agpo_dual_launch(launch: Launch) -> None:
     """Refuses, in one line, an AGPO run that verl's loop cannot host (the module docstring says which)."""
     config = launch.config
-    if not uses_agpo(config):
+    if not uses_agpo_dual(config):
         return
-    settings = AgpoSettings.from_algorithm_config(config.algorithm)
+    settings = AgpoDualSettings.from_algorithm_config(config.algorithm)
     try:  # a module:function that does not load is named now, not in a Ray worker
         if config.get("dry_run", False) is True:
             check_vote_key_name(settings.vote_key)
@@ -50,7 +51,7 @@ def check_agpo_launch(launch: Launch) -> None:
         raise MethodConfigError("algorithm.filter_groups.enable=true with method=agpo_dual: verl's group filter "
                                 "refills a step with prompts generated outside its probe; set it to false")
     for other in catalog.active(config):
-        runtime = load(other.runtime) if other.runtime else None
+        runtime = other.parts.runtime
         if other.name != "agpo_dual" and runtime is not None and \
                 runtime.replace_prompts is not MethodRuntime.replace_prompts:
             raise MethodConfigError(
@@ -64,7 +65,7 @@ def check_agpo_launch(launch: Launch) -> None:
     check_temperature(config, settings)
 
 
-def check_temperature(config: Any, settings: AgpoSettings) -> None:
+def check_temperature(config: Any, settings: AgpoDualSettings) -> None:
     """The rollout's temperature is tau_base: the probe's, and the one the actor's log-probs use (both adapters)."""
     temperature = config.actor_rollout_ref.rollout.get("temperature")
     if isinstance(temperature, str) or temperature != settings.base_temperature:

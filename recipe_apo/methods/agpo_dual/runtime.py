@@ -6,12 +6,13 @@
    each prompt its tau_t, returned as the prompt's sampling ``temperature`` for its training rollout. A step may
    draw more than once (verl refills failed groups): every drawn prompt keeps its statistics.
 2. ``after_advantage``: H_pi per prompt, the old policy's token entropy pooled over the prompt's training
-   responses, gives eps_p (moving H_ref); every row gets its prompt's eps as the loss column ``agpo_clip_eps``.
+   responses, gives eps_p (moving H_ref); every row gets its prompt's eps as the loss column ``agpo_dual_clip_eps``.
 3. ``after_update``: step_KL of the step's responses, the old log-probs against the updated policy's (the host's
    forward pass).
 4. ``end_step``: KL_bar moves once per training step (the mean step_KL of its updates); ``agpo_dual/*`` metrics.
 
-The state (U_bar, H_ref, KL_bar) is ``agpo_state.json`` in every checkpoint; a resume without it stops.
+The state (U_bar, H_ref, KL_bar) is ``agpo_dual_state.json`` in every checkpoint (an older checkpoint's
+``agpo_state.json`` is read too); a resume without it stops.
 """
 
 from __future__ import annotations
@@ -20,10 +21,10 @@ from typing import Any, Optional
 
 import numpy as np
 
-from recipe_apo.methods.agpo_dual import CLIP_COLUMN
-from recipe_apo.methods.agpo_dual.controllers import AgpoState, ProbeStats, pooled_entropy, step_kl
+from recipe_apo.methods.agpo_dual import CLIP_COLUMN, METHOD
+from recipe_apo.methods.agpo_dual.controllers import AgpoDualState, ProbeStats, pooled_entropy, step_kl
 from recipe_apo.methods.agpo_dual.launch import check_temperature
-from recipe_apo.methods.agpo_dual.settings import AgpoSettings
+from recipe_apo.methods.agpo_dual.settings import AgpoDualSettings
 from recipe_apo.methods.agpo_dual.vote_keys import load_vote_key
 from recipe_apo.methods.base import Host, MethodRuntime, Prompts, StepBatch, StepOutput
 from recipe_apo.methods.errors import BatchInputError, MethodStateError
@@ -31,7 +32,7 @@ from recipe_apo.methods.errors import BatchInputError, MethodStateError
 STAT_FIELDS = ("dispersion", "vote_entropy", "skewness")
 
 
-class AgpoStateError(MethodStateError):
+class AgpoDualStateError(MethodStateError):
     """A resume cannot restore AGPO's controller state; the message names the file and the cause."""
 
 
@@ -40,19 +41,20 @@ def _spread(values: np.ndarray) -> tuple[float, float]:
     return (float(values.mean()), float(values.std())) if values.size else (0.0, 0.0)
 
 
-class AgpoRuntime(MethodRuntime):
+@METHOD.runtime
+class AgpoDualRuntime(MethodRuntime):
     needs = frozenset({"old_log_probs", "entropy"})
     # Its state file holds three numbers, about 150 bytes: a larger one is not what the recipe wrote.
     state_max_bytes = 64 * 2**10
 
     def __init__(self, config: Any) -> None:
         super().__init__(config)
-        self.settings = AgpoSettings.from_algorithm_config(config.algorithm)
+        self.settings = AgpoDualSettings.from_algorithm_config(config.algorithm)
         check_temperature(config, self.settings)
         self.vote_key = load_vote_key(self.settings.vote_key)
         key = self.settings.vote_key
         self.custom_answer_key = None if key is None else f"algorithm.agpo_dual.vote_key={key}"
-        self.state = AgpoState()
+        self.state = AgpoDualState()
         self.begin_step(0)
 
     # ---- state ----------------------------------------------------------------------------------------------
@@ -60,7 +62,7 @@ class AgpoRuntime(MethodRuntime):
         return self.state.state_dict()
 
     def load_state_dict(self, state: dict, step: int) -> None:
-        restored = AgpoState()
+        restored = AgpoDualState()
         restored.load_state_dict(state)
         self.state = restored
 
@@ -68,7 +70,7 @@ class AgpoRuntime(MethodRuntime):
         return step > 0
 
     def state_unreadable(self, path: str, reason: str, step: int) -> None:
-        raise AgpoStateError(f"cannot resume AGPO's controllers from {path}: {reason}")
+        raise AgpoDualStateError(f"cannot resume AGPO's controllers from {path}: {reason}")
 
     # ---- the step -------------------------------------------------------------------------------------------
     def begin_step(self, step: int) -> None:
@@ -124,10 +126,10 @@ class AgpoRuntime(MethodRuntime):
                              "agpo_dual/entropy_ratio_mean": float(np.mean(ratio))})
         # Every output of a trajectory is a row of its prompt: each row's own value is its trajectory's.
         return StepOutput(loss_columns={CLIP_COLUMN: per_prompt[rows]},
-                          dump={"agpo_temperature": self.temperature[rows], "agpo_clip_eps": per_prompt[rows]})
+                          dump={"agpo_dual_temperature": self.temperature[rows], CLIP_COLUMN: per_prompt[rows]})
 
     def after_update(self, step: int, batch: StepBatch, host: Host) -> None:
-        new = host.policy_log_probs(batch)
+        new = host.policy_log_probs()
         self.step_kls.append(step_kl(batch.old_log_probs, new, batch.response_mask, batch.uids))
 
     def end_step(self, step: int) -> dict[str, float]:

@@ -13,12 +13,12 @@ from recipe_apo.methods.settings import read_settings
 DISPERSIONS = ("std", "mad", "iqr")
 
 
-class AgpoConfigError(MethodConfigError):
+class AgpoDualConfigError(MethodConfigError):
     """A setting under ``algorithm.agpo_dual`` is invalid; the message names the key."""
 
 
 @dataclass(frozen=True)
-class AgpoSettings:
+class AgpoDualSettings:
     """``algorithm.agpo_dual``: the source's defaults (finetuning_args.py / agpo/config.yaml names in brackets)."""
 
     # G, probe samples per prompt [agpo_group_size; the training samples are verl's rollout.n].
@@ -62,46 +62,47 @@ class AgpoSettings:
 
     def __post_init__(self) -> None:
         name = "algorithm.agpo_dual."
-        check_integer(name + "probe_samples", self.probe_samples, AgpoConfigError, low=1, high=4096)
+        check_integer(name + "probe_samples", self.probe_samples, AgpoDualConfigError, low=1, high=4096)
         positive = dict(low=0.0, low_open=True, high=100.0)
-        check_number(name + "base_temperature", self.base_temperature, AgpoConfigError, **positive)
-        check_number(name + "min_temperature", self.min_temperature, AgpoConfigError, **positive)
-        check_number(name + "max_temperature", self.max_temperature, AgpoConfigError, **positive)
+        check_number(name + "base_temperature", self.base_temperature, AgpoDualConfigError, **positive)
+        check_number(name + "min_temperature", self.min_temperature, AgpoDualConfigError, **positive)
+        check_number(name + "max_temperature", self.max_temperature, AgpoDualConfigError, **positive)
         if self.min_temperature > self.max_temperature:
-            raise AgpoConfigError(f"algorithm.agpo_dual.min_temperature={self.min_temperature} is above "
-                                  f"max_temperature={self.max_temperature}")
+            raise AgpoDualConfigError(f"algorithm.agpo_dual.min_temperature={self.min_temperature} is above "
+                                      f"max_temperature={self.max_temperature}")
         if not self.min_temperature <= self.base_temperature <= self.max_temperature:
             # tau_t = clip(tau_base (1 + lambda c), min, max): a tau_base outside pins every prompt at a bound.
-            raise AgpoConfigError(f"algorithm.agpo_dual.base_temperature={self.base_temperature} is outside "
-                                  f"[min_temperature, max_temperature] = [{self.min_temperature}, "
-                                  f"{self.max_temperature}]: every prompt's temperature would sit at a bound")
-        check_number(name + "temperature_gain", self.temperature_gain, AgpoConfigError, low=0.0, high=100.0)
+            raise AgpoDualConfigError(f"algorithm.agpo_dual.base_temperature={self.base_temperature} is outside "
+                                      f"[min_temperature, max_temperature] = [{self.min_temperature}, "
+                                      f"{self.max_temperature}]: every prompt's temperature would sit at a bound")
+        check_number(name + "temperature_gain", self.temperature_gain, AgpoDualConfigError, low=0.0, high=100.0)
         for key in ("average_rate", "entropy_ref_rate"):
-            check_number(name + key, getattr(self, key), AgpoConfigError, low=0.0, high=1.0, low_open=True)
+            check_number(name + key, getattr(self, key), AgpoDualConfigError, low=0.0, high=1.0, low_open=True)
         for key in ("weight_dispersion", "weight_vote_entropy", "weight_skewness", "clip_dispersion", "clip_kl",
                     "clip_vote_entropy", "clip_skewness"):
-            check_number(name + key, getattr(self, key), AgpoConfigError, low=0.0, high=1e6)
-        check_choice(name + "dispersion", self.dispersion, DISPERSIONS, AgpoConfigError)
+            check_number(name + key, getattr(self, key), AgpoDualConfigError, low=0.0, high=1e6)
+        check_choice(name + "dispersion", self.dispersion, DISPERSIONS, AgpoDualConfigError)
         for key in ("clip_base", "clip_min", "clip_max"):
-            check_number(name + key, getattr(self, key), AgpoConfigError, low=0.0, high=1.0, low_open=True,
+            check_number(name + key, getattr(self, key), AgpoDualConfigError, low=0.0, high=1.0, low_open=True,
                          high_open=True)
         if self.clip_min > self.clip_max:
-            raise AgpoConfigError(f"algorithm.agpo_dual.clip_min={self.clip_min} is above clip_max={self.clip_max}")
+            raise AgpoDualConfigError(f"algorithm.agpo_dual.clip_min={self.clip_min} is above clip_max={self.clip_max}")
         if not self.clip_min <= self.clip_base <= self.clip_max:
             # eps_p = clip(eps_base x (the entropy ratio, the vote entropy, over the dispersion and KL terms), eps_min,
             # eps_max): an eps_base outside pins the clip of every calm prompt (all terms near 1) at a bound.
-            raise AgpoConfigError(f"algorithm.agpo_dual.clip_base={self.clip_base} is outside [clip_min, clip_max] = "
-                                  f"[{self.clip_min}, {self.clip_max}]: every calm prompt's clip would sit at a bound")
-        check_number(name + "entropy_ratio_min", self.entropy_ratio_min, AgpoConfigError, **positive)
-        check_number(name + "entropy_ratio_max", self.entropy_ratio_max, AgpoConfigError, **positive)
+            raise AgpoDualConfigError(f"algorithm.agpo_dual.clip_base={self.clip_base} is outside [clip_min, "
+                                      f"clip_max] = [{self.clip_min}, {self.clip_max}]: every calm prompt's clip "
+                                      "would sit at a bound")
+        check_number(name + "entropy_ratio_min", self.entropy_ratio_min, AgpoDualConfigError, **positive)
+        check_number(name + "entropy_ratio_max", self.entropy_ratio_max, AgpoDualConfigError, **positive)
         if self.entropy_ratio_min > self.entropy_ratio_max:
-            raise AgpoConfigError(f"algorithm.agpo_dual.entropy_ratio_min={self.entropy_ratio_min} is above "
-                                  f"entropy_ratio_max={self.entropy_ratio_max}")
+            raise AgpoDualConfigError(f"algorithm.agpo_dual.entropy_ratio_min={self.entropy_ratio_min} is above "
+                                      f"entropy_ratio_max={self.entropy_ratio_max}")
         if self.vote_key is not None and (not isinstance(self.vote_key, str) or ":" not in self.vote_key):
-            raise AgpoConfigError("algorithm.agpo_dual.vote_key must be null or 'module:function', "
-                                  f"got {self.vote_key!r}")
+            raise AgpoDualConfigError("algorithm.agpo_dual.vote_key must be null or 'module:function', "
+                                      f"got {self.vote_key!r}")
 
     @classmethod
-    def from_algorithm_config(cls, algorithm_config: Any) -> "AgpoSettings":
+    def from_algorithm_config(cls, algorithm_config: Any) -> "AgpoDualSettings":
         """Read ``algorithm_config.agpo_dual`` (an OmegaConf node, a dict, or absent); unknown keys are refused."""
-        return read_settings(cls, algorithm_config, "agpo_dual", AgpoConfigError)
+        return read_settings(cls, algorithm_config, "agpo_dual", AgpoDualConfigError)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from recipe_apo.methods.apo.settings import ApoSettings
-from recipe_apo.methods.base import Method, setting
+from recipe_apo.methods.base import Method, Metric, setting
 
 ESTIMATOR = "apo"
 LOSS = "apo"
@@ -33,26 +33,20 @@ METHOD = Method(
     title="APO",
     active=uses_apo,
     presets=("apo",),
-    estimators={ESTIMATOR: "recipe_apo.methods.apo.estimator:apo_outcome_advantage"},
-    losses={LOSS: "recipe_apo.methods.apo.loss:compute_policy_loss_apo",
-            ONE_SIDED_LOSS: "recipe_apo.methods.apo.loss:compute_policy_loss_apo_one_sided"},
     settings=ApoSettings,
-    settings_key="apo",
-    runtime="recipe_apo.methods.apo.runtime:ApoRuntime",
-    launch_checks=("recipe_apo.methods.apo.launch:check_rewards_and_scope",
-                   "recipe_apo.methods.apo.launch:check_std_normalisation",
-                   "recipe_apo.methods.apo.launch:check_temperatures"),
-    launch_warnings=("recipe_apo.methods.apo.launch:warn_multi_output_loops",),
-    state_file="apo_state.json",
     plain_verl=True,
+    order=1,
     metrics={
-        "anchor": "C_t, the capability anchor after the step",
+        "anchor": Metric("C_t, the capability anchor after the step", headline=True),
         "anchor_rate": "eta_t, the rate the anchor moved at",
         "anchor_rate_at_floor": "1 when eta_t was at its floor eta_min (the anchor then moves as a plain EMA)",
-        "batch_success": "y_t, the step's success rate the anchor moved with",
+        "batch_success": Metric("y_t, the step's success rate the anchor moved with", headline=True),
         "harder_group_share": "share of groups below the anchor (Delta_g < 0)",
         "uniform_group_share": "share of groups whose centered rewards are all 0",
-        "weight_pos_mean": "mean Phi_i of the positive advantages",
-        "weight_neg_mean": "mean Phi_i of the negative advantages",
+        "weight_pos_mean": Metric("mean Phi_i of the positive advantages", headline=True),
+        "weight_neg_mean": Metric("mean Phi_i of the negative advantages", headline=True),
     },
 )
+
+# Its parts declare themselves into METHOD where they are defined (``@METHOD.estimator(...)``, ...).
+from recipe_apo.methods.apo import estimator, launch, loss, runtime  # noqa: E402, F401

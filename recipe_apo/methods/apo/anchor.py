@@ -14,9 +14,11 @@ C_0, so std(H) = 0, eta_t = 0 and the anchor never moves. ``eta_min > 0`` (the d
 ``ApoSettings.eta_min``) resolves it; so does nothing else in the paper's formula, since a warm start still
 leaves H constant.
 
-verl calls an advantage estimator as a plain function on the driver (the TaskRunner actor), so the run's
-anchors are one object of the driver process (``recipe_apo.methods.driver_state``), which the recipe's trainer
-resets at the start of each run, saves into each checkpoint and restores on resume.
+verl calls an advantage estimator as a plain function on the driver (the TaskRunner actor), so the estimator reads
+the run's anchors from the driver process (``recipe_apo.methods.driver_state``, ``driver_anchors``). They are APO's
+runtime's (``ApoRuntime.book``: fresh at the start of each run, saved into each checkpoint, restored on resume),
+which the adapters keep there for the estimator; without a runtime (the demo, the audit's replay) the estimator
+makes the driver's own on first use.
 """
 
 from __future__ import annotations
@@ -238,18 +240,14 @@ class AnchorBook:
         self._step_start, self._step_seen, self.step_results = None, {}, {}
 
 
-# The driver's anchors (``recipe_apo.methods.driver_state``): one book per driver process, the run's.
+# The driver's anchors (``recipe_apo.methods.driver_state``): one book per driver process, the run's, kept under the
+# method's name (where the adapters keep APO's runtime's ``estimator_state``).
 _KEY = "apo"
 
 
 def driver_anchors(init: Optional[float] = None, history: int = 20) -> AnchorBook:
     """The driver's APO anchors, created on first use with ``init`` (C_0) and ``history`` (m)."""
     return driver_state.kept(_KEY, lambda: AnchorBook(init=init, history=history))
-
-
-def install_driver_anchors(book: AnchorBook) -> AnchorBook:
-    """Make ``book`` the driver's anchors (a restored checkpoint's)."""
-    return driver_state.keep(_KEY, book)
 
 
 def reset_driver_anchors() -> None:

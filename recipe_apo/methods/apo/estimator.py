@@ -35,10 +35,10 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 import numpy as np
-import pandas as pd
 import torch
 
 from recipe_apo.methods import driver_state
+from recipe_apo.methods.apo import ESTIMATOR, METHOD
 from recipe_apo.methods.apo.anchor import GLOBAL_SCOPE, AnchorBook, CapabilityAnchor, driver_anchors
 from recipe_apo.methods.apo.settings import ApoSettings
 from recipe_apo.methods.apo.success import success_of
@@ -177,6 +177,8 @@ def _mask_times(response_mask: torch.Tensor, values: np.ndarray, dtype: torch.dt
 
 def _scope_ids(scopes: Any, batch_size: int) -> tuple[np.ndarray, tuple[str, ...]]:
     """Contiguous scope ids per response, and the scopes' names in first-seen order."""
+    import pandas as pd  # on use: importing a method's declaration stays light (``recipe_apo.methods.catalog``)
+
     labels = np.asarray(scopes, dtype=object)
     if labels.shape != (batch_size,):
         raise BatchInputError(f"data sources: got {labels.size} for {batch_size} responses")
@@ -295,6 +297,7 @@ def _step_metrics(
     return metrics
 
 
+@METHOD.estimator(ESTIMATOR)
 def apo_outcome_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,

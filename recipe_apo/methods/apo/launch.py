@@ -5,9 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from omegaconf import OmegaConf
-
-from recipe_apo.methods.apo import LOSS, ONE_SIDED_LOSS, uses_apo
+from recipe_apo.methods.apo import LOSS, METHOD, ONE_SIDED_LOSS, uses_apo
 from recipe_apo.methods.apo.settings import ApoSettings
 from recipe_apo.methods.base import Launch
 from recipe_apo.methods.checks import TEMPERATURE_BOUNDS, check_number
@@ -24,6 +22,7 @@ def _mode(launch: Launch) -> str:
     return str(launch.config.trainer.get("v1", {}).get("trainer_mode", "sync"))
 
 
+@METHOD.launch_check
 def check_rewards_and_scope(launch: Launch) -> None:
     """Refuses APO settings whose inputs the run does not provide: KL-penalised rewards for a success rule that
     needs rewards in [0, 1], data-source anchors without the recipe's trainer (only it hands data sources over)."""
@@ -45,6 +44,7 @@ def check_rewards_and_scope(launch: Launch) -> None:
         )
 
 
+@METHOD.launch_check
 def check_std_normalisation(launch: Launch) -> None:
     """Refuses ``norm_adv_by_std_in_grpo=true`` with the apo estimator, which never reads it."""
     config = launch.config
@@ -55,6 +55,7 @@ def check_std_normalisation(launch: Launch) -> None:
         )
 
 
+@METHOD.launch_check
 def check_temperatures(launch: Launch) -> None:
     """Refuses APO's losses (the gate and its one-sided form) with temperatures (tau_pos, tau_neg) outside
     ``TEMPERATURE_BOUNDS``: the gate divides by them, and a tiny one makes the loss NaN or infinite."""
@@ -66,8 +67,11 @@ def check_temperatures(launch: Launch) -> None:
         check_number(f"actor_rollout_ref.actor.{key}", actor.get(key), MethodConfigError, low=low, high=high)
 
 
+@METHOD.launch_warning
 def warn_multi_output_loops(launch: Launch) -> Optional[str]:
     """APO in verl's trainer with an agent loop that may return several outputs per trajectory: those weigh more."""
+    from omegaconf import OmegaConf  # on use: importing a method's declaration stays light
+
     config: Any = launch.config
     agent = OmegaConf.select(config, "actor_rollout_ref.rollout.agent", default=None) or {}
     loop = agent.get("default_agent_loop", None) or "single_turn_agent"

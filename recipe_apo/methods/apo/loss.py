@@ -33,6 +33,8 @@ from typing import Any, Optional
 
 import torch
 
+from recipe_apo.methods.apo import LOSS, METHOD, ONE_SIDED_LOSS
+from recipe_apo.methods.base import Metric
 from recipe_apo.methods.checks import L0_BOUNDS, NORM_MODE, RATIO_BAND, TEMPERATURE_BOUNDS, check_number
 from recipe_apo.methods.errors import MethodConfigError
 
@@ -40,6 +42,9 @@ from recipe_apo.methods.errors import MethodConfigError
 LOG_RATIO_CLAMP = 20.0
 # w(r) = 4 s (1 - s) < 0.5  <=>  |tau (r - 1)| > ln((1 + sqrt(1/2)) / (1 - sqrt(1/2))).
 _LOW_WEIGHT_LOGIT = math.log((1.0 + math.sqrt(0.5)) / (1.0 - math.sqrt(0.5)))
+# What both losses log that the reports show (``_gate_metrics`` logs more).
+GATE_METRICS = {"actor/apo_gate_weight": Metric("w(r), the soft gate's mean weight over the update's tokens (1 "
+                                                  "on-policy)", headline=True, trust=True)}
 
 
 
@@ -132,6 +137,7 @@ def _gate_metrics(
     return metrics
 
 
+@METHOD.loss(LOSS, metrics=GATE_METRICS)
 def compute_policy_loss_apo(
     old_log_prob: torch.Tensor,
     log_prob: torch.Tensor,
@@ -158,6 +164,7 @@ def compute_policy_loss_apo(
     return pg_loss, _gate_metrics(log_ratio, ratio, logit, gate_sigmoid, response_mask)
 
 
+@METHOD.loss(ONE_SIDED_LOSS, metrics=GATE_METRICS)
 def compute_policy_loss_apo_one_sided(
     old_log_prob: torch.Tensor,
     log_prob: torch.Tensor,

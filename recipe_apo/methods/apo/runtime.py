@@ -1,8 +1,9 @@
-"""APO over a run: the driver's anchors, fresh at the start or the checkpoint's on resume, moved once per step.
+"""APO over a run: the run's anchors, fresh at the start or the checkpoint's on resume, moved once per step.
 
 verl calls the ``apo`` estimator as a plain function on the driver, which reads the run's anchors from the driver
-process (``anchor.driver_anchors``) and leaves its per-response Phi_i and C_t and its metrics there
-(``driver_state.record_result``). This runtime is the rest:
+process (``anchor.driver_anchors``) and leaves its per-response Phi_i and C_t and its metrics there. The anchors are
+this runtime's (``book``), which the adapters keep in the driver process for the estimator (``estimator_state``),
+and what the estimator left comes back in ``StepBatch.estimator_results``. This runtime is the rest:
 
 - a fresh book of anchors for the run (``algorithm.apo.anchor_init``, ``history``); on resume, the checkpoint's
   ``apo_state.json``, or with ``algorithm.apo.on_missing_state=fresh`` a fresh book and a warning when the file is
@@ -20,18 +21,12 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any, ContextManager, Optional
+from typing import Any, Optional
 
-from recipe_apo.methods import driver_state
-from recipe_apo.methods.apo.anchor import (
-    GLOBAL_SCOPE,
-    AnchorBook,
-    driver_anchors,
-    install_driver_anchors,
-    reset_driver_anchors,
-)
+from recipe_apo.methods.apo import METHOD
+from recipe_apo.methods.apo.anchor import GLOBAL_SCOPE, AnchorBook
 from recipe_apo.methods.apo.settings import ApoSettings
-from recipe_apo.methods.base import MethodRuntime, StepBatch, StepOutput
+from recipe_apo.methods.base import EstimatorInputs, MethodRuntime, StepBatch, StepOutput
 from recipe_apo.methods.errors import MethodStateError, StateMismatch
 
 logger = logging.getLogger("recipe_apo")
@@ -45,26 +40,30 @@ class AnchorScopeMismatch(StateMismatch):
     """A saved book of anchors is of the other ``anchor_scope`` than the run's."""
 
 
+@METHOD.runtime
 class ApoRuntime(MethodRuntime):
     def __init__(self, config: Any) -> None:
         super().__init__(config)
         self.settings = ApoSettings.from_algorithm_config(config.algorithm)
         self.by_source = self.settings.anchor_scope == "data_source"
         self.needs = frozenset({"data_sources"}) if self.by_source else frozenset()
-        reset_driver_anchors()
-        self.book()
+        self.book = self.fresh_book()
 
-    def book(self) -> AnchorBook:
-        """The run's anchors (the driver's; created with this run's settings when it has none)."""
-        return driver_anchors(init=self.settings.anchor_init, history=self.settings.history)
+    def fresh_book(self) -> AnchorBook:
+        """Anchors for a run of this run's settings, none measured yet."""
+        return AnchorBook(init=self.settings.anchor_init, history=self.settings.history)
+
+    def estimator_state(self) -> AnchorBook:
+        """The run's anchors, which the ``apo`` estimator reads and moves."""
+        return self.book
 
     # ---- state ----------------------------------------------------------------------------------------------
     def state_dict(self, step: int) -> dict:
-        return self.book().state_dict()
+        return self.book.state_dict()
 
     def load_state_dict(self, state: dict, step: int) -> None:
         """Install the saved anchors, checked whole first and against this run's ``anchor_scope``."""
-        book = AnchorBook(init=self.settings.anchor_init, history=self.settings.history)
+        book = self.fresh_book()
         book.load_state_dict(state)
         scopes = sorted(book.anchors)
         if scopes and (scopes == [GLOBAL_SCOPE]) != (not self.by_source):
@@ -72,7 +71,7 @@ class ApoRuntime(MethodRuntime):
                 f"anchors per data source ({', '.join(scopes)})"
             raise AnchorScopeMismatch(f"it holds {held} but this run has algorithm.apo.anchor_scope="
                                       f"{self.settings.anchor_scope}")
-        install_driver_anchors(book)
+        self.book = book
         logger.info("recipe-apo: restored the APO anchor (scopes: %s)", ", ".join(book.anchors) or "none")
 
     def state_needed(self, step: int) -> bool:
@@ -82,8 +81,7 @@ class ApoRuntime(MethodRuntime):
         if self.settings.on_missing_state != "fresh":
             raise AnchorStateError(f"cannot resume the APO anchor from {path}: {reason}; set "
                                    "algorithm.apo.on_missing_state=fresh to start the anchor fresh instead")
-        reset_driver_anchors()
-        self.book()
+        self.book = self.fresh_book()
         start = self.settings.anchor_init if self.settings.anchor_init is not None else \
             "null: first batch success rate"
         logger.warning("recipe-apo: %s: %s; the APO anchor restarts fresh (algorithm.apo.on_missing_state=fresh, "
@@ -91,17 +89,16 @@ class ApoRuntime(MethodRuntime):
 
     # ---- the step -------------------------------------------------------------------------------------------
     def begin_step(self, step: int) -> None:
-        self.book().begin_step()
+        self.book.begin_step()
 
-    def estimator_inputs(self, batch: StepBatch) -> ContextManager:
-        # A step that computes no APO advantages logs and dumps no stale anchor.
-        driver_state.clear_results("apo")
-        scopes = batch.trajectories.finals(batch.data_sources) if self.by_source else None
-        return driver_state.handed(scopes=scopes)
+    def estimator_inputs(self, batch: StepBatch) -> Optional[EstimatorInputs]:
+        if not self.by_source:
+            return None
+        return EstimatorInputs(scopes=batch.trajectories.finals(batch.data_sources))
 
     def after_advantage(self, step: int, batch: StepBatch) -> StepOutput:
-        result = driver_state.last_result("apo")
-        if result is None:  # the estimator saw no response with a token
+        result = batch.estimator_results.get(self.method.name)
+        if result is None:  # the estimator did not run this step, or saw no response with a token
             return StepOutput()
         dump = {"apo_phi": batch.trajectories.broadcast(result.per_response["phi"]),
                 "apo_anchor": batch.trajectories.broadcast(result.per_response["anchor"])}
@@ -109,7 +106,7 @@ class ApoRuntime(MethodRuntime):
 
     def end_step(self, step: int) -> dict[str, float]:
         # verl averages a step's mini-batch metrics; the anchor moved once, with the step's pooled y_t.
-        metrics, book = {}, self.book()
+        metrics, book = {}, self.book
         for scope, (value, rate, y) in book.step_results.items():
             suffix = f"/{scope}" if self.by_source else ""
             metrics.update({f"apo/anchor{suffix}": value, f"apo/anchor_rate{suffix}": rate,

@@ -29,17 +29,8 @@ METHOD = Method(
     title="CoDaPO",
     active=uses_codapo,
     presets=("codapo",),
-    estimators={ESTIMATOR: "recipe_apo.methods.codapo.estimator:codapo_outcome_advantage"},
     settings=CodapoSettings,
-    settings_key="codapo",
-    runtime="recipe_apo.methods.codapo.runtime:CodapoRuntime",
-    launch_checks=("recipe_apo.methods.codapo.launch:check_trainer",
-                   "recipe_apo.methods.codapo.launch:check_resampling",
-                   "recipe_apo.methods.codapo.launch:check_rewards"),
-    launch_warnings=("recipe_apo.methods.codapo.launch:warn_tiling",
-                     "recipe_apo.methods.codapo.launch:warn_overlong_penalty"),
-    estimator_needs="the old policy's log-probs",
-    state_file="codapo_state.json",
+    order=2,
     metrics={
         "weight_mean": "w_g, mean over the step's groups",
         "confidence_mean": "c_g, the old policy's confidence, mean over groups",
@@ -49,3 +40,6 @@ METHOD = Method(
         "kept_prompts": "prompts kept for the next step (first step of a pair)",
     },
 )
+
+# Its parts declare themselves into METHOD where they are defined (``@METHOD.estimator(...)``, ...).
+from recipe_apo.methods.codapo import estimator, launch, runtime  # noqa: E402, F401

@@ -32,7 +32,6 @@ from __future__ import annotations
 from typing import Any, Optional
 
 import numpy as np
-import pandas as pd
 import torch
 
 from recipe_apo.methods import driver_state
@@ -43,6 +42,7 @@ from recipe_apo.methods.checks import (
     check_shapes,
     output_dtype,
 )
+from recipe_apo.methods.codapo import ESTIMATOR, METHOD
 from recipe_apo.methods.codapo.settings import CodapoSettings
 from recipe_apo.methods.errors import BatchInputError, MethodConfigError
 from recipe_apo.methods.groups import centered_rewards, group_ids, group_mean, response_rewards
@@ -167,6 +167,8 @@ def select_prompts(prompt_uids: Any, response_uids: Any, response_weights: np.nd
     A prompt is kept when its w_g reaches ``torch.quantile(weights of all prompts, percentile)`` (linear
     interpolation). A prompt without any response (none came back) is not kept.
     """
+    import pandas as pd  # on use: importing a method's declaration stays light (``recipe_apo.methods.catalog``)
+
     prompts = np.asarray(prompt_uids, dtype=object)
     responses = np.asarray(response_uids, dtype=object)
     weights = np.asarray(response_weights, dtype=np.float64)
@@ -200,6 +202,7 @@ def resample_order(kept: np.ndarray, batch_size: int, repeat_count: int) -> np.n
     return kept[slots % (kept.size * copies) // copies]
 
 
+@METHOD.estimator(ESTIMATOR, needs="the old policy's log-probs", reads_std_norm=True)
 def codapo_outcome_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from omegaconf import OmegaConf
-
 from recipe_apo.methods.base import Launch
-from recipe_apo.methods.codapo import uses_codapo
+from recipe_apo.methods.codapo import METHOD, uses_codapo
 from recipe_apo.methods.codapo.settings import CodapoSettings
 from recipe_apo.methods.errors import MethodConfigError
 
@@ -19,6 +17,7 @@ def _settings(launch: Launch) -> CodapoSettings:
     return CodapoSettings.from_algorithm_config(launch.config.algorithm)
 
 
+@METHOD.launch_check
 def check_trainer(launch: Launch) -> None:
     """Refuses CoDaPO outside the recipe's trainer: only it hands the old policy's log-probs to the estimator."""
     if not uses_codapo(launch.config) or launch.recipe_trainer:
@@ -31,6 +30,7 @@ def check_trainer(launch: Launch) -> None:
     )
 
 
+@METHOD.launch_check
 def check_resampling(launch: Launch) -> None:
     """Refuses CoDaPO's resampling beside whatever changes a step's prompts: asynchronous trainers, verl's group
     filter, a generation batch other than the training batch (each breaks the pairs of steps)."""
@@ -58,6 +58,7 @@ def check_resampling(launch: Launch) -> None:
         )
 
 
+@METHOD.launch_check
 def check_rewards(launch: Launch) -> None:
     """Refuses CoDaPO with algorithm.use_kl_in_reward=true: CoDaPO counts a response as correct when its reward
     is exactly 1.0 (``estimator``), and a KL-penalised reward (score - beta * KL) never is, so every group's
@@ -73,6 +74,7 @@ def check_rewards(launch: Launch) -> None:
     )
 
 
+@METHOD.launch_warning
 def warn_tiling(launch: Launch) -> Optional[str]:
     """A resampling CoDaPO whose repeat_count does not tile the batch: kept prompts are sampled unevenly."""
     if not uses_codapo(launch.config):
@@ -81,9 +83,12 @@ def warn_tiling(launch: Launch) -> Optional[str]:
     return codapo.tiling_warning() if codapo.resample else None
 
 
+@METHOD.launch_warning
 def warn_overlong_penalty(launch: Launch) -> Optional[str]:
     """CoDaPO beside DAPO's overlong penalty (verl's dapo reward manager): a correct but long response scores below
     1.0, and CoDaPO's accuracy counts only rewards exactly 1.0 (the same trap as the KL penalty, for long ones)."""
+    from omegaconf import OmegaConf  # on use: importing a method's declaration stays light
+
     config = launch.config
     manager = OmegaConf.select(config, "reward.reward_manager.name", default=None)
     overlong = OmegaConf.select(config, "reward.reward_kwargs.overlong_buffer_cfg.enable", default=None)

@@ -1,8 +1,9 @@
 """CoDaPO over a run: the old policy's log-probs handed to its estimator, and its prompt resampling in pairs of steps.
 
-verl passes an estimator no log-probs: ``estimator_inputs`` hands them over (the final rows' with a multi-output
-agent loop: c_g averages each trajectory's final output, the output the reward scored). ``codapo/*`` metrics and
-each row's weight w_g in the rollout dump (``codapo_weight``) come from the estimator's result.
+verl passes an estimator no log-probs: ``estimator_inputs`` has the adapter hand them over (the final rows' with a
+multi-output agent loop: c_g averages each trajectory's final output, the output the reward scored). ``codapo/*``
+metrics and each row's weight w_g in the rollout dump (``codapo_weight``) come from the estimator's result
+(``StepBatch.estimator_results``).
 
 **Resampling** (``algorithm.codapo.resample=true``): steps pair by number. An odd step (verl counts from 1) draws
 its prompts from the dataloader and keeps them (``drew_prompts``); its advantage steps record each response's w_g;
@@ -18,13 +19,13 @@ counter, is what lets a resume land in the middle of a pair: an odd step's check
 from __future__ import annotations
 
 import os
-from typing import Any, ContextManager, Optional
+from typing import Any, Optional
 
 import numpy as np
 import torch
 
-from recipe_apo.methods import driver_state
-from recipe_apo.methods.base import Host, MethodRuntime, Prompts, StepBatch, StepOutput
+from recipe_apo.methods.base import EstimatorInputs, Host, MethodRuntime, Prompts, StepBatch, StepOutput
+from recipe_apo.methods.codapo import METHOD
 from recipe_apo.methods.codapo.estimator import resample_order, select_prompts
 from recipe_apo.methods.codapo.settings import CodapoSettings
 from recipe_apo.methods.errors import MethodStateError
@@ -125,6 +126,7 @@ def _batch_size(config: Any) -> Optional[int]:
     return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
 
 
+@METHOD.runtime
 class CodapoRuntime(MethodRuntime):
     needs = frozenset({"old_log_probs"})
 
@@ -198,12 +200,11 @@ class CodapoRuntime(MethodRuntime):
             self.pairing.start(step)
         return {}
 
-    def estimator_inputs(self, batch: StepBatch) -> ContextManager:
-        driver_state.clear_results("codapo")
-        return driver_state.handed(old_log_probs=batch.trajectories.finals(batch.old_log_probs))
+    def estimator_inputs(self, batch: StepBatch) -> Optional[EstimatorInputs]:
+        return EstimatorInputs(old_log_probs=batch.trajectories.finals(batch.old_log_probs))
 
     def after_advantage(self, step: int, batch: StepBatch) -> StepOutput:
-        result = driver_state.last_result("codapo")
+        result = batch.estimator_results.get(self.method.name)
         if result is None:  # the step computed no codapo advantages: the pair's selection then says so in one line
             return StepOutput()
         if self.pairing is not None and first_of_pair(step):

@@ -27,16 +27,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from recipe_apo.methods.base import Method, setting
+from recipe_apo.methods.base import Method, Metric, ModelParts, setting
+from recipe_apo.methods.r2po.model import model_for_run, new_rollout_head, register_hf_models
 from recipe_apo.methods.r2po.settings import R2poSettings
 
-ESTIMATORS = {
-    "r2po": "recipe_apo.methods.r2po.estimator:r2po_outcome_advantage",
-    "rarity": "recipe_apo.methods.r2po.estimator:rarity_outcome_advantage",
-}
 # verl imports this module where it builds a model (actor_rollout_ref.model.external_lib, set by the preset): the
 # methods' model classes, and the actor engine's choice of logits head per pass.
 EXTERNAL_LIB = "recipe_apo.integration.model_classes"
+# Its vLLM model classes by architecture, as vLLM's registry takes them: lazily, so that vLLM's processes import
+# none (nor vLLM's models they build on) until a checkpoint names one.
+VLLM_MODELS = {name: f"recipe_apo.methods.r2po.vllm_model:{name}"
+               for name in ("R2POQwen2ForCausalLM", "R2POQwen3ForCausalLM", "R2POLlamaForCausalLM")}
 
 
 def uses_r2po(config: Any) -> bool:
@@ -49,21 +50,18 @@ METHOD = Method(
     title="R2PO",
     active=uses_r2po,
     presets=("r2po",),
-    estimators=ESTIMATORS,
     settings=R2poSettings,
-    settings_key="r2po",
-    runtime="recipe_apo.methods.r2po.runtime:R2poRuntime",
-    launch_checks=("recipe_apo.methods.r2po.launch:check_launch",),
-    estimator_needs="the step's phase, from R2PO's runtime",
-    hf_models=("recipe_apo.methods.r2po.model:register_hf_models",),
-    vllm_models={name: f"recipe_apo.methods.r2po.vllm_model:{name}"
-                 for name in ("R2POQwen2ForCausalLM", "R2POQwen3ForCausalLM", "R2POLlamaForCausalLM")},
-    model_preparer="recipe_apo.methods.r2po.model:model_for_run",
-    policy_head="recipe_apo.methods.r2po.model:new_rollout_head",
+    models=ModelParts(hf=(register_hf_models,), vllm=VLLM_MODELS, prepare=model_for_run,
+                      policy_head=new_rollout_head),
+    order=5,
     metrics={
-        "phase": "the step's phase: 0 head (only rollout_head.* trains, on the rarity advantage), 1 policy",
+        "phase": Metric("the step's phase: 0 head (only rollout_head.* trains, on the rarity advantage), 1 policy",
+                        headline=True),
         "round": "the step's round of the schedule (a head phase then a policy phase), from 0",
         "rarity_skipped_share": "head steps: share of responses in groups whose rarity scores are all equal (A = 0)",
         "range_skipped_share": "policy steps: share of responses in groups whose rewards span less than 0.01 (A = 0)",
     },
 )
+
+# Its parts declare themselves into METHOD where they are defined (``@METHOD.estimator(...)``, ...).
+from recipe_apo.methods.r2po import estimator, launch, runtime  # noqa: E402, F401

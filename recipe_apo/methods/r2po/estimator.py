@@ -42,6 +42,7 @@ from recipe_apo.methods import driver_state
 from recipe_apo.methods.checks import check_advantages, check_finite, check_shapes, output_dtype
 from recipe_apo.methods.errors import BatchInputError, MethodStateError
 from recipe_apo.methods.groups import centered_rewards, group_ids, group_range, response_rewards
+from recipe_apo.methods.r2po import METHOD
 from recipe_apo.methods.tensors import from_float64
 
 RARITY_EPSILON = 1e-6  # the source's reward_rarity
@@ -166,6 +167,7 @@ def compute_advantage(token_level_rewards: torch.Tensor, response_mask: torch.Te
     return advantages, {"valid": valid, "skipped": skipped[codes] & valid}
 
 
+@METHOD.estimator(RARITY)
 def rarity_outcome_advantage(token_level_rewards: torch.Tensor, response_mask: torch.Tensor,
                              config: Optional[Any] = None, index: Optional[np.ndarray] = None,
                              **_: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -174,6 +176,7 @@ def rarity_outcome_advantage(token_level_rewards: torch.Tensor, response_mask: t
     return advantages, advantages
 
 
+@METHOD.estimator(ESTIMATOR, needs="the step's phase, from R2PO's runtime")
 def r2po_outcome_advantage(token_level_rewards: torch.Tensor, response_mask: torch.Tensor,
                            config: Optional[Any] = None, index: Optional[np.ndarray] = None,
                            **_: Any) -> tuple[torch.Tensor, torch.Tensor]:

@@ -8,7 +8,7 @@ from typing import Any
 
 from recipe_apo.methods.base import Launch, setting
 from recipe_apo.methods.errors import MethodConfigError
-from recipe_apo.methods.r2po import EXTERNAL_LIB, uses_r2po
+from recipe_apo.methods.r2po import EXTERNAL_LIB, METHOD, uses_r2po
 
 # verl's rollout correction: any of these on adds an importance weight (or rejection) between the sampler and the
 # learner, which the source has none of.
@@ -20,6 +20,7 @@ ENGINES = ("vllm", "hf")        # rollout engines with a rollout-head model (vLL
 STRATEGIES = ("fsdp2",)
 
 
+@METHOD.launch_check
 def check_launch(launch: Launch) -> None:
     """Refuses what would make an R2PO run other than R2PO: a model without a rollout head, verl's rollout
     correction, kernels or engines that skip the model's output layer, verl's asynchronous modes (a rollout

@@ -88,7 +88,7 @@ class RolloutHead(nn.Module):
 
 
 def new_rollout_head(hidden_size: int, vocab_size: int, generator: torch.Generator | None = None) -> RolloutHead:
-    """The testbed policy's rollout head (``Method.policy_head``), drawn as ``reset_adaptor`` draws it (1e-6): the
+    """The testbed policy's rollout head (``ModelParts.policy_head``), drawn as ``reset_adaptor`` draws it (1e-6): the
     start results/league_r2po.md measured. At the testbed's GRU width (64, |h| < 8) the source's effective 0.02
     start would perturb its logits by 0.018 at most (s^2 sqrt(d/2) |h|), and its learning rate 1e-3 grows either
     start within a few rounds."""

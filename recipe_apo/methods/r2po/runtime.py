@@ -1,17 +1,17 @@
-"""R2PO over a run: the phase of each step (``schedule``), handed to the ``r2po`` estimator (``driver_state``) and to
-the policy's passes (``actor_call``): in a head step the old log-probs and the update use pi_roll, in a policy step
-pi_base; the reference's log-probs are always pi_base (the original model, without its head); the optimizer
-restarts at the first step of every phase (the source runs each phase as a fresh process). Metrics every step:
-``r2po/phase`` (0 head, 1 policy), ``r2po/round``, and the phase's share of skipped groups. No state: the phase is
-a function of the step, so a resumed run continues the schedule."""
+"""R2PO over a run: the phase of each step (``schedule``), handed to the ``r2po`` estimator (its
+``estimator_state``, which the adapters keep in the driver process) and to the policy's passes (``actor_call``): in
+a head step the old log-probs and the update use pi_roll, in a policy step pi_base; the reference's log-probs are
+always pi_base (the original model, without its head); the optimizer restarts at the first step of every phase (the
+source runs each phase as a fresh process). Metrics every step: ``r2po/phase`` (0 head, 1 policy), ``r2po/round``,
+and the phase's share of skipped groups. No state: the phase is a function of the step, so a resumed run continues
+the schedule."""
 
 from __future__ import annotations
 
-import contextlib
-from typing import Any, ContextManager, Optional
+from typing import Any, Optional
 
-from recipe_apo.methods import driver_state
 from recipe_apo.methods.base import ActorCall, MethodRuntime, StepBatch, StepOutput
+from recipe_apo.methods.r2po import METHOD
 from recipe_apo.methods.r2po.estimator import ESTIMATOR
 from recipe_apo.methods.r2po.model import BASE, ROLL
 from recipe_apo.methods.r2po.schedule import HEAD, POLICY, Phase, phase_at
@@ -20,20 +20,22 @@ from recipe_apo.methods.r2po.settings import R2poSettings
 SKIPPED = {HEAD: "rarity_skipped_share", POLICY: "range_skipped_share"}
 
 
+@METHOD.runtime
 class R2poRuntime(MethodRuntime):
     def __init__(self, config: Any) -> None:
         super().__init__(config)
         self.settings = R2poSettings.from_algorithm_config(config.algorithm)
+        self.step_phase: Optional[int] = None  # the phase of the step under way (``begin_step``)
 
     def phase(self, step: int) -> Phase:
         return phase_at(step, self.settings)
 
     def begin_step(self, step: int) -> None:
-        driver_state.keep(ESTIMATOR, self.phase(step).phase)
+        self.step_phase = self.phase(step).phase
 
-    def estimator_inputs(self, batch: StepBatch) -> ContextManager:
-        driver_state.clear_results(ESTIMATOR)
-        return contextlib.nullcontext()
+    def estimator_state(self) -> Optional[int]:
+        """The phase of the step under way, which the ``r2po`` estimator reads (None before the first step)."""
+        return self.step_phase
 
     def actor_call(self, step: int, call: str) -> Optional[ActorCall]:
         phase = self.phase(step)
@@ -41,7 +43,7 @@ class R2poRuntime(MethodRuntime):
         return ActorCall(logits_head=head, restart_optimizer=call == "update" and phase.first)
 
     def after_advantage(self, step: int, batch: StepBatch) -> StepOutput:
-        result = driver_state.last_result(ESTIMATOR)
+        result = batch.estimator_results.get(ESTIMATOR)
         if result is None:
             return StepOutput()
         rows = result.per_response

@@ -28,8 +28,7 @@ METHOD = Method(
     name="zero_variance",
     title="zero-variance denominator",
     active=uses_zero_variance,
-    runtime="recipe_apo.methods.zero_variance.runtime:ZeroVarianceRuntime",
-    launch_checks=("recipe_apo.methods.zero_variance.launch:check_zero_variance",),
+    rescales_advantages=True,
     metrics={
         "scale": "B / B_live (T / T_live for token-mean), the live advantages' factor",
         "live_share": "share of the step's responses (tokens for token-mean) in groups with a signal",
@@ -37,3 +36,6 @@ METHOD = Method(
         "ratio_dev_max": "testbed: the largest of those",
     },
 )
+
+# Its parts declare themselves into METHOD where they are defined (``@METHOD.runtime``, ...).
+from recipe_apo.methods.zero_variance import launch, runtime  # noqa: E402, F401

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 from recipe_apo.methods.base import Launch
 from recipe_apo.methods.errors import MethodConfigError
+from recipe_apo.methods.zero_variance import METHOD
 from recipe_apo.methods.zero_variance.rescale import check_mode
 
 RECIPE_TRAINERS = "trainer.v1.trainer_mode=sync, colocate_async or separate_async"
 
 
+@METHOD.launch_check
 def check_zero_variance(launch: Launch) -> None:
     algorithm = launch.config.algorithm
     zero_variance = algorithm.get("zero_variance", "keep")

@@ -20,9 +20,11 @@ import torch
 from recipe_apo.methods.base import MethodRuntime, StepBatch, StepOutput
 from recipe_apo.methods.checks import effective_agg_mode
 from recipe_apo.methods.group_stats import live_rows
+from recipe_apo.methods.zero_variance import METHOD
 from recipe_apo.methods.zero_variance.rescale import check_mode, denominator_ratio, exclude_zero_variance
 
 
+@METHOD.runtime
 class ZeroVarianceRuntime(MethodRuntime):
     needs = frozenset({"advantages"})
 
