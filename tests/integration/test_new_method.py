@@ -126,8 +126,11 @@ def throwaway(tmp_path, monkeypatch):
     store = ConfigStore.instance()
 
     def store_all() -> None:
+        from recipe_apo.testbed import setting_check
+
         catalog.methods.cache_clear()
         presets.settings.cache_clear()
+        setting_check.setting_rules.cache_clear()  # the testbed's keys: the methods' settings nodes among them
         store.store(name=recipe_apo.conf.METHOD_SETTINGS, node=recipe_apo.conf.method_settings())
         configs.store_settings()
 
