@@ -31,10 +31,26 @@ RAY_MARKS = ("e2e", "vllm")
 _RAY_ALLOWED = {"now": True}
 
 
+# torch's intra-op threads in a fast-suite test's process: one, as the testbed gives each of its jobs
+# (threads_per_worker=1). make test runs two xdist workers on two cores; with torch's default (a thread per core)
+# each worker's OpenMP pool adds a busy thread per core, and their spin-waits cost the testbed's small tensors 10-20
+# times their one-thread CPU time (prepare_seed of helpers/testbed_tiny.py's run: 0.64 CPU-seconds on one thread,
+# 11-14 on two, on a loaded 2-core host). Ray-marked tests keep torch's default.
+_TORCH_THREADS: dict[str, int] = {}
+
+
+def _set_torch_threads(ray_test: bool) -> None:
+    import torch
+
+    default = _TORCH_THREADS.setdefault("default", torch.get_num_threads())
+    torch.set_num_threads(default if ray_test else 1)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
     # Before the test's fixtures: a package- or module-scoped fixture that starts Ray is set up for its first test.
     _RAY_ALLOWED["now"] = any(item.get_closest_marker(mark) for mark in RAY_MARKS)
+    _set_torch_threads(_RAY_ALLOWED["now"])
 
 
 @pytest.fixture(autouse=True, scope="session")

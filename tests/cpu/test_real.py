@@ -1,12 +1,28 @@
 """recipe_apo/cpu/real.py's own rules (make real): run names that survive a resume, the folder it owns, the step a
 run reached. The whole loop on the real model: tests/vllm/test_real.py."""
 
+import os
 import re
 import sys
+import types
 
 import pytest
+from helpers.in_process import run_recipe_main
 
 from recipe_apo.cpu import real
+
+
+def _dry_run_in_process(command, capture_output, text, cwd, env):
+    """``real.experiments``' dry run, ``python -m recipe_apo.main -m ... dry_run=true``, in this process with the
+    environment it would have had (tests/helpers/in_process.py): the names are the entry's; a new interpreter would
+    add 10 CPU-seconds of imports a run."""
+    assert command[:3] == [sys.executable, "-m", "recipe_apo.main"] and capture_output and text, command
+    with pytest.MonkeyPatch.context() as patch:
+        for key in set(os.environ) - set(env):
+            patch.delenv(key)
+        for key, value in env.items():
+            patch.setenv(key, value)
+        return run_recipe_main(*command[3:], cwd=cwd)
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +37,9 @@ def names(tmp_path_factory):
     def experiments(methods, seed):
         return real.experiments(methods, seed, model, data, out, 24, "hf")
 
-    return {"all": experiments(["apo", "grpo", "drgrpo"], 1), "one": experiments(["drgrpo"], 1)}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(real, "subprocess", types.SimpleNamespace(run=_dry_run_in_process))
+        return {"all": experiments(["apo", "grpo", "drgrpo"], 1), "one": experiments(["drgrpo"], 1)}
 
 
 def test_a_run_keeps_its_name_whatever_else_the_sweep_holds(names):
