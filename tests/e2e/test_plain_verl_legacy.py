@@ -8,10 +8,9 @@ change."""
 from __future__ import annotations
 
 import math
-import sys
 
 import pytest
-from helpers.rehearsal_runs import STATE_FILE, checkpoint_root, readme_plain_verl_command, run, tail
+from helpers.rehearsal_runs import STATE_FILE, checkpoint_root, run_readme_plain_verl, tail
 
 from recipe_apo.cpu import rehearse
 
@@ -23,15 +22,7 @@ REPLACED = ("actor_rollout_ref.model.path=", "data.", "actor_rollout_ref.rollout
 @pytest.fixture(scope="module")
 def legacy_run(tiny, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("legacy")
-    readme = [arg for arg in readme_plain_verl_command()[3:] if not arg.startswith(REPLACED)]
-    command = [
-        sys.executable, "-m", "verl.trainer.main_ppo", "hydra.searchpath=[pkg://recipe_apo.conf]", "+rehearsal=cpu",
-        *readme, *rehearse.tiny_overrides(tiny), *rehearse.RUN_OVERRIDES, "trainer.use_v1=false",
-        "trainer.experiment_name=legacy", "trainer.total_training_steps=1", "trainer.save_freq=1",
-        "trainer.val_before_train=false",
-    ]
-    result = run(command, workdir, "legacy", workdir / "metrics",
-                 env_extra={"VERL_USE_EXTERNAL_MODULES": "recipe_apo.cpu.activate"})
+    result = run_readme_plain_verl(tiny, workdir, "legacy", REPLACED, "trainer.use_v1=false")
     return workdir, result
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import sys
 from pathlib import Path
 
 from helpers.paths import ROOT
@@ -34,6 +35,21 @@ def readme_plain_verl_command() -> list[str]:
     text = README.read_text()
     start = text.index("python -m verl.trainer.main_ppo \\")
     return shlex.split(text[start:text.index("```", start)].replace("\\\n", " "))
+
+
+def run_readme_plain_verl(tiny: dict, workdir: Path, name: str, replaced: tuple[str, ...], *extra: str
+                          ) -> rehearse.RunResult:
+    """README's plain ``python -m verl.trainer.main_ppo`` command on the tiny model and data, one step, saved: the
+    arguments starting with one of ``replaced`` dropped, the CPU's (``+rehearsal=cpu``) and ``extra`` added."""
+    readme = [arg for arg in readme_plain_verl_command()[3:] if not arg.startswith(replaced)]
+    command = [
+        sys.executable, "-m", "verl.trainer.main_ppo", "hydra.searchpath=[pkg://recipe_apo.conf]", "+rehearsal=cpu",
+        *readme, *rehearse.tiny_overrides(tiny), *rehearse.RUN_OVERRIDES, *extra,
+        f"trainer.experiment_name={name}", "trainer.total_training_steps=1", "trainer.save_freq=1",
+        "trainer.val_before_train=false",
+    ]
+    return run(command, workdir, name, workdir / "metrics",
+               env_extra={"VERL_USE_EXTERNAL_MODULES": "recipe_apo.cpu.activate"})
 
 
 def tail(result: rehearse.RunResult, lines: int = 40) -> str:

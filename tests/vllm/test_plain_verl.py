@@ -7,10 +7,9 @@ the whole loop is here, with the engine GPU users run it with, for ``make test``
 from __future__ import annotations
 
 import math
-import sys
 
 import pytest
-from helpers.rehearsal_runs import checkpoint_root, readme_plain_verl_command, run, state, tail
+from helpers.rehearsal_runs import checkpoint_root, run_readme_plain_verl, state, tail
 
 from recipe_apo.cpu import rehearse
 
@@ -21,15 +20,7 @@ REPLACED = ("actor_rollout_ref.model.path=", "data.")
 @pytest.fixture(scope="module")
 def plain_verl(tiny, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("plain")
-    readme = [arg for arg in readme_plain_verl_command()[3:] if not arg.startswith(REPLACED)]
-    command = [
-        sys.executable, "-m", "verl.trainer.main_ppo", "hydra.searchpath=[pkg://recipe_apo.conf]", "+rehearsal=cpu",
-        *readme, *rehearse.tiny_overrides(tiny), *rehearse.RUN_OVERRIDES,
-        "trainer.experiment_name=plain", "trainer.total_training_steps=1", "trainer.save_freq=1",
-        "trainer.val_before_train=false",
-    ]
-    result = run(command, workdir, "plain", workdir / "metrics",
-                 env_extra={"VERL_USE_EXTERNAL_MODULES": "recipe_apo.cpu.activate"})
+    result = run_readme_plain_verl(tiny, workdir, "plain", REPLACED)
     return workdir, result
 
 
