@@ -13,12 +13,14 @@ from recipe_apo.cpu import vllm_engine
 # The files that take longest, first: make test's two xdist workers then finish within a short file of each other
 # (longest-processing-time order). The first starts two Ray sessions (about 60 CPU-seconds a session on 2 cores,
 # most of it the processes of a run importing torch and verl), the next one session of one step;
-# the other whole-loop files follow, then the slowest of the rest (over 25 s each, measured), then the rest as
-# collected. xdist's own order (the files with the most tests first; pyproject's --no-loadscope-reorder turns it
-# off) started the whole-loop files last and left one worker alone at the end. A stale list costs time, not results.
+# the other whole-loop files follow, then the slowest of the rest (over 20 CPU-seconds each in the fast suite,
+# measured; test_trainer.py for its Ray tests), then the rest as collected. xdist's own order (the files with the most
+# tests first; pyproject's --no-loadscope-reorder turns it off) started the whole-loop files last and left one worker
+# alone at the end. A stale list costs time, not results.
 LONGEST_FIRST = ("e2e/test_apo_resume.py", "e2e/test_baselines.py")
 SLOW_UNIT_FILES = ("testbed/test_testbed.py", "integration/test_recipe.py", "integration/test_trainer.py",
-                   "scripts/test_train_scripts.py")
+                   "scripts/test_train_scripts.py", "testbed/test_launch_checks.py",
+                   "integration/test_launch_checks.py")
 
 
 # tests/vllm runs verl's vLLM rollout: collected where vLLM's CPU build is installed (make test-vllm, .venv-vllm).
@@ -35,7 +37,8 @@ _RAY_ALLOWED = {"now": True}
 # (threads_per_worker=1). make test runs two xdist workers on two cores; with torch's default (a thread per core)
 # each worker's OpenMP pool adds a busy thread per core, and their spin-waits cost the testbed's small tensors 10-20
 # times their one-thread CPU time (prepare_seed of helpers/testbed_tiny.py's run: 0.64 CPU-seconds on one thread,
-# 11-14 on two, on a loaded 2-core host). Ray-marked tests keep torch's default.
+# 11-14 on two, on a loaded 2-core host; tests/testbed/test_agpo_dual.py, one pytest process on a lightly loaded
+# one: 48 CPU-seconds, 4 on one thread). Ray-marked tests keep torch's default.
 _TORCH_THREADS: dict[str, int] = {}
 
 

@@ -1,6 +1,7 @@
 """scripts/prepare_data.py --splits arithmetic: reasoning-gym's basic_arithmetic, generated offline, in verl's layout;
 and the reward its rows get (recipe_apo/reward/gym_answer.py through the recipe's compute_score)."""
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -14,7 +15,9 @@ from hypothesis import strategies as st
 from recipe_apo.reward import compute_score
 from recipe_apo.reward.gym_answer import last_number
 
-pytest.importorskip("reasoning_gym")
+# Skipped without reasoning-gym, found without importing it: its import (matplotlib through cellpylib) is 1.5
+# CPU-seconds of every xdist worker's collection, and only the worker that runs this module needs it.
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("reasoning_gym") is None, reason="needs reasoning-gym")
 SCRIPT = ROOT / "scripts" / "prepare_data.py"
 LEVELS = ("gym_add_1digit", "gym_addsub_1digit")
 
