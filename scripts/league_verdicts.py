@@ -9,7 +9,7 @@
 The league (``python -m recipe_apo.testbed mode=league``) writes league.json with, per scenario, each method's
 ranking metric per seed (each row's ``<metric>.per_seed``) and the paired differences (``matrix[a][b].per_seed``).
 This script reads the per-seed values only and applies the league's rule (docs/testbed.md; the testbed's
-``report.paired``) with an implementation of its own, sharing no code with the recipe: with d_s = a_s - b_s over
+``report.stats.paired``) with an implementation of its own, sharing no code with the recipe: with d_s = a_s - b_s over
 the n seeds, a - b is **beyond seed noise** when
 
 - no seed is missing (a NaN value), n >= 3, and every d_s has the same strict sign; and

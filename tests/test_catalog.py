@@ -111,7 +111,7 @@ def test_the_catalog_as_declared_in_its_order():
 
 def test_every_list_derived_from_the_declarations():
     from recipe_apo.integration import presets
-    from recipe_apo.testbed.league import TRUST_COLUMNS, trust_columns
+    from recipe_apo.testbed.report.league import TRUST_COLUMNS, trust_columns
 
     assert list(catalog.estimators()) == ["apo", "codapo", "agpo", "rarity", "r2po"]
     assert list(catalog.losses()) == ["apo", "apo_one_sided", "agpo", "agpo_clip"]
@@ -124,6 +124,11 @@ def test_every_list_derived_from_the_declarations():
     assert [key for key, _, _ in trust_columns()[len(TRUST_COLUMNS):]] == [
         "actor/apo_gate_weight_avg", "agpo_dual/temperature_mean_avg", "agpo_dual/temperature_std_avg",
         "agpo_dual/clip_eps_mean_avg", "agpo_dual/clip_eps_std_avg", "agpo_dual/kl_avg_final"]
+    # The league's table of each method at work; the method the verdict sentences are about.
+    assert list(catalog.league_metrics()) == ["codapo/resampled", "codapo/kept_prompts", "zero_variance/ratio_dev_mean",
+                                              "zero_variance/ratio_dev_max"]
+    assert [name for name, m in catalog.league_metrics().items() if m.peak] == ["zero_variance/ratio_dev_max"]
+    assert [m.name for m in catalog.featured()] == ["apo"]
     # The presets (conf/method/), in their declared order, titled by their method where their header names none.
     assert [(p.name, p.title) for p in presets.presets()] == [
         ("grpo", "GRPO"), ("drgrpo", "Dr. GRPO"), ("apo", "APO"), ("codapo", "CoDaPO"), ("agpo_dual", "AGPO (dual)"),

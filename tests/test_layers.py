@@ -364,3 +364,86 @@ def test_verls_internals_are_touched_in_the_access_modules_only():
     assert "imports verl.experimental.agent_loop.agent_loop._agent_loop_registry" in seen
     assert "sets FSDPEngineWithLMHead.forward_step" in seen and "swapped(trainer_base, ...)" in seen
     assert "sets distributed.initialize_global_process_group_ray" in verl_internals(PACKAGE / "cpu/patches.py")
+
+
+# ---- the testbed's reports (issue 50, item 4) -----------------------------------------------------------------------
+# The testbed's modules that may import its reports (``testbed/report/``): the drivers that write a run's or a
+# league's files and the sweep's entry point. The adapter and the tasks record a run's rounds; the reports read them.
+REPORT_READERS = ("testbed/runner.py", "testbed/league.py", "testbed/collect.py")
+
+
+def test_only_the_testbeds_drivers_import_its_reports():
+    outside = [p for p in sources("testbed") if "report" not in p.relative_to(PACKAGE / "testbed").parts[:-1]]
+    importers = {str(p.relative_to(PACKAGE)) for p in outside
+                 if any(n.startswith("recipe_apo.testbed.report") for n in imports(p))}
+    assert importers == set(REPORT_READERS)
+    # And the reports sit on the adapter, never the other way round: they import neither a driver nor the modes.
+    for path in sources("testbed/report"):
+        drivers = {n for n in own(imports(path)) if n.startswith("recipe_apo.testbed.")
+                   and n.split(".")[2] in ("runner", "league", "collect", "signal", "__main__", "preflight")}
+        assert drivers == set(), f"{path.relative_to(PACKAGE)} imports {sorted(drivers)}"
+
+
+# What the reports may still say though it names a method, each with why (the text is left out before the search;
+# an exception that no longer occurs fails the test, so the list does not outlive its reason).
+REPORT_EXCEPTIONS = {
+    "recipe_apo": "the package's name",
+    "norm_adv_by_std_in_grpo": "verl's setting, which the method table shows",
+    "AdvantageEstimator.GRPO": "verl's own estimator that reads norm_adv_by_std_in_grpo (verl's, not a method's)",
+    '"zero_variance": cfg["algorithm"].get("zero_variance", "keep")': "summary.json's methods block keeps the "
+    "key its readers read (tests, results); the report itself shows the active methods by their titles",
+}
+
+
+def _phrase(text: str) -> str:
+    import re
+
+    return re.sub(r"[\s_\-./()]+", " ", text.lower()).strip()
+
+
+def method_words() -> set[str]:
+    """Every method's name, title, estimators, losses and presets, the presets' titles, and the words the reports
+    held for APO's, CoDaPO's and the zero-variance denominator's (anchor, gate, zv, kept, resample); as phrases
+    (``_phrase``: "zero_variance" and "zero-variance" alike)."""
+    from recipe_apo.integration import presets
+    from recipe_apo.methods import catalog
+
+    words = {"anchor", "gate", "zv", "kept", "resample"}
+    for m in catalog.methods():
+        words |= {m.name, m.title, *m.estimators, *m.losses, *m.presets}
+    words |= set(presets.names()) | {p.title for p in presets.presets()}
+    return {_phrase(w) for w in words}
+
+
+def method_words_in(text: str, words: set[str]) -> set[str]:
+    import re
+
+    spaced = f" {_phrase(text)} "
+    return {w for w in words if re.search(rf"(?<![a-z0-9]){re.escape(w)}(?![a-z0-9])", spaced)}
+
+
+def test_the_method_word_finder_finds_each_word():
+    words = method_words()
+    assert {"apo", "codapo", "agpo dual", "zero variance", "dr grpo", "r2po"} <= words
+    assert method_words_in("APO's anchor C_t; algorithm.zero_variance=exclude", words) == {
+        "apo", "anchor", "zero variance"}
+    assert method_words_in("agpo_dual/kl_avg", words) == {"agpo", "agpo dual"}
+    assert method_words_in("the paired differences over seeds, the probe's tokens", words) == set()
+
+
+def test_the_testbeds_reports_name_no_method():
+    """Every row, column and plot of a method's own comes from its declaration (``Metric``'s roles, ``Method.
+    featured``); the reports' code, docstrings and comments name no method, but for ``REPORT_EXCEPTIONS``."""
+    words = method_words()
+    found, unused = [], set(REPORT_EXCEPTIONS)
+    for path in sources("testbed/report"):
+        text = path.read_text()
+        for exception in REPORT_EXCEPTIONS:
+            if exception in text:
+                unused.discard(exception)
+                text = text.replace(exception, " ")
+        for number, line in enumerate(text.splitlines(), 1):
+            if hits := method_words_in(line, words):
+                found.append(f"{path.relative_to(PACKAGE)}:{number} {sorted(hits)}: {line.strip()}")
+    assert found == [], "\n".join(found)
+    assert unused == set(), f"exceptions that no longer occur: {sorted(unused)}"

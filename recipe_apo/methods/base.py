@@ -341,13 +341,18 @@ class MethodRuntime:
 class Metric:
     """What one of a method's metrics means (``words``), and the tables beyond every metric's (the testbed's report,
     which shows each one's mean over the rounds) that show it: ``headline``, the CPU rehearsal's table of the last
-    step's values; ``trust``, the league's table of the generation and the trust region; ``final``, a value the
-    method carries from step to step (KL_bar): the league's table shows its last round's, not its mean."""
+    step's values, and the testbed's plot of the methods' series; ``trust``, the league's table of the generation
+    and the trust region; ``league``, the league's table of the method's own workings in each scenario; ``final``, a
+    value the method carries from step to step (KL_bar): the league's tables show its last round's, not its mean;
+    ``peak``, a value whose worst case matters (a largest deviation): the league's tables show its largest over every
+    round of every seed."""
 
     words: str
     headline: bool = False
     trust: bool = False
+    league: bool = False
     final: bool = False
+    peak: bool = False
 
 
 @dataclass(frozen=True)
@@ -451,6 +456,8 @@ class Method:
     - ``order``, ``rescales_advantages``: its place at every hand-off (the runtimes, the launch checks, the reports;
       ``catalog.methods``): a method that rescales the advantages every other method has seen comes last; the
       others by ``order``, then those without one by name.
+    - ``featured``: a method the recipe is about (APO): the testbed report's verdict sentences set each run of it
+      against every other method of the run.
     """
 
     name: str
@@ -465,6 +472,7 @@ class Method:
     metrics: Mapping[str, Metric] = field(default_factory=dict)
     order: Optional[float] = None
     rescales_advantages: bool = False
+    featured: bool = False
     parts: Parts = field(default_factory=Parts, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

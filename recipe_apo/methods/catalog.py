@@ -102,3 +102,13 @@ def headline_metrics() -> tuple[str, ...]:
 def trust_metrics() -> dict[str, Metric]:
     """The metrics the league's generation and trust-region table shows (``Metric.trust``)."""
     return {name: declared for name, declared in metrics().items() if declared.trust}
+
+
+def league_metrics() -> dict[str, Metric]:
+    """The metrics the league's table of each method's own workings shows (``Metric.league``)."""
+    return {name: declared for name, declared in metrics().items() if declared.league}
+
+
+def featured() -> tuple[Method, ...]:
+    """The methods the recipe is about (``Method.featured``), in catalog order."""
+    return tuple(m for m in methods() if m.featured)

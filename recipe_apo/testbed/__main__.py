@@ -42,7 +42,7 @@ def train(overrides: list[str], out_dir: Path, cfgs: Optional[dict] = None) -> N
     from recipe_apo.testbed.runner import run_testbed
 
     _run_and_report(run_testbed, overrides, out_dir, "report.md",
-                    "summary.json, report.md, success.png, length.png, anchor.png, grad_norm.png", cfgs=cfgs)
+                    "summary.json, report.md, success.png, length.png, metrics.png, grad_norm.png", cfgs=cfgs)
 
 
 def signal(cfg: DictConfig, out_dir: Path) -> None:

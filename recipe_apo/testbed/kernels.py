@@ -74,8 +74,23 @@ def reexec_pinned(module: str = "recipe_apo.testbed") -> None:
         os.execve(sys.executable, [sys.executable, "-m", module, *sys.argv[1:]], env)
 
 
+def cpu_model() -> str:
+    """The CPU's model name (Linux's /proc/cpuinfo; else ``platform.processor()``): the pin gives the same bits run
+    after run on one machine, and other bits on an Intel Xeon than on an AMD EPYC (docs/testbed.md,
+    "Reproducibility"), so a report names the CPU its figures came from."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
 def describe() -> dict[str, object]:
-    """What ran: torch's version and kernel set, the pinned settings in force, the threads of this process."""
+    """What ran: torch's version and kernel set, the pinned settings in force, the threads of this process, the
+    CPU."""
     import torch
 
     return {
@@ -84,4 +99,5 @@ def describe() -> dict[str, object]:
         "pinned": {key: os.environ.get(key) for key in PINNED} if wanted(os.environ) else None,
         "threads": torch.get_num_threads(),
         "machine": platform.machine(),
+        "cpu": cpu_model(),
     }

@@ -94,7 +94,7 @@ def run_testbed(
     ``entries`` (label -> overrides) replaces the config's ``methods`` (the league passes its own); ``cfgs``,
     configs composed and checked already (``checked_configs``), replaces composing."""
     from recipe_apo.testbed.kernels import describe
-    from recipe_apo.testbed.report import build_summary, write_outputs
+    from recipe_apo.testbed.report.summary import build_summary, write_outputs
     from recipe_apo.testbed.train import run_all
 
     started = time.perf_counter()

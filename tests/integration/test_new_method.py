@@ -156,8 +156,8 @@ def test_a_throwaway_method_appears_everywhere(throwaway, tmp_path, monkeypatch)
     from recipe_apo import plugin
     from recipe_apo.cpu import rehearse
     from recipe_apo.integration.validation import RecipeConfigError, validate_recipe_config
-    from recipe_apo.testbed import report
-    from recipe_apo.testbed.league import trust_columns
+    from recipe_apo.testbed.report import markdown
+    from recipe_apo.testbed.report.league import trust_columns
     from recipe_apo.testbed.runner import run_testbed
     from recipe_apo.testbed.setting_check import LaunchRefusal
 
@@ -187,7 +187,7 @@ def test_a_throwaway_method_appears_everywhere(throwaway, tmp_path, monkeypatch)
     assert "throwaway/scale" in catalog.headline_metrics()
     assert "throwaway/scale_avg" in [key for key, _, _ in trust_columns()]
     assert ("throwaway/scale_avg", "throwaway/scale: the advantages' factor, mean over rounds", "{:.3f}", None) in \
-        report.method_rows()
+        markdown.method_rows()
     summary = rehearse.MethodSummary(NAME, 2, {}, {"throwaway/scale": 2.0}, [])
     assert "throwaway/scale" in rehearse.format_table([summary]).splitlines()[0]
 

@@ -83,7 +83,7 @@ def test_students_t_equals_the_testbeds_continued_fraction(t, df):
     """The testbed's p-value (the incomplete beta's continued fraction) and this closed form are two
     implementations of one function. Below t = 1e-3 (p above 0.999) the fraction loses digits: at t = 6e-8,
     df = 32 it gives 1.0 where p = 1 - 2 t f(0) = 1 - 4.72e-8 to first order, as the closed form gives."""
-    from recipe_apo.testbed.report import t_two_sided_p
+    from recipe_apo.testbed.report.stats import t_two_sided_p
 
     assert SCRIPT.t_two_sided_p(t, df) == pytest.approx(t_two_sided_p(t, df), abs=1e-9)
 
@@ -139,7 +139,7 @@ def test_a_hand_written_league_json_gives_exactly_the_bold_cells(tmp_path):
 
 def _fake_summary(values: dict[str, list[float]]) -> dict:
     """A scenario's summary as the testbed writes it, from hand-set final successes per seed."""
-    from recipe_apo.testbed.report import compare_runs
+    from recipe_apo.testbed.report.stats import compare_runs
 
     labels, seeds = list(values), list(range(len(next(iter(values.values())))))
     per_run = {label: {str(s): {METRIC: v[s]} for s in seeds} for label, v in values.items()}
@@ -154,7 +154,7 @@ def _fake_summary(values: dict[str, list[float]]) -> dict:
 @pytest.fixture
 def written(tmp_path):
     """The league's own writer (league.json, league.md) on the hand-set values."""
-    from recipe_apo.testbed.league import build_league, write_league
+    from recipe_apo.testbed.report.league import build_league, write_league
 
     league = build_league({"default": _fake_summary(DEFAULT), "six": _fake_summary(SIX)},
                           {"default": [], "six": ["seeds=[0,1,2,3,4,5]"]}, METRIC)

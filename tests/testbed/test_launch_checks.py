@@ -166,7 +166,7 @@ def test_the_default_league_plans_no_entry_it_would_refuse(hydra_ctx, capsys):
 
 
 def test_league_md_says_which_method_was_left_out():
-    from recipe_apo.testbed.league import _introduction
+    from recipe_apo.testbed.report.league import _introduction
 
     league = {"metric": "success_final", "labels": ["grpo"], "left_out": {"r2po": "on stale: staleness=2 " + STALE},
               "scenarios": {"default": {"seeds": [0]}}, "wall_s": 1.0}

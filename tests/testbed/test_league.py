@@ -8,7 +8,9 @@ import pytest
 from helpers.testbed_tiny import TINY_RUN as TINY
 from hydra import initialize_config_module
 
-from recipe_apo.testbed.league import ZV_MAX, ZV_MEAN
+# The zero-variance denominator's league metrics (``Metric.league``) as a league row holds them: the mean over the
+# rounds, and the largest of any round of any seed (``peak``).
+ZV_MEAN, ZV_MAX = "zero_variance/ratio_dev_mean_avg", "zero_variance/ratio_dev_max_max"
 
 METRIC = "success_final"
 TINY_LEAGUE = TINY + ["rounds=2", "mode=league", "seeds=[0,1,2]", "league.methods=[grpo,codapo]", "~league.extra",
@@ -70,7 +72,7 @@ def test_league_method_settings_are_checked(hydra_ctx, override, match):
 
 
 def test_tiny_league_writes_its_report_with_every_pair_ranked(tiny_league):
-    from recipe_apo.testbed.report import paired
+    from recipe_apo.testbed.report.stats import paired
 
     out, league = tiny_league
     for name in ("league.md", "league.json", "league.png"):
@@ -131,10 +133,16 @@ def test_tiny_league_writes_its_report_with_every_pair_ranked(tiny_league):
                 assert summary["runs"][label][s][ZV_MEAN] >= 0.0
         assert ZV_MEAN not in rows["grpo"]
         assert rows["codapo"]["codapo/resampled_avg"]["mean"] == 0.5  # 2 rounds (0 and 1): round 1 resampled
+        # Each method at work: its declared league metrics, headed by their words, "-" where a row has none.
+        section = markdown.split(f"## {name}:")[1].split("\n## ")[0]
+        assert "| codapo/resampled: 1 when the step trained on the kept prompts of the step before |" in section
+        assert f"| codapo | 0.500 +- 0.000 | {rows['codapo']['codapo/kept_prompts_avg']['mean']:.3f} +- " in section
+        assert f"| grpo_zv | {rows['grpo_zv'][ZV_MEAN]['mean']:.3f} +- " in section
+        assert f" | {rows['grpo_zv'][ZV_MAX]:.3f} |" in section
 
 
 def test_league_markdown_cells_follow_the_matrix(tiny_league):
-    from recipe_apo.testbed.league import league_markdown
+    from recipe_apo.testbed.report.league import league_markdown
 
     _, league = tiny_league
     text = league_markdown(league)
@@ -156,7 +164,7 @@ def test_league_markdown_cells_follow_the_matrix(tiny_league):
 
 def _fake_summary(values: dict[str, list[float]]) -> dict:
     """A summary as build_summary writes it, from hand-set final successes per seed."""
-    from recipe_apo.testbed.report import compare_runs
+    from recipe_apo.testbed.report.stats import compare_runs
 
     labels = list(values)
     seeds = list(range(len(next(iter(values.values())))))
@@ -170,7 +178,7 @@ def _fake_summary(values: dict[str, list[float]]) -> dict:
 
 
 def test_league_verdicts_by_hand():
-    from recipe_apo.testbed.league import build_league, league_markdown
+    from recipe_apo.testbed.report.league import build_league, league_markdown
 
     # x is ahead of y by 0.1 on every seed (beyond seed noise); z is ahead of y on two seeds of three and
     # behind x on one: within seed noise. Means: x 0.6, z 0.55, y 0.5.

@@ -304,10 +304,10 @@ def test_a_league_rerun_replaces_the_earlier_leagues_own_results_and_nothing_els
     from hydra import initialize_config_module
 
     import recipe_apo.testbed.configs  # noqa: F401
-    from recipe_apo.testbed import plots
     from recipe_apo.testbed.league import MARKER, run_league
+    from recipe_apo.testbed.report import plots
 
-    # The plots cost seconds and change nothing here (report.RUN_FILES lists them; test_testbed checks that).
+    # The plots cost seconds and change nothing here (report.summary.RUN_FILES lists them; test_testbed checks that).
     monkeypatch.setattr(plots, "plot_runs", lambda *args, **kwargs: None)
     monkeypatch.setattr(plots, "plot_league", lambda *args, **kwargs: None)
     out = tmp_path / "league"

@@ -51,7 +51,7 @@ def tiny_run(hydra_ctx, tmp_path_factory):
 
 def test_smoke_every_method_writes_its_files_with_finite_numbers(tiny_run):
     out, summary = tiny_run
-    for name in ("summary.json", "report.md", "success.png", "length.png", "anchor.png", "grad_norm.png"):
+    for name in ("summary.json", "report.md", "success.png", "length.png", "metrics.png", "grad_norm.png"):
         assert (out / name).stat().st_size > 0, name
     assert list(summary["methods"]) == list(presets.names())  # every preset (the list: tests/test_catalog.py)
     on_disk = json.loads((out / "summary.json").read_text())
@@ -87,7 +87,7 @@ def test_smoke_every_method_writes_its_files_with_finite_numbers(tiny_run):
 
 
 def test_a_run_writes_exactly_the_files_a_league_rerun_clears(tiny_run):
-    from recipe_apo.testbed.report import RUN_FILES
+    from recipe_apo.testbed.report.summary import RUN_FILES
 
     out, _ = tiny_run
     assert sorted(p.name for p in out.iterdir()) == sorted(RUN_FILES)  # league.clear_earlier_league's list
@@ -246,7 +246,7 @@ def test_signal_matches_the_closed_form_within_sampling_error():
 
 
 def test_collect_gathers_jobs_into_one_table(tiny_run, tmp_path):
-    from recipe_apo.testbed.collect import collect
+    from recipe_apo.testbed.report.collect import collect
 
     out, _ = tiny_run
     for i, value in enumerate(("1.1", "2.0")):
@@ -262,8 +262,8 @@ def test_collect_gathers_jobs_into_one_table(tiny_run, tmp_path):
 
 
 def test_collect_orders_jobs_by_number_and_states_a_single_seeds_mean_alone(tiny_run, tmp_path):
-    from recipe_apo.testbed.collect import collect
-    from recipe_apo.testbed.report import mean_and_spread
+    from recipe_apo.testbed.report.collect import collect
+    from recipe_apo.testbed.report.markdown import mean_and_spread
 
     out, _ = tiny_run
     for number in (10, 2, 1):  # Hydra's job folders; as text "10" would sort before "2"
@@ -280,7 +280,7 @@ def test_collect_orders_jobs_by_number_and_states_a_single_seeds_mean_alone(tiny
 def test_collect_pairs_each_method_across_jobs_when_they_share_their_starts(tiny_run, tmp_path):
     import copy
 
-    from recipe_apo.testbed.collect import across_jobs
+    from recipe_apo.testbed.report.collect import across_jobs
 
     _, summary = tiny_run
     better = copy.deepcopy(summary)
@@ -298,13 +298,16 @@ def test_collect_pairs_each_method_across_jobs_when_they_share_their_starts(tiny
 def test_the_method_table_shows_what_a_loss_with_its_own_aggregation_does(tiny_run):
     import copy
 
-    from recipe_apo.testbed.report import report_markdown
+    from recipe_apo.testbed.report.markdown import report_markdown
 
     _, summary = tiny_run
     changed = copy.deepcopy(summary)
     changed["methods"]["drgrpo"]["loss_mode"] = "sapo"
     assert ("| drgrpo | `grpo` | False | `sapo` | `seq-mean-token-mean (the loss's own; seq-mean-token-sum-norm "
-            "ignored)` | kept |") in report_markdown(changed)
+            "ignored)` | - |") in report_markdown(changed)
+    # The recipe's methods a run activates, by their declared titles, in the summary's order.
+    changed["methods"]["drgrpo"]["active"] = {"apo": {}, "zero_variance": None}
+    assert "ignored)` | APO, zero-variance denominator | " in report_markdown(changed)
 
 
 def test_settings_the_testbed_cannot_honour_are_refused(hydra_ctx):
@@ -328,7 +331,7 @@ def test_a_method_may_not_change_what_the_methods_of_a_seed_share(hydra_ctx):
 
 
 def test_t_critical_values_are_students_for_any_number_of_seeds():
-    from recipe_apo.testbed.report import t_critical, t_two_sided_p
+    from recipe_apo.testbed.report.stats import t_critical, t_two_sided_p
 
     table = {1: 12.706, 2: 4.303, 5: 2.571, 10: 2.228, 11: 2.201, 20: 2.086, 30: 2.042, 120: 1.980}
     for df, value in table.items():
@@ -337,7 +340,7 @@ def test_t_critical_values_are_students_for_any_number_of_seeds():
 
 
 def test_a_paired_difference_needs_the_exact_critical_value_and_every_seed():
-    from recipe_apo.testbed.report import paired
+    from recipe_apo.testbed.report.stats import paired
 
     # Twelve seeds, all positive, t between the normal's 1.96 and Student's 2.201 for 11 degrees of freedom.
     def t_of(y):
@@ -359,7 +362,7 @@ def test_a_paired_difference_needs_the_exact_critical_value_and_every_seed():
 
 
 def test_verdicts_pair_methods_by_label_not_by_name_prefix():
-    from recipe_apo.testbed.report import verdict_lines
+    from recipe_apo.testbed.report.markdown import verdict_lines
 
     beyond = {"mean": -0.011, "beyond_seed_noise": True, "seeds_agree": 4, "seeds": 4, "seeds_missing": 0}
     summary = {"methods": {"apo": {"adv_estimator": "apo"}, "apo_clip": {"adv_estimator": "apo"}},
@@ -736,7 +739,10 @@ def test_the_report_shows_the_trust_region_metrics_and_a_dash_where_a_method_has
 
 
 def test_no_report_header_breaks_its_markdown_table():
-    from recipe_apo.testbed.league import COLUMNS
-    from recipe_apo.testbed.report import HEADLINE
+    from recipe_apo.testbed.report.league import COLUMNS, own_columns, trust_columns
+    from recipe_apo.testbed.report.markdown import HEADLINE, method_rows
 
-    assert [h for _, h, _, _ in HEADLINE if "|" in h] == [] and [h for _, h, _ in COLUMNS if "|" in h] == []
+    assert [h for _, h, _, _ in HEADLINE + method_rows() if "|" in h] == []
+    # The league's columns, a method's own headed by its declared words (a "|" there once split report.md's rows).
+    columns = COLUMNS + trust_columns() + [c for _, own in own_columns() for c in own]
+    assert [h for _, h, _ in columns if "|" in h] == []

@@ -36,6 +36,7 @@ METHOD = Method(
     settings=ApoSettings,
     plain_verl=True,
     order=1,
+    featured=True,
     metrics={
         "anchor": Metric("C_t, the capability anchor after the step", headline=True),
         "anchor_rate": "eta_t, the rate the anchor moved at",

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from recipe_apo.methods.base import Method, setting
+from recipe_apo.methods.base import Method, Metric, setting
 from recipe_apo.methods.codapo.settings import CodapoSettings
 
 ESTIMATOR = "codapo"
@@ -36,8 +36,8 @@ METHOD = Method(
         "confidence_mean": "c_g, the old policy's confidence, mean over groups",
         "difficulty_weight_mean": "d_w = 4 acc (1 - acc), mean over groups",
         "accuracy_mean": "acc_g, the share of rewards exactly 1.0, mean over groups",
-        "resampled": "1 when the step trained on the kept prompts of the step before",
-        "kept_prompts": "prompts kept for the next step (first step of a pair)",
+        "resampled": Metric("1 when the step trained on the kept prompts of the step before", league=True),
+        "kept_prompts": Metric("prompts kept for the next step (first step of a pair)", league=True),
     },
 )
 

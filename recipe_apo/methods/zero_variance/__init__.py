@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from recipe_apo.methods.base import Method, setting
+from recipe_apo.methods.base import Method, Metric, setting
 
 # "exact" is the testbed's reference, which verl's actor cannot run (its denominators are the mini-batch's).
 ACTIVE_MODES = ("exclude", "exact")
@@ -32,8 +32,10 @@ METHOD = Method(
     metrics={
         "scale": "B / B_live (T / T_live for token-mean), the live advantages' factor",
         "live_share": "share of the step's responses (tokens for token-mean) in groups with a signal",
-        "ratio_dev_mean": "testbed: mean over the mini-batches of |their live share / the step's - 1| (0: exact)",
-        "ratio_dev_max": "testbed: the largest of those",
+        "ratio_dev_mean": Metric("testbed: mean over the mini-batches of abs(their live share / the step's - 1) "
+                                 "(0: exact)", league=True),
+        "ratio_dev_max": Metric("testbed: the largest over the step's mini-batches of abs(their live share / the "
+                                "step's - 1)", league=True, peak=True),
     },
 )
 

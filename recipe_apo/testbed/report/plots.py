@@ -1,7 +1,10 @@
-"""PNG plots of a testbed run: mean over seeds as a line, the seeds' spread (min to max) as a band."""
+"""PNG plots of a testbed run (mean over seeds as a line, the seeds' spread, min to max, as a band; the methods'
+own series one line per seed) and of a league."""
 
 from __future__ import annotations
 
+import math
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -43,8 +46,12 @@ def _band(ax, x, values, label, color, style="-"):
     ax.fill_between(x, np.nanmin(values, axis=0), np.nanmax(values, axis=0), color=color, alpha=0.15, lw=0)
 
 
+# A run's plots, each written to <name>.png (summary.RUN_FILES lists them).
+PLOTS = ("success", "length", "metrics", "grad_norm")
+
+
 def plot_runs(summary: dict[str, Any], runs: list[dict[str, Any]], out_dir: Path) -> None:
-    """success.png, length.png, anchor.png and grad_norm.png of a run."""
+    """``PLOTS`` of a run."""
     import warnings
 
     labels = list(summary["methods"])
@@ -58,9 +65,10 @@ def plot_runs(summary: dict[str, Any], runs: list[dict[str, Any]], out_dir: Path
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         plt = _pyplot()
-        figures = {"success": _plot_success, "length": _plot_length, "anchor": _plot_anchor,
+        figures = {"success": _plot_success, "length": _plot_length, "metrics": _plot_metrics,
                    "grad_norm": _plot_grad_norm}
-        for name, plot in figures.items():
+        for name in PLOTS:
+            plot = figures[name]
             fig = plot(plt, summary, runs, look)
             fig.tight_layout()
             fig.savefig(out_dir / f"{name}.png", dpi=110)
@@ -102,28 +110,40 @@ def _plot_length(plt, summary: dict[str, Any], runs: list[dict[str, Any]], look:
     return fig
 
 
-# APO's metric the anchor plot draws (``recipe_apo.methods.apo``'s declaration).
-ANCHOR = "apo/anchor"
+def _plot_metrics(plt, summary: dict[str, Any], runs: list[dict[str, Any]], look: dict[str, Any]):
+    """A panel per headline metric a method declares (``Metric.headline``) that some run logged, titled by its
+    declared words; one line per seed, coloured by label."""
+    from recipe_apo.methods import catalog
 
+    declared = catalog.metrics()
 
-def _plot_anchor(plt, summary: dict[str, Any], runs: list[dict[str, Any]], look: dict[str, Any]):
-    fig, ax = plt.subplots(figsize=(6.5, 4))
-    drew = False
-    for label in look["labels"]:
-        rows = [r for r in runs if r["label"] == label and ANCHOR in r["history"]]
-        for i, r in enumerate(rows):
-            x = np.arange(1, len(r["history"][ANCHOR]) + 1)
-            ax.plot(x, r["history"][ANCHOR], color=look["colors"][label], lw=1.2,
-                    label=f"{label}: anchor C_t" if i == 0 else None)
-            ax.plot(x, r["history"]["batch_success"], color=look["colors"][label], lw=0.5,
-                    alpha=0.35, label=f"{label}: batch success y_t" if i == 0 else None)
-            drew = True
-    ax.set_title("APO's capability anchor C_t, one line per seed" if drew else "no APO run: no anchor")
-    ax.set_xlabel("round")
-    ax.set_ylim(0, 1)
-    ax.grid(alpha=0.3)
-    if drew:
-        ax.legend(fontsize=8)
+    def logged(run: dict[str, Any], name: str) -> bool:
+        values = np.asarray(run["history"].get(name, []), dtype=np.float64)
+        return bool(np.isfinite(values).any())
+
+    names = [name for name in catalog.headline_metrics() if any(logged(r, name) for r in runs)]
+    if not names:
+        fig, ax = plt.subplots(figsize=(6.5, 4))
+        ax.set_title("no method of this run logs a headline metric")
+        ax.axis("off")
+        return fig
+    columns = min(3, len(names))
+    fig, axes = plt.subplots(math.ceil(len(names) / columns), columns, figsize=(4.4 * columns,
+                             3.4 * math.ceil(len(names) / columns)), squeeze=False)
+    for ax, name in zip(axes.flat, names):
+        for label in look["labels"]:
+            rows = [r for r in runs if r["label"] == label and logged(r, name)]
+            for i, r in enumerate(rows):
+                values = np.asarray(r["history"][name], dtype=np.float64)
+                ax.plot(np.arange(1, len(values) + 1), values, color=look["colors"][label], lw=1.0,
+                        label=label if i == 0 else None)
+        ax.set_title(textwrap.fill(f"{name}: {declared[name].words}", 48), fontsize=8)
+        ax.set_xlabel("round")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(names):]:
+        ax.axis("off")
+    fig.suptitle("the methods' headline metrics (as they declare them), one line per seed", fontsize=9)
     return fig
 
 
