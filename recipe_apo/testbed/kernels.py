@@ -88,9 +88,64 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+def fingerprint() -> dict[str, str]:
+    """The bits of the testbed's own operations on fixed inputs, one short hash per operation, on one thread as the
+    testbed's workers run: the GRU policy's forward and backward, its head's matmul and log-softmax, the sampling
+    (softmax, then ``torch.multinomial`` with a seeded generator), an AdamW step, and exp/log. Two machines whose
+    hashes agree run these operations bit for bit alike; where a run's figures differ between two machines, the
+    first differing hash names an operation that differs (docs/testbed.md, "Reproducibility")."""
+    import hashlib
+
+    import torch
+
+    def digest(*tensors: torch.Tensor) -> str:
+        h = hashlib.sha256()
+        for t in tensors:
+            h.update(t.detach().contiguous().numpy().tobytes())
+        return h.hexdigest()[:12]
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        gen = torch.Generator().manual_seed(0)
+        x = torch.randn(8, 12, 32, generator=gen)
+        rnn = torch.nn.GRU(32, 64, batch_first=True)
+        head = torch.nn.Linear(64, 17)
+        with torch.no_grad():
+            for p in [*rnn.parameters(), *head.parameters()]:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.2)
+        hidden, _ = rnn(x)
+        logits = head(hidden)
+        log_probs = torch.log_softmax(logits, dim=-1)
+        loss = -(log_probs[..., 0] * torch.linspace(-1, 1, 12)).mean()
+        loss.backward()
+        out = {
+            "gru_forward": digest(hidden),
+            "linear_log_softmax": digest(logits, log_probs),
+            "gru_backward": digest(*(p.grad for p in rnn.parameters())),
+            "matmul": digest(torch.randn(64, 128, generator=gen) @ torch.randn(128, 96, generator=gen)),
+        }
+        probs = torch.softmax(logits.detach().reshape(-1, 17), dim=-1)
+        out["sampling"] = digest(probs, torch.multinomial(probs, 1, generator=torch.Generator().manual_seed(1)))
+        # AdamW's update as its single-tensor path (torch's default on CPU) computes it; the optimizer itself is not
+        # built: its first step imports torch._dynamo, seconds the report's process would spend for nothing.
+        weight, grad = head.weight.detach().clone(), torch.randn(17, 64, generator=gen)
+        m, v = torch.zeros_like(weight), torch.zeros_like(weight)
+        weight.mul_(1 - 1e-3 * 0.01)
+        m.lerp_(grad, 0.1)
+        v.mul_(0.999).addcmul_(grad, grad, value=0.001)
+        weight.addcdiv_(m, (v.sqrt() / (1 - 0.999) ** 0.5).add_(1e-8), value=-1e-3 / (1 - 0.9))
+        out["adamw"] = digest(weight)
+        z = torch.linspace(-20, 20, 4001)
+        out["exp_log"] = digest(torch.exp(z), torch.log1p(torch.exp(z)), torch.log(torch.abs(z) + 1e-3))
+        return out
+    finally:
+        torch.set_num_threads(threads)
+
+
 def describe() -> dict[str, object]:
     """What ran: torch's version and kernel set, the pinned settings in force, the threads of this process, the
-    CPU."""
+    CPU, and the kernels' ``fingerprint``."""
     import torch
 
     return {
@@ -100,4 +155,5 @@ def describe() -> dict[str, object]:
         "threads": torch.get_num_threads(),
         "machine": platform.machine(),
         "cpu": cpu_model(),
+        "fingerprint": fingerprint(),
     }

@@ -635,7 +635,7 @@ def test_the_same_numbers_under_two_kernel_settings_of_the_machine(tmp_path):
 
     if not kernels.wanted(os.environ):
         pytest.skip("the pin is for x86-64 machines")
-    figures = []
+    figures, fingerprints = [], []
     for name, settings in (("pinned", kernels.PINNED), ("scalar", {"ATEN_CPU_CAPABILITY": "default"})):
         env = {**{k: v for k, v in os.environ.items() if k not in kernels.PINNED}, **settings}
         out = tmp_path / name
@@ -646,11 +646,19 @@ def test_the_same_numbers_under_two_kernel_settings_of_the_machine(tmp_path):
         summary = json.loads((out / "summary.json").read_text())
         assert summary["kernels"]["cpu_capability"] == "AVX2"
         assert summary["kernels"]["pinned"] == kernels.PINNED
+        fingerprints.append(summary["kernels"]["fingerprint"])
         for run in summary["runs"].values():
             for seed_run in run.values():
                 seed_run.pop("wall_s")
         figures.append(json.dumps(summary["runs"], sort_keys=True))  # NaN equals NaN through JSON
     assert figures[0] == figures[1]
+    assert fingerprints[0] == fingerprints[1]
+    assert sorted(fingerprints[0]) == ["adamw", "exp_log", "gru_backward", "gru_forward", "linear_log_softmax",
+                                       "matmul", "sampling"]
+    import torch
+
+    if torch.backends.cpu.get_cpu_capability() != "AVX2":  # this process runs torch's own wider kernels
+        assert kernels.fingerprint() != fingerprints[0]
 
 
 def test_the_testbed_start_is_told_from_the_interpreters_own_arguments(monkeypatch):
