@@ -99,8 +99,17 @@ def convert(source: Path, target: Path) -> None:
         import gguf  # noqa: F401  (transformers' GGUF loader needs it; said here, not deep inside transformers)
     except ImportError:
         raise ModelFolderError(f"gguf is not installed: {INSTALL_HINT}") from None
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
     tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
-    model = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=torch.float32)
+    # A GGUF's config names no architecture; where a family has two classes registered (R2PO's rollout-head class
+    # beside the family's own, recipe_apo.methods.r2po.model.register_hf_models, in any process that trains R2PO),
+    # transformers picks between them by that name and fails on none. The family's own class is the one meant.
+    config = AutoConfig.from_pretrained(source.parent, gguf_file=source.name)
+    config.architectures = config.architectures or [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config.model_type]]
+    model = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, config=config,
+                                                 dtype=torch.float32)
     end = tokenizer.convert_tokens_to_ids(END_OF_TURN)
     if end != model.generation_config.eos_token_id:
         raise ModelFolderError(f"{source}: {END_OF_TURN} is token {end}, the model's end token is "

@@ -112,6 +112,18 @@ def made(gguf_file, tmp_path, monkeypatch):
     return folder, lines
 
 
+def test_the_folder_is_made_where_r2pos_rollout_head_classes_are_registered(gguf_file, tmp_path, monkeypatch):
+    """A process that trains R2PO maps a family's config to two classes (``register_hf_models``); transformers then
+    picks by the config's architecture name, which a GGUF's config lacks: the folder names the family's own."""
+    from recipe_apo.methods.r2po.model import register_hf_models
+
+    register_hf_models()
+    monkeypatch.setattr(smollm2, "gguf_path", lambda: gguf_file)
+    folder = smollm2.make_model(tmp_path / "cache", say=lambda _: None)
+    assert json.loads((folder / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
+    assert type(transformers.AutoModelForCausalLM.from_pretrained(folder)).__name__ == "LlamaForCausalLM"
+
+
 def test_the_folder_holds_the_models_exact_weights_and_logits(made, reference):
     folder, _ = made
     model, _ = reference
