@@ -8,8 +8,9 @@ dataset (``recipe_apo.cpu.make_tiny``), then runs the recipe's own command line 
 would (``python -m recipe_apo.main method=<m> rehearsal=cpu ...``, as one Hydra multirun per phase):
 
 1. train: ``N`` steps, a checkpoint at the end (validation before the first step);
-2. resume: the same command with one more step; verl resumes model, optimizer and data position from the
-   checkpoint, the recipe the APO anchor.
+2. resume: the same command with one more step and no validation (``trainer.val_before_train=false``: the train
+   phase rehearsed it); verl resumes model, optimizer and data position from the checkpoint, the recipe the APO
+   anchor.
 
 A folder that holds an earlier rehearsal (its marker file, ``.recipe-apo-rehearsal``) is cleared of that
 rehearsal's runs first, so a second ``make rehearse`` trains again instead of resuming at the end (its tiny model
@@ -359,11 +360,14 @@ def rehearse(out: Path, steps: int, methods: Sequence[str], say: Callable[[str],
     except OSError as exc:
         raise RehearsalError(f"--out {out}: cannot write the tiny model ({exc})") from None
     phases = {}
-    for phase, total in (("train", steps), ("resume", steps + 1)):
+    # verl validates before a run's first step (trainer.test_freq=-1): the train phase rehearses it; the resume
+    # phase would repeat it on the same prompts and model, every method's engine spending its time for a figure the
+    # table does not show, so it skips it.
+    for phase, total, validate in (("train", steps, []), ("resume", steps + 1, ["trainer.val_before_train=false"])):
         root = out / "metrics" / phase
         result = run_logged(
             recipe_command(methods, paths, f"trainer.total_training_steps={total}", f"trainer.save_freq={total}",
-                           engine=engine),
+                           *validate, engine=engine),
             out / "logs" / f"{phase}.log", cwd=out, env=rehearsal_env(root), label=phase, say=say,
         )
         if result.returncode != 0:

@@ -423,6 +423,25 @@ def test_a_second_rehearsal_in_the_same_folder_trains_again(tmp_path, monkeypatc
     assert "removing the previous rehearsal's runs" in capsys.readouterr().out
 
 
+def test_the_train_phase_validates_and_the_resume_phase_does_not(tmp_path, monkeypatch):
+    """verl validates before a run's first step unless told not to: once per method in the train phase, never in
+    the resume phase (the same prompts and model again)."""
+    runs, commands = [], []
+    fake_verl_runs(monkeypatch, runs)
+    faked = rehearse.run_logged
+
+    def recording(command, *args, **kwargs):
+        commands.append(list(command))
+        return faked(command, *args, **kwargs)
+
+    monkeypatch.setattr(rehearse, "run_logged", recording)
+    assert rehearse.main(["--out", str(tmp_path / "r"), "--steps", "2", "--methods", "grpo,apo"]) == 0
+    train, resume = commands
+    assert "trainer.test_freq=-1" in train and "trainer.test_freq=-1" in resume
+    assert not [a for a in train if a.startswith("trainer.val_before_train")]
+    assert [a for a in resume if a.startswith("trainer.val_before_train")] == ["trainer.val_before_train=false"]
+
+
 def test_a_run_that_trained_no_step_fails_the_rehearsal(tmp_path, monkeypatch, capsys):
     runs = []
     fake_verl_runs(monkeypatch, runs)
