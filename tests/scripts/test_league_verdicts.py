@@ -243,3 +243,26 @@ def test_refusals(tmp_path):
         assert result.returncode == 2
         assert result.stderr.startswith(f"league_verdicts: {tmp_path / name}: {message}")
         assert len(result.stderr.splitlines()) == 1
+
+
+# Every league report of results/ and the league.json files its bold cells come from (results/README.md).
+COMMITTED = {
+    "league.md": ["league.json"],
+    "league_low_lr.md": ["league_low_lr.json"],
+    "league_agpo.md": ["league_agpo.json", "league_agpo_ablation.json"],
+    "league_agpo_authors.md": ["league_agpo_authors.json"],
+    "league_r2po.md": ["league_r2po.json"],
+}
+
+
+def test_every_committed_league_report_is_listed():
+    reports = {p.name for p in (ROOT / "results").glob("league*.md")}
+    assert reports == set(COMMITTED)
+
+
+@pytest.mark.parametrize("report", sorted(COMMITTED))
+def test_each_committed_league_report_recomputes_from_its_committed_json(report):
+    results = ROOT / "results"
+    result = run(*(results / name for name in COMMITTED[report]), "--md", results / report)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr
+    assert result.stdout.strip().splitlines()[-1].startswith(f"{results / report}: every pairwise cell agrees")
