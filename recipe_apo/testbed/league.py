@@ -99,12 +99,22 @@ def run_league(overrides: list[str], out_dir: Path, show_progress: bool = True,
     started = time.perf_counter()
     plan = plan if plan is not None else plan_league(overrides)
     base, metric, entries, scenarios = plan.base, plan.metric, plan.entries, plan.scenarios
-    cleared = clear_earlier_league(out_dir)
+    planned = {name: scenario_configs(plan.cfgs[name]) for name in scenarios}
+    kept = {}
+    if base.league.get("resume", False):
+        kept = {name: summary for name in scenarios
+                if (summary := finished_scenario(out_dir / name, name, planned[name])) is not None}
+    cleared = clear_earlier_league(out_dir, keep=[out_dir / name for name in kept])
     if cleared:
         print(f"Cleared the earlier league's results in {out_dir}: {', '.join(cleared)}", flush=True)
+    if kept:
+        print(f"Resuming the league in {out_dir}: kept the finished scenario(s) {', '.join(kept)}", flush=True)
     summaries = {}
     for i, name in enumerate(scenarios):
-        mark_scenario(out_dir / name, name)
+        if name in kept:
+            summaries[name] = kept[name]
+            continue
+        mark_scenario(out_dir / name, name, planned[name])
         summaries[name] = run_testbed(list(overrides) + scenarios[name], out_dir / name, show_progress,
                                       desc=f"league {name} ({i + 1}/{len(scenarios)})", cfgs=plan.cfgs[name])
     names = [*base.league.methods, *(base.league.get("extra") or {})]
@@ -130,10 +140,47 @@ MARKER = ".league_scenario.json"
 EARLIER_RUN_FILES = ("anchor.png",)
 
 
-def mark_scenario(folder: Path, name: str) -> None:
-    """Mark ``folder`` as a league scenario's, listing the files its run writes (``report.summary.RUN_FILES``)."""
+def mark_scenario(folder: Path, name: str, configs: dict[str, Any] | None = None) -> None:
+    """Mark ``folder`` as a league scenario's, listing the files its run writes (``report.summary.RUN_FILES``) and
+    the configs it runs (``scenario_configs``: what a resumed league compares)."""
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / MARKER).write_text(json.dumps({"scenario": name, "files": list(RUN_FILES)}))
+    (folder / MARKER).write_text(json.dumps({"scenario": name, "files": list(RUN_FILES), "configs": configs}))
+
+
+# What a scenario's configs hold that does not change its run: the league's own settings (league.resume among them)
+# and the mode.
+NOT_A_RUNS_SETTING = ("league", "mode")
+
+
+def scenario_configs(cfgs: dict[str, DictConfig]) -> dict[str, Any]:
+    """label -> a scenario's method config as plain values, less what does not change its run."""
+    from omegaconf import OmegaConf
+
+    out = {}
+    for label, cfg in cfgs.items():
+        values = OmegaConf.to_container(cfg, resolve=True)
+        out[label] = {k: v for k, v in values.items() if k not in NOT_A_RUNS_SETTING}
+    return json.loads(json.dumps(out))  # as the mark holds them (tuples as lists)
+
+
+def finished_scenario(folder: Path, name: str, configs: dict[str, Any]) -> dict[str, Any] | None:
+    """A scenario an earlier league finished in ``folder`` with these ``configs`` on this machine's kernels: its
+    summary (read back from summary.json), or None (missing, another scenario's, other configs, other kernels)."""
+    from recipe_apo.testbed.kernels import fingerprint
+
+    try:
+        mark = json.loads((folder / MARKER).read_text())
+        summary = json.loads((folder / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(mark, dict) or not isinstance(summary, dict):
+        return None
+    if mark.get("scenario") != name or mark.get("configs") != configs or list(summary.get("methods", {})) != list(
+            configs):
+        return None
+    if (summary.get("kernels") or {}).get("fingerprint") != fingerprint():
+        return None  # another machine's kernels give other figures (docs/testbed.md, "Reproducibility")
+    return summary
 
 
 def _earlier_scenarios(out_dir: Path) -> list[Path]:
@@ -148,14 +195,17 @@ def _earlier_scenarios(out_dir: Path) -> list[Path]:
     return sorted(folder for folder in found if folder.is_dir() and out_dir.resolve() in folder.resolve().parents)
 
 
-def clear_earlier_league(out_dir: Path) -> list[str]:
+def clear_earlier_league(out_dir: Path, keep: list[Path] = ()) -> list[str]:
     """Remove what an earlier league wrote in ``out_dir``: its league.md / league.json / league.png, and in each
-    of its scenario folders the files a testbed run writes and the mark, then the folder if nothing else is
-    left in it. Anything else (a file of the user's) stays. Returns the scenarios cleared."""
+    of its scenario folders but those in ``keep`` the files a testbed run writes and the mark, then the folder if
+    nothing else is left in it. Anything else (a file of the user's) stays. Returns the scenarios cleared."""
     if not out_dir.is_dir():
         return []
     cleared = []
+    kept = {folder.resolve() for folder in keep}
     for folder in _earlier_scenarios(out_dir):
+        if folder.resolve() in kept:
+            continue
         try:
             written = [str(n) for n in json.loads((folder / MARKER).read_text())["files"]
                        if "/" not in str(n) and str(n) not in ("", ".", "..")]

@@ -107,6 +107,11 @@ class League:
         example="[[],[task.max_len=6],[scenario=stale]]")
     # What ranks the methods (a per-run key of summary.json): success on the evaluation set after the last round.
     metric: str = setting("success_final", choices=PAIRED_METRICS)
+    # true: a league rerun into the folder of one that stopped part way (a session that ended, a killed job) keeps
+    # each scenario that one finished with the same configs on the same kernels (its mark lists the configs, its
+    # summary.json the kernels' fingerprint) and runs the rest; false: the earlier league's results go first. The
+    # code is not compared: resume with the code that started the league.
+    resume: bool = False
 
 
 # --- the policy, its warm-up and its evaluation ------------------------------------------------------------------

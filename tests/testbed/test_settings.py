@@ -300,6 +300,51 @@ LEAGUE = [o for o in TINY_RUN if not o.startswith(("rounds=", "pretrain.steps=")
     "league.variants={}", "~league.variant_of"]
 
 
+def test_a_resumed_league_keeps_the_scenarios_finished_with_its_configs_and_runs_the_rest(tmp_path, monkeypatch):
+    from hydra import initialize_config_module
+
+    import recipe_apo.testbed.configs  # noqa: F401
+    from recipe_apo.testbed import league as league_module
+    from recipe_apo.testbed.report import plots
+
+    monkeypatch.setattr(plots, "plot_runs", lambda *args, **kwargs: None)
+    monkeypatch.setattr(plots, "plot_league", lambda *args, **kwargs: None)
+    ran = []
+    run_testbed = league_module.run_testbed
+
+    def recording(overrides, out_dir, *args, **kwargs):
+        ran.append(out_dir.name)
+        return run_testbed(overrides, out_dir, *args, **kwargs)
+
+    monkeypatch.setattr(league_module, "run_testbed", recording)
+    out = tmp_path / "league"
+    two = LEAGUE + ['league.scenarios=[[],["task.max_len=3"]]']
+    with initialize_config_module(config_module="recipe_apo.conf", version_base="1.3"):
+        first = league_module.run_league(two, out, show_progress=False)
+        assert ran == ["default", "task.max_len=3"]
+        # The run stopped in its second scenario: that scenario's summary was never written.
+        (out / "task.max_len=3" / "summary.json").unlink()
+        (out / "league.md").unlink()
+        ran.clear()
+        resumed = league_module.run_league(two + ["league.resume=true"], out, show_progress=False)
+        assert ran == ["task.max_len=3"]  # the finished default kept, the other run again
+        for name in ("default", "task.max_len=3"):  # the same figures (NaN as NaN: compared as JSON)
+            assert json.dumps(resumed["scenarios"][name]["matrix"]) == json.dumps(first["scenarios"][name]["matrix"])
+            assert json.dumps(resumed["scenarios"][name]["rows"]) == json.dumps(first["scenarios"][name]["rows"])
+        ran.clear()
+        # Another setting of the runs: nothing is kept; without league.resume nothing is either.
+        league_module.run_league(two + ["league.resume=true", "eval.samples=1"], out, show_progress=False)
+        assert ran == ["default", "task.max_len=3"]
+        ran.clear()
+        league_module.run_league(two + ["eval.samples=1"], out, show_progress=False)
+        assert ran == ["default", "task.max_len=3"]
+        # Another machine's kernels (its fingerprint): nothing is kept.
+        ran.clear()
+        monkeypatch.setattr("recipe_apo.testbed.kernels.fingerprint", lambda: {"matmul": "another"})
+        league_module.run_league(two + ["league.resume=true", "eval.samples=1"], out, show_progress=False)
+        assert ran == ["default", "task.max_len=3"]
+
+
 def test_a_league_rerun_replaces_the_earlier_leagues_own_results_and_nothing_else(tmp_path, monkeypatch):
     from hydra import initialize_config_module
 
