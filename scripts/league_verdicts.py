@@ -464,11 +464,59 @@ def summary_lines(league: League) -> list[str]:
     return lines
 
 
+# --- an earlier report against a league.json (the same league run again, e.g. on another machine) -------------------
+
+def earlier_verdicts(text: str, league: League) -> dict[tuple[str, str, str], tuple[float, bool]]:
+    """(scenario, a, b) -> (mean, bold) of each pairwise matrix of an earlier report whose scenario and methods the
+    league also has (each unordered pair once, ``a`` before ``b`` in the league's order)."""
+    out = {}
+    for table in read_tables(text):
+        if table.header[0] != "row - column":
+            continue
+        scenario = next((s for s in league.scenarios.values() if _names_scenario(table.heading, s.name)), None)
+        if scenario is None:
+            continue
+        for _, cells in table.body():
+            a = cells[0]
+            for b, cell in zip(table.header[1:], cells[1:]):
+                m = DIFFERENCE.fullmatch(cell)
+                if a == b or not m or a not in scenario.labels or b not in scenario.labels or m["mean"] == "nan":
+                    continue
+                if scenario.labels.index(a) < scenario.labels.index(b):
+                    out[scenario.name, a, b] = (float(m["mean"]), cell.startswith("**"))
+    return out
+
+
+def compare_lines(text: str, league: League, name: str) -> list[str]:
+    """Each pair beyond seed noise in the earlier report or in the league, and what became of it: held (beyond in
+    both, one sign), within (beyond before, within now), reversed (beyond in both, opposite signs), new (beyond now
+    only); then the counts."""
+    counts = {"held": 0, "within": 0, "reversed": 0, "new": 0}
+    lines = []
+    for (scenario, a, b), (before, bold) in earlier_verdicts(text, league).items():
+        now = league.scenarios[scenario].verdicts[a, b]
+        if not (bold or now.beyond):
+            continue
+        kind = ("new" if not bold else "within" if not now.beyond
+                else "held" if (before > 0) == (now.mean > 0) else "reversed")
+        counts[kind] += 1
+        lines.append(f"{scenario}: {a} - {b}: {before:+.3f}{' (beyond)' if bold else ''} in {name}, "
+                     f"{now.mean:+.3f}{' (beyond)' if now.beyond else ''} in {league.path}: {kind}")
+    earlier = counts["held"] + counts["within"] + counts["reversed"]
+    lines.append(f"{name} against {league.path}: of {earlier} pair(s) beyond seed noise in {name}, {counts['held']} "
+                 f"held, {counts['within']} within seed noise, {counts['reversed']} reversed; {counts['new']} beyond "
+                 f"seed noise in {league.path} only")
+    return lines
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python scripts/league_verdicts.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("league", type=Path, nargs="+",
                         help="league.json file(s); several when one report holds several leagues, in its order")
     parser.add_argument("--md", type=Path, help="the report to check (a league.md, or a report quoting it)")
+    parser.add_argument("--against", type=Path, help="an earlier report of the same league (e.g. run on another "
+                        "machine: `git show <commit>:results/league.md`): which of its verdicts the league.json "
+                        "keeps, loses, reverses or adds")
     return parser
 
 
@@ -487,6 +535,13 @@ def main(argv: list[str] | None = None) -> int:
     for league in leagues:
         print("\n".join(summary_lines(league)))
         mismatches += json_mismatches(league)
+    if args.against is not None:
+        try:
+            earlier = args.against.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            print(f"league_verdicts: {args.against}: not readable ({exc})", file=sys.stderr)
+            return 2
+        print("\n".join(compare_lines(earlier, leagues[0], str(args.against))))
     if text is not None:
         out, notes, bolds = check_report(text, leagues, str(args.md))
         mismatches += out

@@ -266,3 +266,38 @@ def test_each_committed_league_report_recomputes_from_its_committed_json(report)
     result = run(*(results / name for name in COMMITTED[report]), "--md", results / report)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr
     assert result.stdout.strip().splitlines()[-1].startswith(f"{results / report}: every pairwise cell agrees")
+
+
+def _earlier_report(default: dict[str, str], six: dict[str, str]) -> str:
+    """An earlier report of the hand-written league: per scenario a pairwise matrix with the cells given (a - b as
+    'a-b'), the rest '+0.000 2/4'."""
+    text = []
+    for name, cells in (("default", default), ("six", six)):
+        text += [f"## {name}: (its overrides)", "", "| row - column | a | b | c |", "|---|---|---|---|"]
+        for a in "abc":
+            row = [("." if a == b else cells.get(f"{a}-{b}", "+0.000 2/4")) for b in "abc"]
+            text.append(f"| {a} | " + " | ".join(row) + " |")
+        text.append("")
+    return "\n".join(text)
+
+
+def test_an_earlier_report_against_the_league_json(tmp_path):
+    """By hand (the rule's cases above): now default a - b is beyond (+0.156), a - c and b - c within; six c - b
+    beyond (+0.125), the rest within. The earlier report said default a - b beyond (+, held), a - c beyond
+    (within now), six b - c beyond with b ahead (reversed: c is ahead now)."""
+    path = tmp_path / "league.json"
+    path.write_text(json.dumps(hand_written()))
+    earlier = tmp_path / "earlier.md"
+    earlier.write_text(_earlier_report({"a-b": "**+0.100** 4/4", "a-c": "**-0.050** 4/4"},
+                                       {"b-c": "**+0.050** 4/4", "a-b": "+0.010 3/6"}))
+    result = run(path, "--against", earlier)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert f"default: a - b: +0.100 (beyond) in {earlier}, +0.156 (beyond) in {path}: held" in lines
+    assert f"default: a - c: -0.050 (beyond) in {earlier}, +0.172 in {path}: within" in lines
+    assert f"six: b - c: +0.050 (beyond) in {earlier}, -0.125 (beyond) in {path}: reversed" in lines
+    assert lines[-1] == (f"{earlier} against {path}: of 3 pair(s) beyond seed noise in {earlier}, 1 held, 1 within "
+                         f"seed noise, 1 reversed; 0 beyond seed noise in {path} only")
+    # Neither verdict bold before: both of today's are new.
+    earlier.write_text(_earlier_report({}, {}))
+    assert run(path, "--against", earlier).stdout.splitlines()[-1].endswith(f"; 2 beyond seed noise in {path} only")
