@@ -15,11 +15,12 @@ import sys
 from dataclasses import asdict
 from typing import Callable, Optional
 
-from hydra import compose
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from recipe_apo.errors import RecipeError
+from recipe_apo.integration import hydra_stages
+from recipe_apo.integration.hydra_stages import compose_in_two_stages
 from recipe_apo.testbed import settings
 from recipe_apo.testbed.errors import TestbedSettingError
 from recipe_apo.testbed.setting_check import LaunchRefusal, check_launch, hydra_line, text
@@ -38,11 +39,9 @@ def store_settings() -> None:
         store.store(group="task", name=name, node=asdict(task()))
     _REFERENCES.clear()
     _ALONE.clear()
-    _GROUP_STAGES.clear()
+    hydra_stages.clear()  # the presets, and so the group files, may have changed
 
 
-# Hydra's first stage of composing, by group choices (``_compose_in_two_stages``).
-_GROUP_STAGES: dict[tuple, DictConfig] = {}
 # A method entry's own signature (METHOD_KEYS of testbed.yaml + the entry alone), by entry: it depends on nothing
 # else, and composing it again for every scenario of a league cost a compose per method and scenario.
 _REFERENCES: dict[tuple[str, ...], tuple] = {}
@@ -77,48 +76,16 @@ def _method_signature(cfg: DictConfig) -> tuple:
 
 
 def compose_testbed(overrides: list[str], where: str = "") -> DictConfig:
-    """``compose(testbed, overrides)``; an error Hydra or OmegaConf raises is refused as one line naming the
-    override (and ``where`` it came from, e.g. `` (in methods.x: [...])``)."""
+    """``compose(testbed, overrides)`` (in its two stages, the first cached: ``integration.hydra_stages``); an
+    error Hydra or OmegaConf raises is refused as one line naming the override (and ``where`` it came from, e.g.
+    `` (in methods.x: [...])``)."""
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
     try:
-        return _compose_in_two_stages(list(overrides))
+        return compose_in_two_stages(CONFIG_NAME, list(overrides))
     except (HydraException, OmegaConfBaseException) as exc:
         raise TestbedSettingError(hydra_line(exc, overrides) + where) from None
-
-
-# Hydra composes in two stages: the defaults tree (the file of each config group: method=, scenario=, task=, and
-# hydra.*) merged into one config, then the key overrides applied to it
-# (``ConfigLoaderImpl._apply_overrides_to_config``, the function ``compose`` itself runs). The first stage is nearly
-# all of a compose's 0.2-0.3 s, and a league asks for ~90 configs of a few dozen group choices: the first stage is
-# composed once per choice (by ``compose`` itself), the key overrides applied to a copy, and the result is the config
-# ``compose`` returns (tests/testbed/test_configs.py holds the two side by side). ``_GROUP_STAGES`` holds the first
-# stages; ``store_settings`` clears it (the presets, and so the group files, may have changed).
-
-
-def _compose_in_two_stages(overrides: list[str]) -> DictConfig:
-    import copy
-
-    from hydra._internal.config_loader_impl import ConfigLoaderImpl
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    apply = getattr(ConfigLoaderImpl, "_apply_overrides_to_config", None)
-    if apply is None or not GlobalHydra.instance().is_initialized():  # another Hydra: compose as it is
-        return compose(config_name=CONFIG_NAME, overrides=overrides)
-    loader = GlobalHydra.instance().hydra.config_loader
-    parsed = OverridesParser.create().parse_overrides(overrides)
-    groups = [o for o in parsed if o.key_or_group.startswith("hydra")
-              or (loader.repository.group_exists(o.key_or_group) and not isinstance(o.value(), dict))]
-    keys = [o for o in parsed if o not in groups]
-    where = tuple((source.provider, source.path) for source in loader.get_sources())
-    stage = (where, tuple(o.input_line for o in groups))
-    if stage not in _GROUP_STAGES:
-        _GROUP_STAGES[stage] = compose(config_name=CONFIG_NAME, overrides=list(stage[1]))
-    config = copy.deepcopy(_GROUP_STAGES[stage])
-    apply(keys, config)
-    return config
 
 
 def method_configs(overrides: list[str], entries: Optional[dict[str, list[str]]] = None,

@@ -1,10 +1,12 @@
-"""The testbed composes in two stages (``configs._compose_in_two_stages``: Hydra's defaults tree once per set of group
-choices, the key overrides applied to a copy): the config and the refusals must be those of Hydra's own ``compose``."""
+"""The testbed composes in two stages (``recipe_apo.integration.hydra_stages``: Hydra's defaults tree once per set
+of group choices, the key overrides applied to a copy): the config and the refusals must be those of Hydra's own
+``compose``."""
 
 import pytest
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
+from recipe_apo.integration import hydra_stages
 from recipe_apo.testbed import configs
 from recipe_apo.testbed.errors import TestbedSettingError
 from recipe_apo.testbed.setting_check import hydra_line
@@ -49,11 +51,11 @@ def test_the_first_stage_is_composed_once_per_group_choice_and_never_shared_betw
     c = configs.compose_testbed(["rounds=9", "method=apo"])
     assert (a.rounds, b.rounds, c.rounds) == (3, 5, 9)
     # method=apo alone and method=apo with scenario=default are two choices; the key overrides are not part of one
-    assert len(configs._GROUP_STAGES) == 2
+    assert hydra_stages.first_stages() == 2
     a.rounds = 11  # a config handed out is the caller's: the next one does not see its change
     assert configs.compose_testbed(["method=apo"]).rounds == _hydra(["method=apo"]).rounds
     configs.store_settings()
-    assert configs._GROUP_STAGES == {}
+    assert hydra_stages.first_stages() == 0
 
 
 @pytest.mark.parametrize("overrides", [
