@@ -99,6 +99,7 @@ bench: $(STAMP)
 	$(PY) scripts/bench_loss.py
 	$(PY) scripts/bench_reward.py
 	$(PY) scripts/bench_e2e.py
+	$(PY) scripts/bench_compose.py
 
 clean:
 	rm -rf $(VENV) $(VENV_VLLM) .pytest_cache .hypothesis rehearsal rehearsal-vllm real-quick

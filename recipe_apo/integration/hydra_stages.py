@@ -4,12 +4,12 @@ testbed's league; the tests of the recipe's config).
 Hydra composes in two stages: the defaults tree (the file of each config group: ``method=``, ``scenario=``,
 ``task=``, ``rehearsal=``, and ``hydra.*``) merged into one config, then the key overrides applied to it
 (``ConfigLoaderImpl._apply_overrides_to_config``, the function ``compose`` itself runs). The first stage is nearly
-all of a compose (0.2-0.3 s for the testbed's config, about 0.6 s for the recipe's, which reads verl's YAML files),
-and a league asks for ~90 configs of a few dozen group choices. ``compose_in_two_stages`` composes the first stage
-once per config, set of group choices and config search path (by ``compose`` itself), applies the key overrides to
-a copy, and returns the config ``compose`` returns, with the same refusals (tests/testbed/test_configs.py and
-tests/test_composing.py hold the two side by side). ``clear`` forgets the first stages: the group files (a preset)
-or the ConfigStore's nodes may have changed.
+all of a compose (it reads and merges the YAML files, verl's among them for the recipe's config), and a league asks
+for ~90 configs of a few dozen group choices (``scripts/bench_compose.py``: its plan in 0.52x Hydra's time).
+``compose_in_two_stages`` composes the first stage once per config, set of group choices and config search path (by
+``compose`` itself), applies the key overrides to a copy, and returns the config ``compose`` returns, with the same
+refusals (tests/testbed/test_configs.py and tests/test_composing.py hold the two side by side).
+``clear`` forgets the first stages: the group files (a preset) or the ConfigStore's nodes may have changed.
 """
 
 from __future__ import annotations
