@@ -516,7 +516,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--md", type=Path, help="the report to check (a league.md, or a report quoting it)")
     parser.add_argument("--against", type=Path, help="an earlier report of the same league (e.g. run on another "
                         "machine: `git show <commit>:results/league.md`): which of its verdicts the league.json "
-                        "keeps, loses, reverses or adds")
+                        "keeps, loses, reverses or adds (one league.json)")
     return parser
 
 
@@ -536,6 +536,10 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(summary_lines(league)))
         mismatches += json_mismatches(league)
     if args.against is not None:
+        if len(leagues) != 1:
+            print(f"league_verdicts: --against {args.against}: compares one league.json with it, {len(leagues)} given",
+                  file=sys.stderr)
+            return 2
         try:
             earlier = args.against.read_text()
         except (OSError, UnicodeDecodeError) as exc:

@@ -298,6 +298,8 @@ def test_an_earlier_report_against_the_league_json(tmp_path):
     assert f"six: b - c: +0.050 (beyond) in {earlier}, -0.125 (beyond) in {path}: reversed" in lines
     assert lines[-1] == (f"{earlier} against {path}: of 3 pair(s) beyond seed noise in {earlier}, 1 held, 1 within "
                          f"seed noise, 1 reversed; 0 beyond seed noise in {path} only")
+    two = run(path, path, "--against", earlier)
+    assert two.returncode == 2 and two.stderr.strip().endswith("compares one league.json with it, 2 given")
     # Neither verdict bold before: both of today's are new.
     earlier.write_text(_earlier_report({}, {}))
     assert run(path, "--against", earlier).stdout.splitlines()[-1].endswith(f"; 2 beyond seed noise in {path} only")
