@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import importlib.abc
 import importlib.util
+import random
 import sys
 
 # verl picks the FSDP training engine by device, and registers it for cuda and npu only; the engine itself is
@@ -118,7 +119,59 @@ def quick_replay_poll() -> None:
     when_imported("verl.trainer.ppo.v1.replay_buffer", _quick_poll)
 
 
+# Ray binds its workers' ports in 10002-19999 by default; the kernel hands outgoing connections ports from its
+# ephemeral range (ip_local_port_range, 32768-60999 by default). The rendezvous ports go in between.
+RENDEZVOUS_PORTS = (20000, 32768)
+RENDEZVOUS_SPAN = 200
+
+
+def rendezvous_port_range(ephemeral_low: int | None = None, rng: random.Random | None = None) -> list[int] | None:
+    """A ``[first, last)`` range for verl's ``master_port_range``: a random start between Ray's worker ports and the
+    kernel's ephemeral range, or None (verl's own choice) where that range leaves no room."""
+    if ephemeral_low is None:
+        ephemeral_low = _ephemeral_low()
+    top = min(RENDEZVOUS_PORTS[1], ephemeral_low)
+    if top - RENDEZVOUS_SPAN <= RENDEZVOUS_PORTS[0]:
+        return None
+    first = (rng or random.SystemRandom()).randrange(RENDEZVOUS_PORTS[0], top - RENDEZVOUS_SPAN)
+    return [first, first + RENDEZVOUS_SPAN]
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return RENDEZVOUS_PORTS[1]
+
+
+def _rendezvous_ports(base) -> None:
+    group = base.RayWorkerGroup
+    original = group.__init__
+    if getattr(original, "_recipe_apo_ports", False):
+        return
+
+    @functools.wraps(original)
+    def init(self, *args, **kwargs):
+        if kwargs.get("master_port_range") is None:
+            kwargs["master_port_range"] = rendezvous_port_range()
+        original(self, *args, **kwargs)
+
+    init._recipe_apo_ports = True
+    group.__init__ = init
+
+
+def rendezvous_ports() -> None:
+    """verl picks a worker group's rendezvous port by binding port 0 and closing it; the workers bind it seconds
+    later. With two runs on one machine (the e2e suite's two workers) the other run's outgoing connections can take
+    the port in between (CI: ``EADDRINUSE`` in ``init_process_group``). Ports below the ephemeral range are never
+    handed to outgoing connections, and a random start keeps two runs apart (verl's ``master_port_range``, which
+    its trainer never sets)."""
+    when_imported("verl.single_controller.ray.base", _rendezvous_ports)
+
+
 def apply_all() -> None:
     gloo_process_group()
+    rendezvous_ports()
     unpinned_cpu_offload()
     quick_replay_poll()
