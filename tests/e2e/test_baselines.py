@@ -78,7 +78,13 @@ def test_the_audit_tells_the_baseline_run_by_its_own_advantages(baselines, tmp_p
     out = tmp_path / "audit"
     assert audit([str(checkpoint_root(workdir, name)) for name in names] + ["--out", str(out)]) == 0
     (report,) = json.loads((out / "audit.json").read_text())
-    # Told apart from GRPO and APO unless every group of the step was dead (then all three replays give 0).
-    expected = ["Dr. GRPO"] if report["dead"]["share"] < 1 else ["GRPO", "Dr. GRPO", "APO"]
-    assert report["logged"]["matches"] == expected, report["logged"]
+    # Told apart from the others unless every group of the step was dead: then GRPO, Dr. GRPO and APO replay 0,
+    # and AGPO too where every group was wrong (its length bonus rewards right answers only).
+    dead, matches = report["dead"], report["logged"]["matches"]
+    if dead["share"] < 1:
+        assert matches == ["Dr. GRPO"], report["logged"]
+    elif dead["all_wrong_share"] == 1:
+        assert matches == ["GRPO", "Dr. GRPO", "APO", "AGPO"], report["logged"]
+    else:
+        assert matches[:3] == ["GRPO", "Dr. GRPO", "APO"], report["logged"]
     assert report["length"]["truncated_share"] is not None and (out / "audit.png").exists()
