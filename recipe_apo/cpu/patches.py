@@ -119,15 +119,15 @@ def quick_replay_poll() -> None:
     when_imported("verl.trainer.ppo.v1.replay_buffer", _quick_poll)
 
 
-# Ray binds its workers' ports in 10002-19999 by default; the kernel hands outgoing connections ports from its
-# ephemeral range (ip_local_port_range, 32768-60999 by default). The rendezvous ports go in between.
-RENDEZVOUS_PORTS = (20000, 32768)
+# Ports verl's range scan tries from a start (platform.RENDEZVOUS_PORTS holds the starts and the range's end).
 RENDEZVOUS_SPAN = 200
 
 
 def rendezvous_port_range(ephemeral_low: int | None = None, rng: random.Random | None = None) -> list[int] | None:
-    """A ``[first, last)`` range for verl's ``master_port_range``: a random start between Ray's worker ports and the
-    kernel's ephemeral range, or None (verl's own choice) where that range leaves no room."""
+    """A ``[first, last)`` range for verl's ``master_port_range``: a random start in ``platform.RENDEZVOUS_PORTS``,
+    below the kernel's ephemeral range, or None (verl's own choice) where that range leaves no room."""
+    from recipe_apo.cpu.platform import RENDEZVOUS_PORTS
+
     if ephemeral_low is None:
         ephemeral_low = _ephemeral_low()
     top = min(RENDEZVOUS_PORTS[1], ephemeral_low)
@@ -142,7 +142,7 @@ def _ephemeral_low() -> int:
         with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
             return int(f.read().split()[0])
     except (OSError, ValueError, IndexError):
-        return RENDEZVOUS_PORTS[1]
+        return 32768  # Linux's default
 
 
 def _rendezvous_ports(base) -> None:

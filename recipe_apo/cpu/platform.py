@@ -14,9 +14,12 @@ import torch
 from verl.plugin.platform import PlatformBase
 
 NAME = "cpu"
-# Base ports of the vLLM engines (start, stop, step): above Ray's worker ports (10002-19999 by default), below
-# Linux's ephemeral range (32768 and up); each engine scans at most a few ports up from its base.
-VLLM_PORT_SLOTS = (20000, 32000, 40)
+# The ports the rehearsal's processes bind by number, above Ray's worker ports (10002-19999 by default) and below
+# Linux's ephemeral range (32768 and up), which outgoing connections never get. Base ports of the vLLM engines
+# (start, stop, step): each engine scans at most a few ports up from its base. Then the rendezvous ports of verl's
+# worker groups (patches.rendezvous_ports), apart from the engines'.
+VLLM_PORT_SLOTS = (20000, 28000, 40)
+RENDEZVOUS_PORTS = (28000, 32768)
 
 
 def _zero(*args, **kwargs) -> int:

