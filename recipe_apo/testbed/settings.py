@@ -19,7 +19,7 @@ import copy
 from dataclasses import MISSING, dataclass, field
 from typing import Any, NewType, Optional
 
-from recipe_apo.methods.checks import L0_BOUNDS, TEMPERATURE_BOUNDS
+from recipe_apo.methods.checks import AGG_MODES, L0_BOUNDS, TEMPERATURE_BOUNDS
 
 MODES = ("train", "signal", "league")
 TASKS = ("reverse", "modsum")
@@ -31,8 +31,6 @@ PAIRED_METRICS = ("success_avg", "success_early", "success_final", "hard_success
 # torch.manual_seed and numpy's seeding take 0 .. 2^32 - 1 everywhere; the testbed's streams stay far inside
 # torch's 64 bits (1_000_003 * seed + ...).
 SEED_MAX = 2**32 - 1
-# verl 0.9.1's (FSDPActorConfig.__post_init__).
-LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 # Nested or runtime-only fields of verl's actor config that the testbed does not take from its config
 # (update.actor_config), and, beside them, what no command line sets (a class path, verl's rollout correction).
 VERL_NOT_FROM_YAML = {"policy_loss", "optim", "checkpoint", "fsdp_config", "profiler", "engine", "model_config",
@@ -276,7 +274,7 @@ class Actor:
     optim: Optim = field(default_factory=Optim)
     policy_loss: PolicyLoss = field(default_factory=PolicyLoss)
     # seq-mean-token-mean (GRPO's 1/|o_i|), seq-mean-token-sum-norm (1/L0), token-mean, ...
-    loss_agg_mode: str = setting("seq-mean-token-mean", choices=LOSS_AGG_MODES)
+    loss_agg_mode: str = setting("seq-mean-token-mean", choices=AGG_MODES)
     # L0 for seq-mean-token-sum-norm (the presets set ${data.max_response_length}).
     loss_scale_factor: Optional[float] = setting(None, low=L0_BOUNDS[0], high=L0_BOUNDS[1])
     # Hard clip range of vanilla PPO-style losses, and the dual-clip bound for A < 0 (verl's defaults).
