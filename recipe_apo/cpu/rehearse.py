@@ -352,6 +352,17 @@ def lane_chunks(methods: Sequence[str], lanes: int) -> list[list[str]]:
     return chunks
 
 
+def one_line_at_a_time(say: Callable[[str], None]) -> Callable[[str], None]:
+    """``say`` behind a lock: ``print`` writes a line and its end apart, so two threads' lines could share one."""
+    lock = threading.Lock()
+
+    def said(line: str) -> None:
+        with lock:
+            say(line)
+
+    return said
+
+
 def run_lanes(phase: str, methods: Sequence[str], lanes: int, run: Callable[[list[str], Lane], RunResult],
               out: Path) -> list[RunResult]:
     """One phase as ``lanes`` commands at once, each a multirun over its chunk of ``methods``; their results in
@@ -385,6 +396,7 @@ def rehearse(out: Path, steps: int, methods: Sequence[str], say: Callable[[str],
         raise RehearsalRefused(f"--engine vllm: vLLM is not installed in this environment; {vllm_engine.INSTALL_HINT}")
     check_methods(methods)
     out = check_out(out)  # every refusal before anything is removed, written, built or started
+    say = one_line_at_a_time(say)  # the lanes' threads say their progress at once
     started = time.perf_counter()
     prepare_out(out, say)
     say(f"rehearsal: {', '.join(methods)} on a tiny model with the {engine} rollout, {steps} step(s) then a resume to "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -480,6 +481,30 @@ def test_two_lanes_run_at_once_each_with_its_log_and_hydra_folder_and_the_table_
     assert sorted(runs) == sorted([(m, 2) for m in methods.split(",")] + [(m, 1) for m in methods.split(",")])
     rows = [line.split(" | ") for line in (out / "summary.md").read_text().splitlines()[2:] if line.startswith("| ")]
     assert [(row[0], row[1]) for row in rows] == [("| grpo", "3"), ("| drgrpo", "3"), ("| apo", "3")]
+
+
+def writes_in_two_parts(sink):
+    """``print`` to a terminal or pipe: the text, then (after a chance for another thread to run) the line's end."""
+
+    def say(line):
+        sink.append(line)
+        time.sleep(0.0005)
+        sink.append("\n")
+
+    return say
+
+
+@pytest.mark.parametrize("serialized", [True, False])
+def test_lines_said_from_two_threads_at_once_stay_whole(serialized):
+    sink = []
+    say = rehearse.one_line_at_a_time(writes_in_two_parts(sink)) if serialized else writes_in_two_parts(sink)
+    threads = [threading.Thread(target=lambda i=i: [say(f"lane {i}") for _ in range(50)]) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    whole = "".join(sink).splitlines() == [line for line in sink if line != "\n"]
+    assert whole is serialized  # without the lock, lines run into each other (the check can fail)
 
 
 def test_the_lanes_setting_is_refused_outside_one_to_eight(capsys):
