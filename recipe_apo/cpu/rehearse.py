@@ -1,11 +1,13 @@
-"""``make rehearse``: GRPO, Dr. GRPO, APO and CoDaPO through verl's whole training loop on a CPU, with a resume.
+"""``make rehearse``: every method preset through verl's whole training loop on a CPU, with a resume.
 
-``python -m recipe_apo.cpu.rehearse [--out DIR] [--steps N] [--methods grpo,drgrpo,apo,codapo] [--engine hf|vllm]``
+``python -m recipe_apo.cpu.rehearse [--out DIR] [--steps N] [--methods grpo,drgrpo,apo,codapo] [--lanes N]
+[--engine hf|vllm]``
 (default: every method preset of ``conf/method/``, as ``recipe_apo.integration.presets`` lists them; the rehearsal's
 own ``hf`` rollout, or with ``--engine vllm`` verl's vLLM rollout on vLLM's CPU build, ``make rehearse-vllm``) makes
 the tiny model and
 dataset (``recipe_apo.cpu.make_tiny``), then runs the recipe's own command line twice per method, as a user
-would (``python -m recipe_apo.main method=<m> rehearsal=cpu ...``, as one Hydra multirun per phase):
+would (``python -m recipe_apo.main method=<m> rehearsal=cpu ...``, as Hydra multiruns: ``--lanes`` of them at once
+per phase, each over its consecutive chunk of the methods, ``run_lanes``):
 
 1. train: ``N`` steps, a checkpoint at the end (validation before the first step);
 2. resume: the same command with one more step and no validation (``trainer.val_before_train=false``: the train
