@@ -131,6 +131,11 @@ _STEP_LINE = re.compile(r"\bstep:(\d+) - ")
 _EXPERIMENT_LINE = re.compile(r"^experiment: \S+?/(\S+)")
 
 
+# The commands run_logged has under way in this process (the lanes' threads among them): what a Ctrl-C or a failed
+# lane stops (each runs in a session of its own, which a terminal's Ctrl-C does not reach).
+RUNNING: set = set()
+
+
 @dataclass
 class RunResult:
     returncode: int
@@ -151,6 +156,7 @@ def run_logged(command: Sequence[str], log: Path, cwd: Path, env: dict, label: s
     with open(log, "w") as sink:
         process = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                    text=True, errors="replace", start_new_session=True)
+        RUNNING.add(process)
         timer = threading.Timer(timeout, _stop, args=(process,)) if timeout else None
         if timer:
             timer.start()
@@ -170,6 +176,7 @@ def run_logged(command: Sequence[str], log: Path, cwd: Path, env: dict, label: s
             _stop(process)
             raise
         finally:
+            RUNNING.discard(process)
             if timer:
                 timer.cancel()
     if timer and timer.finished.is_set() and returncode < 0:
@@ -373,11 +380,18 @@ def run_lanes(phase: str, methods: Sequence[str], lanes: int, run: Callable[[lis
     chunks = lane_chunks(methods, lanes)
     if len(chunks) == 1:
         return [run(chunks[0], Lane(phase, out / "logs" / f"{phase}.log", out / "logs" / "hydra" / phase))]
-    with ThreadPoolExecutor(len(chunks)) as pool:
-        futures = [pool.submit(run, chunk, Lane(f"{phase} {i}/{len(chunks)}", out / "logs" / f"{phase}-{i}.log",
-                                                out / "logs" / "hydra" / f"{phase}-{i}"))
-                   for i, chunk in enumerate(chunks, 1)]
+    pool = ThreadPoolExecutor(len(chunks))
+    futures = [pool.submit(run, chunk, Lane(f"{phase} {i}/{len(chunks)}", out / "logs" / f"{phase}-{i}.log",
+                                            out / "logs" / "hydra" / f"{phase}-{i}"))
+               for i, chunk in enumerate(chunks, 1)]
+    try:
         return [future.result() for future in futures]
+    except BaseException:  # Ctrl-C, or a lane that could not run: the other lanes stop too, at once
+        for process in list(RUNNING):
+            _stop(process)
+        raise
+    finally:
+        pool.shutdown(wait=True)
 
 
 def check_steps(method: str, phase: str, rows: list[dict], expected: int, log: Path | str) -> None:
@@ -498,8 +512,8 @@ def _methods(text: str) -> list[str]:
 
 # The most steps a rehearsal takes (about a day of a tiny model's steps on a CPU); longer runs are the recipe's own.
 MAX_STEPS = 100_000
-# Runs at once: each is a Ray cluster with its own engine and workers (about 3 GB with vLLM's CPU build); two keep
-# a 2-core machine busy, more only share its cores.
+# Runs at once, each a Ray cluster with its own engine and workers: two kept a 2-core machine's CPUs 86-89% busy
+# (docs/rehearsal.md), more only share its cores.
 MAX_LANES = 8
 DEFAULT_LANES = max(1, min(2, os.cpu_count() or 1))
 

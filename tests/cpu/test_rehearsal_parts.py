@@ -4,6 +4,8 @@ without the rehearsal never loads it: tests/integration/test_quiet.py, the train
 from __future__ import annotations
 
 import json
+import os
+import sys
 import threading
 import time
 from pathlib import Path
@@ -481,6 +483,21 @@ def test_two_lanes_run_at_once_each_with_its_log_and_hydra_folder_and_the_table_
     assert sorted(runs) == sorted([(m, 2) for m in methods.split(",")] + [(m, 1) for m in methods.split(",")])
     rows = [line.split(" | ") for line in (out / "summary.md").read_text().splitlines()[2:] if line.startswith("| ")]
     assert [(row[0], row[1]) for row in rows] == [("| grpo", "3"), ("| drgrpo", "3"), ("| apo", "3")]
+
+
+def test_a_lane_that_fails_to_run_stops_the_other_lanes_command_at_once(tmp_path):
+    def run(chunk, lane):
+        if chunk == ["a"]:
+            while not rehearse.RUNNING:  # the other lane's command is under way
+                time.sleep(0.01)
+            raise OSError("cannot start")
+        return rehearse.run_logged([sys.executable, "-c", "import time; time.sleep(60)"], lane.log, cwd=tmp_path,
+                                   env=dict(os.environ), label=lane.label, say=lambda line: None)
+
+    started = time.perf_counter()
+    with pytest.raises(OSError, match="cannot start"):
+        rehearse.run_lanes("train", ["a", "b"], 2, run, tmp_path)
+    assert time.perf_counter() - started < 30 and not rehearse.RUNNING
 
 
 def writes_in_two_parts(sink):
