@@ -23,17 +23,21 @@ from recipe_apo.integration import hydra_stages
 from recipe_apo.integration.hydra_stages import compose_in_two_stages
 from recipe_apo.testbed import settings
 from recipe_apo.testbed.errors import TestbedSettingError
-from recipe_apo.testbed.setting_check import LaunchRefusal, check_launch, hydra_line, text
+from recipe_apo.testbed.setting_check import LaunchRefusal, check_launch, hydra_line, text, verl_read_node
 
 CONFIG_NAME = "testbed"
 # The ConfigStore entry of the settings' defaults (testbed.yaml's defaults list names it).
 SETTINGS_NODE = "testbed_settings"
+# The keys of verl's own ppo_trainer that the testbed reads, at verl's values, composed once per process
+# (``setting_check.verl_read_node``).
+VERL_NODE = "verl_ppo_trainer"
 
 
 def store_settings() -> None:
     """(Re)store the declared defaults: ``testbed_settings`` and the ``task`` group's options (again after the
     presets changed: ``methods`` and ``league.methods`` follow them)."""
     store = ConfigStore.instance()
+    store.store(name=VERL_NODE, node=verl_read_node())
     store.store(name=SETTINGS_NODE, node=asdict(settings.Testbed()))
     for name, task in settings.TASK_CLASSES.items():
         store.store(group="task", name=name, node=asdict(task()))

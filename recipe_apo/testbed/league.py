@@ -154,11 +154,11 @@ NOT_A_RUNS_SETTING = ("league", "mode")
 
 def scenario_configs(cfgs: dict[str, DictConfig]) -> dict[str, Any]:
     """label -> a scenario's method config as plain values, less what does not change its run."""
-    from omegaconf import OmegaConf
+    from recipe_apo.testbed.setting_check import read_values
 
     out = {}
     for label, cfg in cfgs.items():
-        values = OmegaConf.to_container(cfg, resolve=True)
+        values = read_values(cfg)
         out[label] = {k: v for k, v in values.items() if k not in NOT_A_RUNS_SETTING}
     return json.loads(json.dumps(out))  # as the mark holds them (tuples as lists)
 

@@ -8,14 +8,14 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from recipe_apo.errors import RecipeError
 from recipe_apo.methods import catalog
 from recipe_apo.methods.errors import MethodConfigError
 from recipe_apo.testbed.configs import method_configs
 from recipe_apo.testbed.errors import TestbedSettingError
-from recipe_apo.testbed.setting_check import check_settings, refuse
+from recipe_apo.testbed.setting_check import check_settings, read_values, refuse
 
 
 def check_method(cfg: DictConfig) -> None:
@@ -46,7 +46,7 @@ def check_method(cfg: DictConfig) -> None:
         raise refuse("actor_rollout_ref.actor.policy_loss.loss_mode", loss_mode,
                      " ".join(str(exc).split())) from exc
     try:
-        actor_config(cfg.actor_rollout_ref.actor, group_size(cfg))
+        actor_config(read_values(cfg)["actor_rollout_ref"]["actor"], group_size(cfg))
     except (ValueError, TypeError, AssertionError) as exc:
         if isinstance(exc, RecipeError):
             raise
@@ -102,10 +102,10 @@ def run_testbed(
     first = next(iter(cfgs.values()))
     seeds = [int(s) for s in first.seeds]
     setups, runs = run_all(cfgs, seeds, first.workers, first.threads_per_worker, show_progress, desc)
-    base = OmegaConf.to_container(first, resolve=True)
+    base = read_values(first)
     base.pop("methods", None)
     summary = build_summary(
-        {label: OmegaConf.to_container(cfg, resolve=True) for label, cfg in cfgs.items()},
+        {label: read_values(cfg) for label, cfg in cfgs.items()},
         setups, runs, time.perf_counter() - started, base,
     )
     summary["kernels"] = {**describe(), "threads": first.threads_per_worker, "workers": first.workers}

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import functools
 import math
+import types
 import typing
 from dataclasses import MISSING, dataclass, fields, is_dataclass
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from recipe_apo.errors import RecipeError
 from recipe_apo.testbed import settings as declared
@@ -208,12 +209,9 @@ class MethodNode:
 
 
 def _rules(cls: type, prefix: str) -> dict[str, Any]:
-    """key -> Rule for every field of the settings dataclass ``cls`` and of the dataclasses it nests, in their
-    order (``algorithm``'s method nodes first, as ``method_settings`` composes them)."""
+    """key -> Rule for every field of the settings dataclass ``cls`` and of the dataclasses it nests, in order."""
     hints = typing.get_type_hints(cls, vars(declared))
     out: dict[str, Any] = {}
-    if prefix == "algorithm.":
-        out.update(_method_nodes())
     for f in fields(cls):
         tp = hints[f.name]
         if is_dataclass(tp):
@@ -231,9 +229,52 @@ def _method_nodes() -> dict[str, MethodNode]:
 
 
 @functools.lru_cache(maxsize=1)
+def verl_reference() -> dict:
+    """verl's own ``ppo_trainer``, as its files compose it (interpolations kept): the values a key the testbed does
+    not read must keep. Composed apart from any Hydra the caller has initialized."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra._internal.utils import create_config_search_path
+    from hydra.types import RunMode
+    from omegaconf import OmegaConf
+
+    loader = ConfigLoaderImpl(config_search_path=create_config_search_path("pkg://verl.trainer.config"))
+    config = loader.load_configuration("ppo_trainer", overrides=[], run_mode=RunMode.RUN)
+    return {k: v for k, v in OmegaConf.to_container(config, resolve=False).items() if k != "hydra"}
+
+
+@functools.lru_cache(maxsize=1)
+def _verl_values() -> dict:
+    """``verl_reference`` resolved in itself: the values a refusal names."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(OmegaConf.create(verl_reference()), resolve=True)
+
+
+def _verl_type(key: str, entry: Mapping) -> Any:
+    """A verl key's type: the entry's own ``type``, else the annotation in the dataclass its node's ``_target_``
+    names, else the type of verl's default (a choice of strings where verl has none)."""
+    from hydra.utils import get_class
+
+    if "type" in entry:
+        return entry["type"]
+    node, name = key.rsplit(".", 1)
+    target = _get(verl_reference(), f"{node}._target_")
+    hint = typing.get_type_hints(get_class(target)).get(name) if isinstance(target, str) else None
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return Optional[_not_none(typing.get_args(hint))]
+    if hint is not None and hint is not Any:
+        return hint
+    default = _get(verl_reference(), key)
+    return str if default is None else type(default)
+
+
+@functools.lru_cache(maxsize=1)
 def setting_rules() -> dict[str, Any]:
-    """Every key of the testbed's settings (``settings.Testbed``) with what it takes."""
-    return _rules(declared.Testbed, "")
+    """Every key the testbed reads with what it takes: its own settings (``settings.Testbed``), the methods'
+    nodes, and verl's keys (``settings.VERL_KEYS``)."""
+    verl = {key: Rule(_verl_type(key, entry), {k: v for k, v in entry.items() if k != "type"},
+                      _get(verl_reference(), key)) for key, entry in declared.VERL_KEYS.items()}
+    return {**_rules(declared.Testbed, ""), **_method_nodes(), **verl}
 
 
 @functools.lru_cache(maxsize=None)
@@ -242,69 +283,52 @@ def task_rules(task: str) -> dict[str, Any]:
     return _rules(TASK_CLASSES[task], "task.")
 
 
-def _verl_rule(annotation: Any) -> Optional[Rule]:
-    """What a scalar field of verl's actor config takes, from its annotation; None for anything else."""
-    name = annotation.__name__ if isinstance(annotation, type) else str(annotation)
-    name = name.replace("typing.", "")
-    maybe = name.startswith("Optional[")
-    base = name.removeprefix("Optional[").removesuffix("]") if maybe else name
-    types = {"bool": bool, "int": int, "float": float, "str": str}
-    if base not in types:
-        return None
-    bounds = {"low": 0, "high": 2**31 - 1} if base == "int" else {}
-    return Rule(Optional[types[base]] if maybe else types[base], bounds)
+@functools.lru_cache(maxsize=1)
+def verl_actor_rules() -> dict[str, Rule]:
+    """``actor_rollout_ref.actor.<field>`` (and ``.policy_loss.<field>``) for each scalar field of verl's actor
+    config (its loss config) that ``VERL_KEYS`` does not name: the testbed passes them on to verl
+    (``update.actor_config``) for the registered losses to read, typed as verl declares them."""
+    from hydra.utils import get_class
+
+    out: dict[str, Rule] = {}
+    for node in (ACTOR_KEY, f"{ACTOR_KEY}.policy_loss"):
+        for field in fields(get_class(_get(verl_reference(), f"{node}._target_"))):
+            key = f"{node}.{field.name}"
+            annotation = _verl_type(key, {})
+            scalar = _not_none(typing.get_args(annotation)) if typing.get_origin(annotation) is typing.Union \
+                else annotation
+            if scalar in (bool, int, float, str) and field.name not in declared.VERL_NOT_SETTABLE \
+                    and key not in setting_rules():
+                out[key] = Rule(annotation, {"low": 0, "high": 2**31 - 1} if scalar is int else {})
+    return out
 
 
 @functools.lru_cache(maxsize=1)
-def verl_actor_rules() -> dict[str, Rule]:
-    """``actor_rollout_ref.actor.<field>`` (and ``.policy_loss.<field>``) for each scalar field of verl's
-    ``FSDPActorConfig`` (``PolicyLossConfig``) that settings.py does not declare: the testbed passes them on to
-    verl (``update.actor_config``), typed as verl declares them."""
-    from verl.workers.config import FSDPActorConfig, PolicyLossConfig
-
-    out: dict[str, Rule] = {}
-    for prefix, cls in ((ACTOR_KEY, FSDPActorConfig), (f"{ACTOR_KEY}.policy_loss", PolicyLossConfig)):
-        for field in fields(cls):
-            key = f"{prefix}.{field.name}"
-            rule = None if field.name in declared.VERL_NOT_SETTABLE else _verl_rule(field.type)
-            if rule is not None and key not in setting_rules():
-                out[key] = rule
+def verl_read_node() -> dict:
+    """The part of verl's ``ppo_trainer`` the testbed reads (``VERL_KEYS`` and the actor fields it passes on), at
+    verl's values (resolved in verl's config): what ``testbed.yaml`` composes first (``configs.VERL_NODE``). The
+    rest of verl's tree stays out: a key of it is refused by Hydra (``unknown_setting`` names it verl's), and
+    copying verl's whole tree for each of a league's configs cost the fast suite a minute."""
+    out: dict = {}
+    for key in [*declared.VERL_KEYS, *verl_actor_rules()]:
+        value = _get(_verl_values(), key, MISSING)
+        if value is not MISSING:
+            *parents, last = key.split(".")
+            node = out
+            for part in parents:
+                node = node.setdefault(part, {})
+            node[last] = value
     return out
 
 
 # --- the check -------------------------------------------------------------------------------------------------
 
-def plain(cfg: Any) -> dict:
-    """The config as plain values, interpolations resolved: one that does not resolve, or a ``???`` left
-    unset, is refused naming its key."""
-    from omegaconf import DictConfig, OmegaConf
-    from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
-
-    if not isinstance(cfg, DictConfig):
-        return cfg
-    try:
-        return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
-    except MissingMandatoryValue as exc:
-        key = str(getattr(exc, "full_key", "") or "?")
-        raise TestbedSettingError(f"{key}=???: not set; {_allowed(key)}") from None
-    except OmegaConfBaseException as exc:
-        key = str(getattr(exc, "full_key", "") or "?")
-        value = _get(OmegaConf.to_container(cfg, resolve=False), key)
-        reason = " ".join(str(exc).split("\n")[0].split())
-        raise TestbedSettingError(f"{key}={text(value)}: does not resolve ({reason})") from None
-
-
-def _get(tree: Any, key: str) -> Any:
+def _get(tree: Any, key: str, default: Any = None) -> Any:
     for part in key.split("."):
         if not isinstance(tree, dict) or part not in tree:
-            return None
+            return default
         tree = tree[part]
     return tree
-
-
-def _allowed(key: str) -> str:
-    rule = setting_rules().get(key) or next((task_rules(t)[key] for t in TASKS if key in task_rules(t)), None)
-    return rule.allowed if rule is not None else "a value"
 
 
 def _children(settings: dict[str, Any], node: str) -> list[str]:
@@ -319,46 +343,134 @@ def _children(settings: dict[str, Any], node: str) -> list[str]:
     return names
 
 
-def check_settings(cfg: Any) -> dict:
+def check_settings(cfg: Any) -> None:
     """Refuse, with one line naming the key, any setting of a composed testbed config (``cfg``: a DictConfig or
-    its plain dict) that the testbed does not read, or that is of the wrong type or out of bounds; returns the
-    plain config. No relation between settings is checked here (``min_len <= max_len``: the task's own check)."""
-    values = plain(cfg)
-    if not isinstance(values, dict):
-        raise TestbedSettingError(f"the testbed's config must be a mapping, got {text(values)}")
-    task = values.get("task")
-    name = task.get("name") if isinstance(task, dict) else None
+    its plain dict) that the testbed does not read, or that is of the wrong type or out of bounds, and any key of
+    verl's the testbed does not read that differs from verl's own value (``verl_reference``). No relation between
+    settings is checked here (``min_len <= max_len``: the task's own check)."""
+    from omegaconf import DictConfig, OmegaConf
+
+    if not isinstance(cfg, (dict, DictConfig)):
+        raise TestbedSettingError(f"the testbed's config must be a mapping, got {text(cfg)}")
+    raw = OmegaConf.to_container(cfg, resolve=False) if isinstance(cfg, DictConfig) else cfg
+    resolve = _resolver(cfg)
+    task = raw.get("task")
+    name = resolve("task.name", task.get("name")) if isinstance(task, dict) else None
     if isinstance(task, dict):
         Rule(str, {"choices": TASKS}).check("task.name", name)
     settings = {**setting_rules(), **task_rules(name if name in TASKS else "reverse")}
-    _check_node(values, "", settings, name)
-    return values
-
-
-def _check_node(node: dict, path: str, settings: dict[str, Any], task: Optional[str]) -> None:
-    for key, value in node.items():
-        full = f"{path}.{key}" if path else str(key)
-        rule = settings.get(full)
-        if rule is None and full.startswith(f"{ACTOR_KEY}.") and full.count(".") <= 3:
-            rule = verl_actor_rules().get(full)
-        if rule is not None:
-            rule.check(full, value)
-        elif any(k.startswith(f"{full}.") for k in settings):
-            if not isinstance(value, dict):
-                raise refuse(full, value, f"a mapping of {full}'s settings: {', '.join(_children(settings, full))}")
-            _check_node(value, full, settings, task)
+    # In the order declared, a value that interpolates another after the values written out: a refused value is
+    # named where it was set.
+    copies = {key for key in settings if "${" in str(_get(raw, key))}
+    for key, rule in sorted(settings.items(), key=lambda item: item[0] in copies):
+        value = _lookup(raw, key, settings)
+        if isinstance(value, Absent):
+            gone = value.key
+            what = rule.allowed if gone == key else f"the settings {', '.join(_children(settings, gone))}"
+            if gone not in OPTIONAL:
+                raise TestbedSettingError(f"{gone}: missing (deleted with ~{gone}?); the testbed needs it: {what}")
+        elif value == "???":
+            raise TestbedSettingError(f"{key}=???: not set; {rule.allowed}")
         else:
+            rule.check(key, resolve(key, value))
+    _check_others(raw, resolve, "", settings, name)
+
+
+def _resolver(cfg: Any) -> Callable[[str, Any], Any]:
+    """``resolve(key, value)``: the value as written, or, where it interpolates, resolved in ``cfg`` (one that does
+    not resolve is refused naming its key). Only those go through OmegaConf: resolving all of verl's tree for
+    every config of a league cost ten times the rest of the check."""
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    made: list = []
+
+    def resolve(key: str, value: Any) -> Any:
+        if "${" not in str(value):
+            return value
+        if not made:
+            made.append(cfg if isinstance(cfg, DictConfig) else OmegaConf.create(cfg))
+        try:
+            node = OmegaConf.select(made[0], key, throw_on_missing=False)
+            return OmegaConf.to_container(node, resolve=True) if isinstance(node, (DictConfig, ListConfig)) else node
+        except OmegaConfBaseException as exc:
+            reason = " ".join(str(exc).split("\n")[0].split())
+            raise TestbedSettingError(f"{key}={text(value)}: does not resolve ({reason})") from None
+
+    return resolve
+
+
+def read_values(cfg: Any) -> dict:
+    """A checked config as the testbed reads it, as plain values (interpolations resolved): its own settings, the
+    task's, the methods' nodes, and the keys of verl's it reads (``VERL_KEYS`` and the actor fields it passes on).
+    The rest of verl's tree is verl's own values (``check_settings``): left out, as what the runs record."""
+    from omegaconf import OmegaConf
+
+    raw = OmegaConf.to_container(cfg, resolve=False) if OmegaConf.is_config(cfg) else cfg
+    resolve = _resolver(cfg)
+    name = resolve("task.name", _get(raw, "task.name"))
+    out: dict = {}
+    for key in [*setting_rules(), *task_rules(name if name in TASKS else "reverse"), *verl_actor_rules()]:
+        value = _lookup(raw, key, {})
+        if not isinstance(value, Absent):
+            *parents, last = key.split(".")
+            node = out
+            for part in parents:
+                node = node.setdefault(part, {})
+            node[last] = resolve(key, value)
+    return out
+
+
+@dataclass(frozen=True)
+class Absent:
+    """What ``_lookup`` finds where a key is not: the first node or key on the way that is absent."""
+
+    key: str
+
+
+def _lookup(values: dict, key: str, settings: dict[str, Any]) -> Any:
+    """The value of ``key``, or ``Absent``; a node above it that is not a mapping is refused."""
+    node, path = values, ""
+    for part in key.split("."):
+        if not isinstance(node, dict):
+            raise refuse(path, node, f"a mapping of {path}'s settings: {', '.join(_children(settings, path))}")
+        path = f"{path}.{part}" if path else part
+        if part not in node:
+            return Absent(path)
+        node = node[part]
+    return node
+
+
+def _check_others(raw: dict, resolve: Callable, path: str, settings: dict[str, Any], task: Optional[str]) -> None:
+    """Every key at ``path`` that no setting declares (``raw``: as written): a field of verl's actor config passed
+    on, a key of verl's at verl's value (a preset may restate one), or refused."""
+    for key, value in raw.items():
+        full = f"{path}.{key}" if path else str(key)
+        passed_on = verl_actor_rules().get(full) if full.startswith(f"{ACTOR_KEY}.") else None
+        if full in settings:
+            continue
+        if passed_on is not None:
+            passed_on.check(full, resolve(full, value))
+        elif any(k.startswith(f"{full}.") for k in settings) or (
+                isinstance(value, dict) and isinstance(_get(verl_reference(), full), dict)):
+            _check_others(value, resolve, full, settings, task)
+        elif value != _get(verl_reference(), full, MISSING):
             raise TestbedSettingError(f"{full}={text(value)}: {unknown_setting(full, task)}")
-    for key in _children(settings, path):
-        full = f"{path}.{key}" if path else key
-        if key not in node and full not in OPTIONAL:
-            rule = settings.get(full)
-            what = rule.allowed if rule is not None else f"the settings {', '.join(_children(settings, full))}"
-            raise TestbedSettingError(f"{full}: missing (deleted with ~{full}?); the testbed needs it: {what}")
 
 
 def unknown_setting(key: str, task: Optional[str] = None) -> str:
-    """What to say of ``key``, a key the testbed does not read: the known keys beside it."""
+    """What to say of ``key``, a key the testbed does not read: verl's value where it is verl's, and the keys the
+    testbed reads beside it."""
+    verls = _get(_verl_values(), key, MISSING)
+    if verls is not MISSING and not isinstance(verls, dict):
+        return f"verl's setting, which the testbed does not read: keep verl's {text(verls)}; {_known_beside(key, task)}"
+    other = [t for t in TASKS if t != (task or "reverse") and key in task_rules(t)]
+    also = f" ({key} is task={other[0]}'s)" if other else ""
+    return f"not a setting the testbed reads{also}; {_known_beside(key, task)}"
+
+
+def _known_beside(key: str, task: Optional[str]) -> str:
+    """``<node>'s settings: <the keys the testbed reads there>``, of the nearest node above ``key`` it reads in."""
     settings = {**setting_rules(), **task_rules(task if task in TASKS else "reverse")}
     parent = key.rsplit(".", 1)[0] if "." in key else ""
     while parent and not any(k.startswith(f"{parent}.") for k in settings):
@@ -368,9 +480,7 @@ def unknown_setting(key: str, task: Optional[str] = None) -> str:
         known += [k.rsplit(".", 1)[1] for k in verl_actor_rules() if k.rsplit(".", 1)[0] == parent]
     where = {"": "the testbed's settings", "task": f"task={task or 'reverse'}'s settings"}.get(
         parent, f"{parent}'s settings")
-    other = [t for t in TASKS if t != (task or "reverse") and key in task_rules(t)]
-    also = f" ({key} is task={other[0]}'s)" if other else ""
-    return f"not a setting the testbed reads{also}; {where}: {', '.join(known)}"
+    return f"{where}: {', '.join(known)}"
 
 
 # --- what the recipe's launch refuses ----------------------------------------------------------------------------
@@ -387,7 +497,7 @@ def launch_of(cfg: Any) -> Any:
 
     from recipe_apo.methods.base import Launch
 
-    values = plain(cfg)
+    values = OmegaConf.to_container(cfg, resolve=True) if OmegaConf.is_config(cfg) else cfg
     view = OmegaConf.create({**values, "trainer": {"v1": {"trainer_mode": "sync"}}})
     staleness = values.get("staleness", 0)
     return Launch(view, recipe_trainer=True, verl_mode="sync", testbed=True,
@@ -420,6 +530,10 @@ def _override_of(key: str, overrides: Sequence[str]) -> Optional[str]:
         if override.split("=", 1)[0].lstrip("+~") == key:
             return override
     return None
+
+
+def _key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
 
 
 def _task_of(overrides: Sequence[str]) -> Optional[str]:
@@ -464,6 +578,10 @@ def hydra_line(exc: BaseException, overrides: Sequence[str] = ()) -> str:
         override = _override_of(full_key, overrides)
         if override is not None:
             return f"{override}: {said}"
+        # A key under a node the testbed's config leaves out (critic.ppo_epochs=3: verl's critic): the override's.
+        inner = next((o for o in reversed(list(overrides)) if _key(o).startswith(f"{full_key}.")), None)
+        if inner is not None:
+            return f"{inner}: {unknown_setting(_key(inner), _task_of(overrides))}"
         # A mapping set whole (policy={a:1}): the override names the node, the message the key inside it.
         node = next((o for o in overrides if full_key.startswith(o.split("=", 1)[0].lstrip("+~") + ".")), None)
         return f"{node}: {full_key} is {said}" if node else f"{full_key}: {said}"

@@ -1,15 +1,13 @@
-"""Every setting of the testbed (``python -m recipe_apo.testbed``), declared once: its default, what it means, and
-the values it takes, as dataclass fields. ``testbed.yaml`` composes these defaults (``configs.py`` stores them in
-Hydra's ConfigStore as ``testbed_settings``, and each task's as an option of the ``task`` group); ``setting_check``
-checks a composed config against the same fields before any work starts.
+"""Every setting of the testbed (``python -m recipe_apo.testbed``) that is its own, declared once: its default, what
+it means, and the values it takes, as dataclass fields; and which of verl's keys it reads (``VERL_KEYS``).
+``testbed.yaml`` composes verl's own ``ppo_trainer``, then these defaults (``configs.py`` stores them in Hydra's
+ConfigStore as ``testbed_settings``, and each task's as an option of the ``task`` group), then its values for
+verl's keys; ``setting_check`` checks a composed config against the same declarations before any work starts.
 
 What a field takes follows from its annotation and its bounds (``setting(..., low=, high=)``): ``int`` a whole
 number (``1.5``, ``true`` and ``'3'`` are refused), ``float`` a finite number, ``bool`` true or false, ``str``
 a non-empty string or one of ``choices``, ``Optional[...]`` null too, ``list[int]`` a non-empty list of distinct
 whole numbers, ``list[Override]`` Hydra overrides, ``list[Label]`` labels, ``dict[str, ...]`` label -> value.
-Keys under ``data`` / ``algorithm`` / ``actor_rollout_ref`` keep verl's names and meaning, so the method presets
-of conf/method/ apply unchanged; ``actor_rollout_ref.actor`` also takes the scalar fields of verl's actor config
-that are not declared here (``+actor_rollout_ref.actor.kl_loss_coef=...``), typed as verl declares them, and
 ``algorithm.<method>`` is each method's own settings class (``recipe_apo.methods.<method>.settings``).
 """
 
@@ -146,161 +144,99 @@ class Eval:
     bucket_samples: int = setting(16, low=1, high=10_000)
 
 
-# --- verl's keys -------------------------------------------------------------------------------------------------
-
-@dataclass
-class Data:
-    # Prompts per round (verl's data.train_batch_size).
-    train_batch_size: int = setting(32, low=1, high=65_536)
+# --- verl's keys ----------------------------------------------------------------------------------------------
+# The testbed's config is verl's own ppo_trainer, less what the testbed does not read: conf/testbed.yaml composes
+# the keys below (and the actor fields passed on) at verl's values, then sets the testbed's, far from an LLM's.
+# VERL_KEYS lists every key under verl's nodes that the testbed reads, with the values it can run; a key's type is
+# verl's (the annotation in the dataclass its node's _target_ names, else the type of verl's default). Every other
+# key of verl's keeps verl's value: changed, it is refused (the testbed would not honour it), except
+# actor_rollout_ref.actor's scalar fields and .policy_loss's, which go on to verl's actor config
+# (update.actor_config) for the registered losses to read (actor_rollout_ref.actor.kl_loss_coef=...).
+# "ignored": taken, for verl's engines (a preset sets it), and why it changes nothing here.
+_ONE_PROCESS = "the testbed's policy trains in one process without FSDP"
+FSDP_STRATEGIES = ("fsdp", "fsdp2")
+VERL_KEYS: dict[str, dict] = {
+    # Prompts per round.
+    "data.train_batch_size": dict(low=1, high=65_536),
     # L0: the response budget. A response that reaches it without the end token scores 0. The presets'
     # loss_scale_factor interpolates it.
-    max_response_length: int = setting(20, low=2, high=10_000)
-
-
-@dataclass
-class FilterGroups:
-    """verl's group filter (DAPO's dynamic sampling; method=agpo's preset turns it on): a round trains only on
-    groups whose rewards differ, refilled with fresh prompts."""
-
-    enable: bool = False
-    # What must differ within a group: the reward (verl's canonical pre-KL score; the testbed has no other).
-    metric: str = setting("reward", choices=("reward",))
-    # Generation batches (train_batch_size prompts each, the round's own included) a round may take before it
-    # trains on the groups it has. The cap is the recipe's trainer's (recipe_apo/integration/refill_cap.py), but
-    # what happens at it differs on purpose: there, as in the authors' code, the run stops with one line; here the
-    # round trains on the groups with a signal it has (or, if none, on its last batch as it came) and the run goes
-    # on, so that one hard round does not end a league's seed (filter_groups/filled_share < 1 marks such rounds).
-    # At least 1: verl's "0, no cap" is refused (a solved task would refill forever).
-    max_num_gen_batches: int = setting(10, low=1, high=1000)
-
-
-@dataclass
-class Algorithm:
-    """verl's ``algorithm`` node; each method's own settings (``algorithm.apo``, ``.codapo``, ``.agpo_dual`` ...) come
-    from its settings class (``method_settings``)."""
-
+    "data.max_response_length": dict(low=2, high=10_000),
     # Set by the method preset; any estimator registered in verl works (grpo, rloo, opo, grpo_passk, apo ...).
-    adv_estimator: str = "grpo"
+    "algorithm.adv_estimator": {},
     # verl's grpo: divide by the group's std (GRPO) or not (Dr. GRPO). Set by the preset.
-    norm_adv_by_std_in_grpo: bool = True
+    "algorithm.norm_adv_by_std_in_grpo": {},
     # Discount and GAE lambda, passed to compute_advantage as verl does (outcome estimators ignore them).
-    gamma: float = setting(1.0, low=0, high=1)
-    lam: float = setting(1.0, low=0, high=1)
-    # No KL penalty in the reward (set by the presets too).
-    use_kl_in_reward: bool = setting(False, fixed="the testbed has no KL penalty in the reward (its KL is the "
-                                                  "actor's KL loss, actor_rollout_ref.actor.use_kl_loss)")
-    # The zero-variance denominator, AGPO's loss-mask piece (recipe_apo/methods/zero_variance/rescale.py), for any
-    # group estimator. A group whose responses all scored alike has no signal (advantages 0) but counts in the
-    # loss's denominator.
-    # keep: it counts, as in verl. exclude: it does not; the live responses' advantages are scaled by the round's
-    # B / B_live (T / T_live for token-mean), what the recipe can do in verl, exact when a round is one
-    # mini-batch (the testbed records how far off each mini-batch is: zv_ratio_dev_*). exact: testbed only (the
-    # recipe refuses it): each mini-batch's denominator counts its own live responses (tokens), the definition.
-    zero_variance: str = setting("keep", choices=ZERO_VARIANCE_MODES)
-    filter_groups: FilterGroups = field(default_factory=FilterGroups)
-
-
-@dataclass
-class Rollout:
+    "algorithm.gamma": dict(low=0, high=1),
+    "algorithm.lam": dict(low=0, high=1),
+    "algorithm.use_kl_in_reward": dict(fixed="the testbed has no KL penalty in the reward (its KL is the actor's "
+                                             "KL loss, actor_rollout_ref.actor.use_kl_loss)"),
+    # The recipe's own key (conf/apo_trainer.yaml): the zero-variance denominator, AGPO's loss-mask piece
+    # (recipe_apo/methods/zero_variance/rescale.py), for any group estimator. A group whose responses all scored
+    # alike has no signal (advantages 0) but counts in the loss's denominator. keep: it counts, as in verl.
+    # exclude: it does not; the live responses' advantages are scaled by the round's B / B_live (T / T_live for
+    # token-mean), what the recipe can do in verl, exact when a round is one mini-batch (the testbed records how
+    # far off each mini-batch is: zv_ratio_dev_*). exact: testbed only (the recipe refuses it): each
+    # mini-batch's denominator counts its own live responses (tokens), the definition.
+    "algorithm.zero_variance": dict(choices=ZERO_VARIANCE_MODES),
+    # verl's group filter (DAPO's dynamic sampling; method=agpo's preset turns it on): a round trains only on
+    # groups whose rewards differ (the reward: verl's canonical pre-KL score, the testbed's only), refilled with
+    # fresh prompts, taking at most max_num_gen_batches generation batches (the round's own included). The cap
+    # is the recipe's trainer's (recipe_apo/integration/refill_cap.py), but what happens at it differs on
+    # purpose: there, as in the authors' code, the run stops with one line; here the round trains on the groups
+    # with a signal it has (or, if none, on its last batch as it came) and the run goes on, so that one hard
+    # round does not end a league's seed (filter_groups/filled_share < 1 marks such rounds). verl's "0, no cap"
+    # is refused: a solved task would refill forever.
+    "algorithm.filter_groups.enable": {},
+    "algorithm.filter_groups.metric": dict(choices=("reward",), type=str),
+    "algorithm.filter_groups.max_num_gen_batches": dict(low=1, high=1000),
     # G, responses per prompt.
-    n: int = setting(8, low=2, high=1024)
+    "actor_rollout_ref.rollout.n": dict(low=2, high=1024),
     # The sampling temperature: 1.0, the policy the log-probs are of (unscaled). method=agpo_dual sets it to
-    # algorithm.agpo_dual.base_temperature, its probe's temperature; its training samples are drawn at each prompt's
-    # tau_t, and its log-probs stay unscaled, as AGPO's source takes them.
-    temperature: float = setting(1.0, low=0, high=100, low_open=True)
-    # verl's engine hands back its own log-probs for training/rollout_probs_diff_* (method=r2po's preset sets it):
-    # the testbed samples with the policy itself, so there is no difference to measure and it changes nothing.
-    calculate_log_probs: bool = False
-
-
-@dataclass
-class Model:
-    # What verl imports where it builds a model (method=r2po's preset: the rollout-head classes). The testbed's
-    # policy is its own, and gains a method's residual head from the method's declaration: it changes nothing.
-    external_lib: Optional[str] = setting(None, choices=("recipe_apo.integration.model_classes",))
-
-
-@dataclass
-class Optim:
-    """AdamW, as verl's actor. The learning rate is the testbed's, far above an LLM's."""
-
-    lr: float = setting(1.0e-3, low=0, high=10)
-    betas: tuple[float, float] = setting((0.9, 0.999), low=0, high=1, high_open=True, example="[0.9,0.999]")
-    weight_decay: float = setting(0.01, low=0, high=100)
-
-
-@dataclass
-class PolicyLoss:
-    # Any registered loss: vanilla, apo, sapo, gspo, cispo, geo_mean, ...
-    loss_mode: str = "vanilla"
-
-
-# verl's FSDP engine: FSDP1 or per-parameter shards (method=r2po's preset sets fsdp2 for its actor and reference).
-# The testbed's policy trains in one process without FSDP: it changes nothing here.
-FSDP_STRATEGIES = ("fsdp", "fsdp2")
-
-
-@dataclass
-class FsdpConfig:
-    strategy: str = setting("fsdp", choices=FSDP_STRATEGIES)
-
-
-@dataclass
-class Ref:
-    """verl's reference model's engine; the testbed's reference is the run's initial policy (no effect here)."""
-
-    strategy: str = setting("fsdp", choices=FSDP_STRATEGIES)
-    fsdp_config: FsdpConfig = field(default_factory=FsdpConfig)
-
-
-@dataclass
-class Actor:
-    """verl's actor fields; the preset sets those the method defines."""
-
-    # verl's engine (FSDP_STRATEGIES: no effect here).
-    strategy: str = setting("fsdp", choices=FSDP_STRATEGIES)
-    fsdp_config: FsdpConfig = field(default_factory=FsdpConfig)
-
+    # algorithm.agpo_dual.base_temperature, its probe's; its training samples are drawn at each prompt's tau_t,
+    # and its log-probs stay unscaled, as AGPO's source takes them.
+    "actor_rollout_ref.rollout.temperature": dict(low=0, high=100, low_open=True),
+    "actor_rollout_ref.rollout.calculate_log_probs": dict(
+        ignored="the testbed samples with the policy itself: no engine log-probs to compare"),
+    "actor_rollout_ref.model.external_lib": dict(
+        choices=("recipe_apo.integration.model_classes",), type=Optional[str],
+        ignored="the testbed's policy is its own, and gains a method's residual head from the method"),
+    "actor_rollout_ref.actor.strategy": dict(choices=FSDP_STRATEGIES, ignored=_ONE_PROCESS),
+    "actor_rollout_ref.actor.fsdp_config.strategy": dict(choices=FSDP_STRATEGIES, ignored=_ONE_PROCESS),
+    "actor_rollout_ref.ref.strategy": dict(choices=FSDP_STRATEGIES, ignored=_ONE_PROCESS),
+    "actor_rollout_ref.ref.fsdp_config.strategy": dict(choices=FSDP_STRATEGIES, ignored=_ONE_PROCESS),
     # Prompts per mini-batch (verl's unit); data.train_batch_size / this = optimizer steps per epoch.
-    ppo_mini_batch_size: int = setting(16, low=1, high=65_536)
+    "actor_rollout_ref.actor.ppo_mini_batch_size": dict(low=1, high=65_536),
     # Responses per forward/backward; the loss of a mini-batch does not depend on it (global_batch_info).
-    ppo_micro_batch_size_per_gpu: Optional[int] = setting(128, low=1, high=10_000_000)
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": dict(low=1, high=10_000_000),
     # Passes over each round's responses (E in the paper); more passes = more off-policy updates.
-    ppo_epochs: int = setting(1, low=1, high=1000)
-    # Shuffle responses between mini-batches (verl's default: no).
-    shuffle: bool = False
-    # Gradient-norm clip, as verl's FSDP actor (its default 1.0); the norm before clipping is recorded.
-    grad_clip: float = setting(1.0, low=0, high=1e9, low_open=True)
-    optim: Optim = field(default_factory=Optim)
-    policy_loss: PolicyLoss = field(default_factory=PolicyLoss)
+    "actor_rollout_ref.actor.ppo_epochs": dict(low=1, high=1000),
+    "actor_rollout_ref.actor.shuffle": {},
+    # The gradient-norm clip of verl's FSDP actor; the norm before clipping is recorded.
+    "actor_rollout_ref.actor.grad_clip": dict(low=0, high=1e9, low_open=True),
+    # AdamW, as verl's actor; the testbed's learning rate is far above an LLM's.
+    "actor_rollout_ref.actor.optim.lr": dict(low=0, high=10),
+    "actor_rollout_ref.actor.optim.betas": dict(low=0, high=1, high_open=True, example="[0.9,0.999]"),
+    "actor_rollout_ref.actor.optim.weight_decay": dict(low=0, high=100),
+    # Any registered loss: vanilla, apo, sapo, gspo, cispo, geo_mean, ...
+    "actor_rollout_ref.actor.policy_loss.loss_mode": {},
     # seq-mean-token-mean (GRPO's 1/|o_i|), seq-mean-token-sum-norm (1/L0), token-mean, ...
-    loss_agg_mode: str = setting("seq-mean-token-mean", choices=AGG_MODES)
+    "actor_rollout_ref.actor.loss_agg_mode": dict(choices=AGG_MODES),
     # L0 for seq-mean-token-sum-norm (the presets set ${data.max_response_length}).
-    loss_scale_factor: Optional[float] = setting(None, low=L0_BOUNDS[0], high=L0_BOUNDS[1])
-    # Hard clip range of vanilla PPO-style losses, and the dual-clip bound for A < 0 (verl's defaults).
-    clip_ratio: float = setting(0.2, low=0, high=100, low_open=True)
-    clip_ratio_low: float = setting(0.2, low=0, high=100, low_open=True)
-    clip_ratio_high: float = setting(0.2, low=0, high=100, low_open=True)
-    # AGPO (method=agpo_dual) turns the dual clip off with 1e9, a bound no ratio reaches.
-    clip_ratio_c: float = setting(3.0, low=1, high=1e12, low_open=True)
-    # Soft-gate temperatures of the apo and sapo losses (verl's defaults; the apo preset sets 1.0 / 1.5).
-    tau_pos: float = setting(1.0, low=TEMPERATURE_BOUNDS[0], high=TEMPERATURE_BOUNDS[1])
-    tau_neg: float = setting(1.05, low=TEMPERATURE_BOUNDS[0], high=TEMPERATURE_BOUNDS[1])
-    # No entropy bonus.
-    entropy_coeff: float = setting(0.0, fixed="the testbed has no entropy bonus")
-    # No KL loss by default; with use_kl_loss (method=agpo_dual's preset), verl's KL loss
-    # kl_loss_coef x agg_loss(kl_penalty(log pi, log pi_ref, kl_loss_type)) against the run's initial policy
-    # (kl_loss_coef and kl_loss_type as verl: +actor_rollout_ref.actor.kl_loss_coef=..., defaults 0.001,
-    # low_var_kl).
-    use_kl_loss: bool = False
-
-
-@dataclass
-class ActorRolloutRef:
-    model: Model = field(default_factory=Model)
-    rollout: Rollout = field(default_factory=Rollout)
-    actor: Actor = field(default_factory=Actor)
-    ref: Ref = field(default_factory=Ref)
+    "actor_rollout_ref.actor.loss_scale_factor": dict(low=L0_BOUNDS[0], high=L0_BOUNDS[1]),
+    # Hard clip range of vanilla PPO-style losses, and the dual-clip bound for A < 0 (agpo_dual turns it off
+    # with 1e9, a bound no ratio reaches).
+    "actor_rollout_ref.actor.clip_ratio": dict(low=0, high=100, low_open=True),
+    "actor_rollout_ref.actor.clip_ratio_low": dict(low=0, high=100, low_open=True),
+    "actor_rollout_ref.actor.clip_ratio_high": dict(low=0, high=100, low_open=True),
+    "actor_rollout_ref.actor.clip_ratio_c": dict(low=1, high=1e12, low_open=True),
+    # Soft-gate temperatures of the apo and sapo losses (the apo preset sets 1.0 / 1.5).
+    "actor_rollout_ref.actor.tau_pos": dict(low=TEMPERATURE_BOUNDS[0], high=TEMPERATURE_BOUNDS[1]),
+    "actor_rollout_ref.actor.tau_neg": dict(low=TEMPERATURE_BOUNDS[0], high=TEMPERATURE_BOUNDS[1]),
+    "actor_rollout_ref.actor.entropy_coeff": dict(fixed="the testbed has no entropy bonus"),
+    # With use_kl_loss (method=agpo_dual's preset), verl's KL loss kl_loss_coef x agg_loss(kl_penalty(log pi,
+    # log pi_ref, kl_loss_type)) against the run's initial policy.
+    "actor_rollout_ref.actor.use_kl_loss": {},
+}
 
 
 # --- mode=signal ---------------------------------------------------------------------------------------------
@@ -405,9 +341,6 @@ class Testbed:
     policy: Policy = field(default_factory=Policy)
     pretrain: Pretrain = field(default_factory=Pretrain)
     eval: Eval = field(default_factory=Eval)
-    data: Data = field(default_factory=Data)
-    algorithm: Algorithm = field(default_factory=Algorithm)
-    actor_rollout_ref: ActorRolloutRef = field(default_factory=ActorRolloutRef)
     signal: Signal = field(default_factory=Signal)
 
 

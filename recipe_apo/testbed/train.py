@@ -504,10 +504,13 @@ def run_all(
     """Prepare each seed once, then run every (seed, method) pair; returns (setups, runs)."""
     from tqdm import tqdm
 
-    first = next(iter(method_cfgs.values()))
-    plain = {label: OmegaConf.to_container(cfg, resolve=True) for label, cfg in method_cfgs.items()}
-    base_plain = OmegaConf.to_container(first, resolve=True)
-    total = len(seeds) + sum(cfg.rounds for cfg in method_cfgs.values()) * len(seeds)
+    from recipe_apo.testbed.setting_check import read_values
+
+    # What each job reads of its config, in this process as in the workers: verl's whole tree, resolved and sent
+    # for every job, cost more than a tiny run.
+    plain = {label: read_values(cfg) for label, cfg in method_cfgs.items()}
+    base_plain = next(iter(plain.values()))
+    total = len(seeds) + sum(cfg["rounds"] for cfg in plain.values()) * len(seeds)
     bar = tqdm(total=total, desc=desc, unit="round", disable=not show_progress, file=sys.stderr)
 
     if workers <= 1:
@@ -516,10 +519,10 @@ def run_all(
         try:
             setups = {}
             for seed in seeds:
-                setups[seed] = prepare_seed(first, seed)
+                setups[seed] = prepare_seed(OmegaConf.create(base_plain), seed)
                 bar.update(1)
             runs = [
-                run_method(method_cfgs[label], label, setups[seed], bar.update)
+                run_method(OmegaConf.create(plain[label]), label, setups[seed], bar.update)
                 for seed in seeds
                 for label in method_cfgs
             ]

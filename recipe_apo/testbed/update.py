@@ -16,7 +16,7 @@ import math
 from typing import Any, Iterator, Mapping, Optional, Sequence
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
 from recipe_apo.methods.base import MethodRuntime
 from recipe_apo.methods.checks import RATIO_BAND
@@ -27,8 +27,8 @@ from recipe_apo.testbed.policy import TokenPolicy
 from recipe_apo.testbed.settings import VERL_NOT_FROM_YAML
 
 
-def actor_config(actor: DictConfig, rollout_n: int):
-    """verl's ``FSDPActorConfig`` from the composed ``actor_rollout_ref.actor`` node.
+def actor_config(actor: Any, rollout_n: int):
+    """verl's ``FSDPActorConfig`` from the ``actor_rollout_ref.actor`` node (a DictConfig or its plain values).
 
     Every scalar key of the node that is a field of verl's config is passed on, so any verl actor setting a
     registered loss reads (``clip_ratio_c``, ``tau_pos``, ``policy_loss.clip_cov_ratio`` ...) can be set from
@@ -38,7 +38,7 @@ def actor_config(actor: DictConfig, rollout_n: int):
     """
     from verl.workers.config import FSDPActorConfig, PolicyLossConfig
 
-    plain = OmegaConf.to_container(actor, resolve=True)
+    plain = OmegaConf.to_container(actor, resolve=True) if OmegaConf.is_config(actor) else actor
     if plain.get("entropy_coeff"):
         # Accepted and ignored, it would let a sweep over it measure noise.
         raise TestbedSettingError(

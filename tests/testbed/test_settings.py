@@ -18,10 +18,10 @@ import pytest
 from helpers.in_process import run_entry
 from helpers.paths import ROOT
 from helpers.testbed_tiny import TINY_RUN
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from recipe_apo.testbed.errors import TestbedSettingError
-from recipe_apo.testbed.setting_check import Rule, check_settings, setting_rules, task_rules
+from recipe_apo.testbed.setting_check import Rule, check_settings, setting_rules, task_rules, verl_reference
 from recipe_apo.testbed.settings import TASKS
 
 ERROR = "recipe-apo: error: "
@@ -66,24 +66,40 @@ def declared_settings() -> list[tuple[str, str]]:
 
 @pytest.fixture(scope="module")
 def bases() -> dict[str, dict]:
-    """The composed testbed config of each task, as plain values (Hydra's context closed again: the entry's
-    tests start their own)."""
+    """The composed testbed config of each task, as written (interpolations kept, as verl's are: a key the testbed
+    does not read is compared with verl's as written); Hydra's context closed again: the entry's tests start their
+    own."""
     from hydra import compose, initialize_config_module
 
     import recipe_apo.testbed.configs  # noqa: F401  (stores the settings' defaults that testbed.yaml composes)
 
     with initialize_config_module(config_module="recipe_apo.conf", version_base="1.3"):
         return {task: OmegaConf.to_container(compose(config_name="testbed", overrides=[f"task={task}"]),
-                                             resolve=True) for task in TASKS}
+                                             resolve=False) for task in TASKS}
 
 
-def test_the_composed_config_holds_exactly_the_declared_settings_and_they_pass(bases):
-    # The one declaration (settings.py) gives testbed.yaml its keys and the check its rules: every key composed is
-    # declared, every declared key composed, and every default passes.
+def _has(tree: dict, key: str) -> bool:
+    *parents, last = key.split(".")
+    for part in parents:
+        tree = tree.get(part, {}) if isinstance(tree, dict) else {}
+    return isinstance(tree, dict) and last in tree
+
+
+def _resolved(tree: dict) -> dict:
+    return OmegaConf.to_container(OmegaConf.create(tree), resolve=True)
+
+
+def test_the_composed_config_is_verls_with_the_declared_settings_and_they_pass(bases, configs):
+    # The declarations (settings.py) give testbed.yaml its own keys and the check its rules: every declared key is
+    # composed, every other key composed is verl's own (verl_reference), and every default passes.
+    verl = verl_reference()
     for task in TASKS:
         rules = {**setting_rules(), **task_rules(task)}
-        assert {key for key, _ in _leaves(bases[task], rules)} == set(rules), task
-        assert check_settings(bases[task]) == bases[task]
+        composed = {key for key, _ in _leaves(bases[task], rules)}
+        assert set(rules) <= composed, task
+        assert all(_has(verl, key) for key in composed - set(rules)), task
+        check_settings(bases[task])
+        check_settings(configs[task])
     for scenario in ("many_updates", "long_response", "stale"):
         scenario_yaml = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "scenario" / f"{scenario}.yaml"))
         # A scenario's task.* keys are the default task's (reverse) settings.
@@ -100,7 +116,10 @@ def test_the_rules_come_from_the_declaration():
     assert said["actor_rollout_ref.actor.shuffle"] == "true or false"
     assert said["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"] == "null or a whole number in [1, 10000000]"
     assert said["actor_rollout_ref.actor.optim.betas"] == "a list of two finite numbers in [0, 1), e.g. [0.9,0.999]"
-    assert said["actor_rollout_ref.actor.entropy_coeff"] == "must be 0.0: the testbed has no entropy bonus"
+    assert said["actor_rollout_ref.actor.entropy_coeff"] == "must be 0: the testbed has no entropy bonus"
+    # verl's keys are typed as verl declares them: its dataclass's annotation, or its default's type.
+    assert said["actor_rollout_ref.actor.loss_scale_factor"] == "null or a whole number in [1.0, 10000000.0]"
+    assert said["data.train_batch_size"] == "a whole number in [1, 65536]"
     assert said["scenario_name"] == "a non-empty string"
     assert said["task.moduli"] == "a non-empty list of distinct whole numbers in [2, 1000], e.g. [2,4,8,16,32]"
     assert said["league.methods"] == "a list of labels of methods, e.g. [grpo,apo]"
@@ -151,19 +170,47 @@ def _set(tree: dict, key: str, value) -> dict:
     return out
 
 
+@pytest.fixture(scope="module")
+def configs(bases) -> dict[str, DictConfig]:
+    """``bases`` as DictConfigs, changed in place one key at a time by ``checked``: copying verl's whole tree for
+    each of a thousand refused values cost minutes."""
+    out = {task: OmegaConf.create(tree) for task, tree in bases.items()}
+    for cfg in out.values():
+        OmegaConf.set_struct(cfg, False)
+    return out
+
+
+def checked(cfg: DictConfig, key: str, value) -> None:
+    """``check_settings`` of ``cfg`` with ``key`` set to ``value``; ``cfg`` as it was afterwards."""
+    before = OmegaConf.to_container(cfg, resolve=False)
+    OmegaConf.update(cfg, key, value, merge=False, force_add=True)
+    try:
+        check_settings(cfg)
+    finally:
+        *parents, last = key.split(".")
+        node, was = cfg, before
+        for part in parents:
+            node, was = node[part], was[part]
+        if last in was:
+            node[last] = was[last]
+        else:
+            del node[last]
+
+
 @pytest.mark.parametrize("key, task", declared_settings(), ids=lambda v: v if isinstance(v, str) else "")
-def test_each_setting_refuses_a_wrong_type_a_non_finite_number_and_an_out_of_range_value(bases, key, task):
-    default = {**setting_rules(), **task_rules(task)}[key].default
+def test_each_setting_refuses_a_wrong_type_a_non_finite_number_and_an_out_of_range_value(configs, key, task):
+    default = OmegaConf.select(configs[task], key)
+    default = OmegaConf.to_container(default) if isinstance(default, (DictConfig, ListConfig)) else default
     for value in bad_values(key, default):
         with pytest.raises(TestbedSettingError) as refused:
-            check_settings(_set(bases[task], key, value))
+            checked(configs[task], key, value)
         message = str(refused.value)
         assert message.startswith(f"{key}=") or message.startswith(f"{key}."), (value, message)
         assert "\n" not in message, message
 
 
 @pytest.mark.parametrize("node", ["algorithm.apo", "algorithm.codapo", "algorithm.agpo_dual"])
-def test_the_method_settings_are_checked_by_their_own_classes(bases, node):
+def test_the_method_settings_are_checked_by_their_own_classes(configs, node):
     import dataclasses
 
     from recipe_apo.methods import catalog
@@ -171,10 +218,10 @@ def test_the_method_settings_are_checked_by_their_own_classes(bases, node):
     (method,) = [m for m in catalog.methods() if m.settings_key == node.split(".")[1]]
     for value in (5, "x", [1], None):
         with pytest.raises(TestbedSettingError, match=f"^{node}="):
-            check_settings(_set(bases["reverse"], node, value))
+            checked(configs["reverse"], node, value)
     for key in [*(f.name for f in dataclasses.fields(method.settings)), "K"]:
         with pytest.raises(ValueError, match=f"{node}.{key}"):
-            check_settings(_set(bases["reverse"], f"{node}.{key}", [1]))
+            checked(configs["reverse"], f"{node}.{key}", [1])
 
 
 @pytest.mark.parametrize("key, value, said", [
@@ -188,20 +235,28 @@ def test_the_method_settings_are_checked_by_their_own_classes(bases, node):
                                                "weight_decay"),
     ("data.path", "x", "data.path=x: not a setting the testbed reads; data's settings: train_batch_size, "
                        "max_response_length"),
+    # verl's own keys that the testbed does not read keep verl's values: it would not honour another.
+    ("actor_rollout_ref.rollout.top_p", 0.5, "actor_rollout_ref.rollout.top_p=0.5: verl's setting, which the testbed "
+                                             "does not read: keep verl's 1; actor_rollout_ref.rollout's settings: "
+                                             "n, temperature, calculate_log_probs"),
+    ("actor_rollout_ref.actor.optim.lr_warmup_steps", 5, "actor_rollout_ref.actor.optim.lr_warmup_steps=5: verl's "
+                                                         "setting, which the testbed does not read: keep verl's -1; "
+                                                         "actor_rollout_ref.actor.optim's settings: lr, betas"),
+    ("trainer", {"total_epochs": 3}, "trainer.total_epochs=3: verl's setting, which the testbed does not read: "
+                                     "keep verl's 30; the testbed's settings: mode, league, methods"),
 ])
-def test_an_unknown_key_is_refused_naming_it_and_the_known_ones(bases, key, value, said):
+def test_an_unknown_key_is_refused_naming_it_and_the_known_ones(configs, key, value, said):
     with pytest.raises(TestbedSettingError) as refused:
-        check_settings(_set(bases["reverse"], key, value))
+        checked(configs["reverse"], key, value)
     assert str(refused.value).startswith(said)
 
 
-def test_verls_own_actor_fields_are_typed_as_verl_declares_them(bases):
-    ok = _set(bases["reverse"], "actor_rollout_ref.actor.kl_loss_coef", 0.01)
-    check_settings(ok)  # passed on to verl's actor config (update.actor_config)
+def test_verls_own_actor_fields_are_typed_as_verl_declares_them(configs):
+    checked(configs["reverse"], "actor_rollout_ref.actor.kl_loss_coef", 0.01)  # passed on to verl's actor config
     for key, value in (("kl_loss_coef", math.nan), ("use_dynamic_bsz", "yes"), ("ppo_micro_batch_size", 1.5),
                        ("policy_loss.clip_cov_ratio", "x")):
         with pytest.raises(TestbedSettingError, match=f"actor_rollout_ref.actor.{key}="):
-            check_settings(_set(bases["reverse"], f"actor_rollout_ref.actor.{key}", value))
+            checked(configs["reverse"], f"actor_rollout_ref.actor.{key}", value)
 
 
 def test_a_deleted_or_unset_setting_is_refused(bases):
@@ -228,6 +283,10 @@ def test_a_deleted_or_unset_setting_is_refused(bases):
     (["seeds=[2^70]"], "seeds=[2^70]: not an override Hydra can read"),
     (["task.K=7"], "task.K=7: not a setting the testbed reads; task=reverse's settings: name, alphabet"),
     (["task=nope"], "task=nope: no such task; one of modsum, reverse"),
+    (["critic.ppo_epochs=3"], "critic.ppo_epochs=3: verl's setting, which the testbed does not read: keep verl's "
+                              "1; the testbed's settings: mode"),
+    (["data.max_prompt_length=64"], "data.max_prompt_length=64: verl's setting, which the testbed does not read: keep "
+                                    "verl's 512; data's settings: train_batch_size, max_response_length"),
     (["mode=league", 'league.scenarios=[["task.max_len=0"],[]]'],
      "task.max_len=0: a whole number in [1, 100] (in league.scenarios entry [task.max_len=0])"),
 ], ids=lambda v: " ".join(v) if isinstance(v, list) else "")
