@@ -207,7 +207,7 @@ class Launch:
     runtimes run); ``verl_mode``, verl's V1 mode it runs (``sync``, ``colocate_async``, ``separate_async``, or a
     trainer of the user's own); ``rehearsal``, the CPU rehearsal.
 
-    The CPU testbed runs the same checks on its configs (``recipe_apo.testbed.setting_check.check_launch``), as the
+    The CPU testbed runs the same checks on its configs (``recipe_apo.testbed.launch_refusal.check_launch``), as the
     recipe's sync trainer, with ``testbed`` true (its policy is its own: no model folder to check) and ``staleness``
     its lag (rounds by which its sampling policy trails the trained one: what it has of an asynchronous mode); a
     check skips, where ``testbed`` is true, only what the testbed runs otherwise on purpose."""

@@ -23,13 +23,16 @@ from recipe_apo.integration import hydra_stages
 from recipe_apo.integration.hydra_stages import compose_in_two_stages
 from recipe_apo.testbed import settings
 from recipe_apo.testbed.errors import TestbedSettingError
-from recipe_apo.testbed.setting_check import LaunchRefusal, check_launch, hydra_line, text, verl_read_node
+from recipe_apo.testbed.hydra_errors import hydra_line
+from recipe_apo.testbed.launch_refusal import LaunchRefusal, check_launch
+from recipe_apo.testbed.setting_rules import text
+from recipe_apo.testbed.verl_config import verl_read_node
 
 CONFIG_NAME = "testbed"
 # The ConfigStore entry of the settings' defaults (testbed.yaml's defaults list names it).
 SETTINGS_NODE = "testbed_settings"
 # The keys of verl's own ppo_trainer that the testbed reads, at verl's values, composed once per process
-# (``setting_check.verl_read_node``).
+# (``verl_config.verl_read_node``).
 VERL_NODE = "verl_ppo_trainer"
 
 
@@ -100,7 +103,7 @@ def method_configs(overrides: list[str], entries: Optional[dict[str, list[str]]]
     ``entries`` (label -> overrides, e.g. ``league_entries``) runs those; else ``method=<preset>`` among
     ``overrides`` runs that preset alone; otherwise every ``methods`` entry runs. A label gains
     ``[estimator+loss ...]`` when the command line changed what its preset defines. ``check``, when given, is
-    called on each config, and so is what the recipe's launch refuses (``setting_check.check_launch``); what they
+    called on each config, and so is what the recipe's launch refuses (``launch_refusal.check_launch``); what they
     refuse in a method's own overrides is said with the method's entry.
 
     Of several entries (``methods``' or the league's, not ``method=``), one that the launch refuses only under the

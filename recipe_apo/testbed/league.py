@@ -25,10 +25,12 @@ from omegaconf import DictConfig
 from recipe_apo.errors import RecipeError
 from recipe_apo.testbed.configs import _key, compose_testbed, league_entries, method_configs
 from recipe_apo.testbed.errors import TestbedSettingError
+from recipe_apo.testbed.launch_refusal import LaunchRefusal
 from recipe_apo.testbed.report.league import LEAGUE_FILES, build_league, write_league
 from recipe_apo.testbed.report.summary import RUN_FILES
 from recipe_apo.testbed.runner import check_method, run_testbed
-from recipe_apo.testbed.setting_check import LaunchRefusal, check_settings, text
+from recipe_apo.testbed.setting_check import check_settings
+from recipe_apo.testbed.setting_rules import text
 
 
 @dataclass

@@ -25,7 +25,9 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from recipe_apo.errors import RecipeError, recipe_error
 from recipe_apo.testbed.configs import compose_testbed
-from recipe_apo.testbed.setting_check import check_settings, hydra_line, refuse
+from recipe_apo.testbed.hydra_errors import hydra_line
+from recipe_apo.testbed.setting_check import check_settings
+from recipe_apo.testbed.setting_rules import refuse
 
 
 @dataclass

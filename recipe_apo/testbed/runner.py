@@ -15,7 +15,8 @@ from recipe_apo.methods import catalog
 from recipe_apo.methods.errors import MethodConfigError
 from recipe_apo.testbed.configs import method_configs
 from recipe_apo.testbed.errors import TestbedSettingError
-from recipe_apo.testbed.setting_check import check_settings, read_values, refuse
+from recipe_apo.testbed.setting_check import check_settings, read_values
+from recipe_apo.testbed.setting_rules import refuse
 
 
 def check_method(cfg: DictConfig) -> None:

@@ -156,10 +156,10 @@ def test_a_throwaway_method_appears_everywhere(throwaway, tmp_path, monkeypatch)
     from recipe_apo import plugin
     from recipe_apo.cpu import rehearse
     from recipe_apo.integration.validation import RecipeConfigError, validate_recipe_config
+    from recipe_apo.testbed.launch_refusal import LaunchRefusal
     from recipe_apo.testbed.report import markdown
     from recipe_apo.testbed.report.league import trust_columns
     from recipe_apo.testbed.runner import run_testbed
-    from recipe_apo.testbed.setting_check import LaunchRefusal
 
     # The catalog finds it and places it: no order declared, so after the ordered methods, before the rescaler.
     method = catalog.method(NAME)

@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 from recipe_apo.integration import hydra_stages
 from recipe_apo.testbed import configs
 from recipe_apo.testbed.errors import TestbedSettingError
-from recipe_apo.testbed.setting_check import hydra_line
+from recipe_apo.testbed.hydra_errors import hydra_line
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
 """The testbed refuses what the recipe's launch refuses, through the methods' own launch checks
-(``setting_check.check_launch``), before any work: R2PO with stale rounds (a stale round samples from the head of the
+(``launch_refusal.check_launch``), before any work: R2PO with stale rounds (a stale round samples from the head of the
 phase before a switch, as an asynchronous mode's rollout does) or without its model classes; a league entry with
 staleness; the default league leaves R2PO out of its scenarios, saying so, where the launch refuses it on one."""
 
@@ -15,7 +15,7 @@ from recipe_apo.integration import presets
 from recipe_apo.methods.base import Launch
 from recipe_apo.methods.errors import MethodConfigError
 from recipe_apo.testbed.errors import TestbedSettingError
-from recipe_apo.testbed.setting_check import LaunchRefusal, check_launch, launch_of
+from recipe_apo.testbed.launch_refusal import LaunchRefusal, check_launch, launch_of
 
 ERROR = "recipe-apo: error: "
 PHASE = ("with algorithm.adv_estimator=r2po: a rollout of an asynchronous mode spans weight updates, so at a phase "

@@ -21,8 +21,10 @@ from helpers.testbed_tiny import TINY_RUN
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from recipe_apo.testbed.errors import TestbedSettingError
-from recipe_apo.testbed.setting_check import Rule, check_settings, setting_rules, task_rules, verl_reference
+from recipe_apo.testbed.setting_check import check_settings, setting_rules, task_rules
+from recipe_apo.testbed.setting_rules import Rule
 from recipe_apo.testbed.settings import TASKS
+from recipe_apo.testbed.verl_config import verl_reference
 
 ERROR = "recipe-apo: error: "
 
