@@ -45,7 +45,7 @@ def setting_rules() -> dict[str, Any]:
     """Every key the testbed reads with what it takes: its own settings (``settings.Testbed``), the methods'
     nodes, and verl's keys (``settings.VERL_KEYS``)."""
     verl = {key: Rule(verl_type(key, entry), {k: v for k, v in entry.items() if k != "type"},
-                      value_at(verl_reference(), key)) for key, entry in declared.VERL_KEYS.items()}
+                      value_at(verl_values(), key)) for key, entry in declared.VERL_KEYS.items()}
     return {**_rules(declared.Testbed, ""), **_method_nodes(), **verl}
 
 
@@ -172,9 +172,9 @@ def _check_others(raw: dict, resolve: Callable, path: str, settings: dict[str, A
     on, a key of verl's at verl's value (a preset may restate one), or refused."""
     for key, value in raw.items():
         full = f"{path}.{key}" if path else str(key)
-        passed_on = verl_actor_rules().get(full) if full.startswith(f"{ACTOR_KEY}.") else None
         if full in settings:
             continue
+        passed_on = verl_actor_rules().get(full) if full.startswith(f"{ACTOR_KEY}.") else None
         if passed_on is not None:
             passed_on.check(full, resolve(full, value))
         elif any(k.startswith(f"{full}.") for k in settings) or (
