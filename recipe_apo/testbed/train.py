@@ -506,8 +506,7 @@ def run_all(
 
     from recipe_apo.testbed.setting_check import read_values
 
-    # What each job reads of its config, in this process as in the workers: verl's whole tree, resolved and sent
-    # for every job, cost more than a tiny run.
+    # Each job gets what the testbed reads of its config (read_values), alike in this process and in the workers.
     plain = {label: read_values(cfg) for label, cfg in method_cfgs.items()}
     base_plain = next(iter(plain.values()))
     total = len(seeds) + sum(cfg["rounds"] for cfg in plain.values()) * len(seeds)

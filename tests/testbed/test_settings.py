@@ -87,10 +87,6 @@ def _has(tree: dict, key: str) -> bool:
     return isinstance(tree, dict) and last in tree
 
 
-def _resolved(tree: dict) -> dict:
-    return OmegaConf.to_container(OmegaConf.create(tree), resolve=True)
-
-
 def test_the_composed_config_is_verls_with_the_declared_settings_and_they_pass(bases, configs):
     # The declarations (settings.py) give testbed.yaml its own keys and the check its rules: every declared key is
     # composed, every other key composed is verl's own (verl_reference), and every default passes.
