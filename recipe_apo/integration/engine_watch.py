@@ -9,11 +9,21 @@ once and then has not answered for ``rollout_watch.timeout_s`` ends the run: the
 which shuts Ray down (the hung workers with it) and says one ``recipe-apo: error:`` line naming the server and
 where its log is, exit status 1. A probe is sent at one look and read at the next, so a dead engine ends the run
 within two intervals (10 s by default), an unresponsive one within ``timeout_s`` and two intervals (2 min 10 s).
+
+A server answers on its event loop, which a loaded machine can block for minutes (measured: a killed engine's
+server left unanswered 8 minutes under a full ``make test-vllm``). So the watch also checks the engine processes
+themselves, apart from the server: a server's first answer names its engine core processes (vLLM's engine
+manager's) and its Ray node, and at each look a small Ray task on that node says whether they still run; one gone
+ends the run the same way. A failing look never stops the watch, and an interrupt the driver has not acted on is
+sent again every ``RESEND_S`` seconds.
 """
 
 from __future__ import annotations
 
 import _thread
+import functools
+import logging
+import os
 import re
 import signal
 import threading
@@ -25,6 +35,10 @@ from recipe_apo.methods.checks import check_number
 
 # verl's rollout servers (vLLM's, SGLang's, the rehearsal's hf one): <engine>_server_[reward_|teacher_]<rank>_<node>.
 SERVER_NAME = re.compile(r"^([A-Za-z0-9]+)_server_(?:reward_|teacher_)?\d+_\d+")
+DEAD_ENGINE = "its engine process has died"
+# Seconds between interrupts the driver's main thread has not acted on (a library that caught the first one).
+RESEND_S = 30.0
+logger = logging.getLogger(__name__)
 
 
 def interrupt_main_thread() -> None:
@@ -45,8 +59,53 @@ def engine_state(server: Any) -> Optional[str]:
     once its engine core process has died; a server whose engine has not started yet has none to ask."""
     engine = getattr(server, "engine", None)
     if engine is not None and bool(getattr(engine, "errored", False)):
-        return "its engine process has died"
+        return DEAD_ENGINE
     return None
+
+
+def engine_report(server: Any) -> tuple[Optional[str], Optional[str], tuple[int, ...]]:
+    """Run inside a server actor (the watch's probe): ``engine_state``, this Ray node's id, and the process ids of
+    its engine cores (vLLM's ``AsyncLLM.engine_core.resources.engine_manager.processes``; none for an engine kept
+    elsewhere, in Ray actors or another host, or not started yet)."""
+    import ray
+
+    manager = getattr(getattr(getattr(getattr(server, "engine", None), "engine_core", None), "resources", None),
+                      "engine_manager", None)
+    pids = tuple(process.pid for process in getattr(manager, "processes", None) or () if process.pid is not None)
+    node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+    return engine_state(server), node, pids
+
+
+def processes_gone(pids: tuple[int, ...]) -> list[int]:
+    """Run on the engines' node: which of ``pids`` no longer run. A killed child its parent has not reaped yet is a
+    zombie (``Z`` in ``/proc/<pid>/stat``): gone too."""
+    gone = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                state = stat.read().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            gone.append(pid)
+            continue
+        except OSError:  # no /proc here: only whether the process exists
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                gone.append(pid)
+            except PermissionError:
+                pass
+            continue
+        if state in ("Z", "X"):
+            gone.append(pid)
+    return gone
+
+
+@functools.cache
+def _remote_processes_gone():
+    """``processes_gone`` as a Ray task, made once per driver (each remote function is exported to the cluster)."""
+    import ray
+
+    return ray.remote(num_cpus=0, max_retries=0)(processes_gone)
 
 
 class EngineWatch:
@@ -60,6 +119,8 @@ class EngineWatch:
         self._pending: dict[str, tuple[Any, float]] = {}  # server -> (its probe under way, when it was sent)
         self._answered: set[str] = set()
         self._seen: set[str] = set()  # every server listed at some look: one no longer listed has died
+        self._engines: dict[str, tuple[str, tuple[int, ...]]] = {}  # server -> (its node, its engine processes)
+        self._process_checks: dict[str, Any] = {}  # server -> its engines' liveness task under way
         self._thread = threading.Thread(target=self._watch, name="recipe-apo-engine-watch", daemon=True)
 
     @classmethod
@@ -81,10 +142,16 @@ class EngineWatch:
 
     def _watch(self) -> None:
         while not self._stop.wait(self.interval_s):
-            failure = self.check()
+            try:
+                failure = self.check()
+            except Exception as exc:  # a look that failed (Ray busy or shutting down) is no verdict; the next may be
+                logger.warning("recipe-apo engine watch: a look failed: %r", exc)
+                continue
             if failure and not self._stop.is_set():
                 self.failure = failure
                 self._interrupt()
+                while not self._stop.wait(RESEND_S):
+                    self._interrupt()
                 return
 
     def check(self) -> Optional[str]:
@@ -111,34 +178,68 @@ class EngineWatch:
         return None
 
     def _look(self, name: str, now: float) -> Optional[str]:
+        state = self._look_server(name, now)
+        return state if state is not None else self._look_processes(name)
+
+    def _look_server(self, name: str, now: float) -> Optional[str]:
         if name not in self._pending:
             probe = self._send(name)
             if probe is not None:
                 self._pending[name] = (probe, now)
             return None
         probe, sent = self._pending[name]
-        answered, state = self._read(probe)
+        answered, report = self._read(probe)
         if answered:
             del self._pending[name]
             self._answered.add(name)
+            if not isinstance(report, tuple):  # the actor died: _read's own line
+                return report
+            state, node, pids = report
+            if pids:
+                self._engines[name] = (node, pids)
             return state
         if name in self._answered and now - sent > self.timeout_s:
             return f"it has not answered for {self.timeout_s:g} s (rollout_watch.timeout_s)"
         return None
+
+    def _look_processes(self, name: str) -> Optional[str]:
+        """The engine processes the server named, looked at on their node apart from the server's event loop."""
+        if name not in self._engines:
+            return None
+        if name not in self._process_checks:
+            check = self._send_process_check(*self._engines[name])
+            if check is not None:
+                self._process_checks[name] = check
+            return None
+        answered, gone = self._read(self._process_checks[name])
+        if not answered:
+            return None
+        del self._process_checks[name]
+        return DEAD_ENGINE if isinstance(gone, list) and gone else None
+
+    @staticmethod
+    def _send_process_check(node: str, pids: tuple[int, ...]):
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        try:
+            on_node = NodeAffinitySchedulingStrategy(node_id=node, soft=False)
+            return _remote_processes_gone().options(scheduling_strategy=on_node).remote(pids)
+        except Exception:  # the node is gone or Ray is shutting down: the server's probe decides
+            return None
 
     @staticmethod
     def _send(name: str):
         import ray
 
         try:
-            return ray.get_actor(name).__ray_call__.remote(engine_state)
+            return ray.get_actor(name).__ray_call__.remote(engine_report)
         except ValueError:
             return None  # gone between the listing and the lookup: the run is tearing it down
 
     @staticmethod
-    def _read(probe, wait_s: float = 0.0) -> tuple[bool, Optional[str]]:
+    def _read(probe, wait_s: float = 0.0) -> tuple[bool, Any]:
         import ray
-        from ray.exceptions import RayActorError
+        from ray.exceptions import RayActorError, RayError
 
         ready, _ = ray.wait([probe], timeout=wait_s)
         if not ready:
@@ -147,6 +248,8 @@ class EngineWatch:
             return True, ray.get(probe)
         except RayActorError:
             return True, "its Ray actor has died"
+        except RayError:  # a liveness task that could not run (its node gone): no verdict of its own
+            return True, None
 
     def last_look(self, wait_s: float = 5.0) -> Optional[str]:
         """After the run failed some other way: is a dead engine behind it? One probe per server, each answer
@@ -164,12 +267,17 @@ class EngineWatch:
     def judge_last(self, names: list[str], wait_s: float) -> Optional[str]:
         """``last_look`` on the servers listed now: one the watch saw before and Ray no longer lists has died (a
         dead actor's name is released: the rehearsal's own ``hf`` server, killed, fails the generation before the
-        next look); else the first that answers a probe with a failure."""
+        next look); else the first whose engine processes are gone, or that answers a probe with a failure."""
         for name in sorted(self._seen - set(names)):
             return failure_message(name, "its Ray actor has died")
         for name in names:
+            check = self._send_process_check(*self._engines[name]) if name in self._engines else None
+            answered, gone = self._read(check, wait_s) if check is not None else (False, None)
+            if answered and isinstance(gone, list) and gone:
+                return failure_message(name, DEAD_ENGINE)
             probe = self._send(name)
-            answered, state = self._read(probe, wait_s) if probe is not None else (False, None)
+            answered, report = self._read(probe, wait_s) if probe is not None else (False, None)
+            state = report[0] if isinstance(report, tuple) else report
             if answered and state is not None:
                 return failure_message(name, state)
         return None

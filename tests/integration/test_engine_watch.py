@@ -5,17 +5,22 @@ tests/vllm/test_dead_engine.py."""
 from __future__ import annotations
 
 import threading
+import time
 from types import SimpleNamespace
 
 import pytest
 from omegaconf import OmegaConf
 
+from recipe_apo.integration import engine_watch
 from recipe_apo.integration.engine_watch import (
+    DEAD_ENGINE,
     SERVER_NAME,
     EngineWatch,
     checked_settings,
+    engine_report,
     engine_state,
     failure_message,
+    processes_gone,
 )
 from recipe_apo.integration.errors import RecipeConfigError
 
@@ -41,8 +46,42 @@ def test_a_server_says_its_engine_died_only_when_its_engine_says_so():
     assert engine_state(SimpleNamespace(engine=SimpleNamespace(errored=True))) == "its engine process has died"
 
 
+def test_a_server_names_its_engine_processes():
+    """vLLM's engine manager holds the engine core processes the server started; outside Ray no node is named."""
+    def server(*pids, errored=False):
+        manager = SimpleNamespace(processes=[SimpleNamespace(pid=pid) for pid in pids])
+        return SimpleNamespace(engine=SimpleNamespace(
+            errored=errored, engine_core=SimpleNamespace(resources=SimpleNamespace(engine_manager=manager))))
+
+    assert engine_report(server(4242, 4243)) == (None, None, (4242, 4243))
+    assert engine_report(server(4242, errored=True)) == (DEAD_ENGINE, None, (4242,))
+    assert engine_report(server(None)) == (None, None, ())  # a process object not started yet
+    assert engine_report(SimpleNamespace(engine=SimpleNamespace(errored=False))) == (None, None, ())  # elsewhere
+    assert engine_report(SimpleNamespace()) == (None, None, ())
+
+
+def test_a_killed_process_is_gone_before_and_after_its_parent_reaps_it():
+    import os
+    import signal
+    import subprocess
+
+    child = subprocess.Popen(["sleep", "60"])
+    try:
+        assert processes_gone((os.getpid(), child.pid)) == []
+        os.kill(child.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while not processes_gone((child.pid,)) and time.monotonic() < deadline:  # a zombie until reaped
+            time.sleep(0.01)
+        assert processes_gone((os.getpid(), child.pid)) == [child.pid]
+    finally:
+        child.kill()
+        child.wait()
+    assert processes_gone((child.pid, os.getpid())) == [child.pid]
+
+
 class ScriptedWatch(EngineWatch):
-    """Probes answered from a script instead of by Ray actors: (answered, state) per read."""
+    """Probes answered from a script instead of by Ray actors: (answered, report) per read, the server's probes and
+    the engine processes' checks in the order the watch reads them."""
 
     def __init__(self, answers, timeout_s=30.0):
         super().__init__(1.0, timeout_s, interrupt=lambda: None)
@@ -51,6 +90,10 @@ class ScriptedWatch(EngineWatch):
     def _send(self, name):
         self.sent.append(name)
         return name
+
+    def _send_process_check(self, node, pids):
+        self.sent.append((node, pids))
+        return node
 
     def _read(self, probe, wait_s=0.0):
         return self.answers.pop(0)
@@ -72,6 +115,61 @@ def test_a_dead_engine_is_a_failure_at_the_look_that_reads_its_answer():
     watch = ScriptedWatch([(True, "its engine process has died")])
     assert watch._look("vllm_server_1_0", 0.0) is None
     assert watch._look("vllm_server_1_0", 5.0) == "its engine process has died"
+
+
+def test_engine_processes_gone_are_a_failure_though_the_server_no_longer_answers():
+    """A loaded machine can block a server's event loop for minutes, its probe unanswered: the processes its first
+    answer named are looked at apart from it, on their node."""
+    name, engine = "vllm_server_0_0", ("node-a", (4242,))
+    watch = ScriptedWatch([(True, (None, *engine)),  # look 1: alive, and names its engine core
+                           (True, []),  # look 2: the processes run
+                           (False, None),  # look 3: the probe sent at look 2 unanswered
+                           (False, None), (False, None),  # look 4: neither answered yet
+                           (False, None), (True, [4242])])  # look 5: the engine core is gone
+    assert watch._look(name, 0.0) is None  # the first probe goes out
+    assert watch._look(name, 1.0) is None  # answered: its engine is known, a check of it goes out
+    assert watch.sent == [name, engine]
+    assert watch._look(name, 2.0) is None  # a new probe goes out; the check answers
+    assert watch._look(name, 3.0) is None  # a new check goes out
+    assert watch.sent == [name, engine, name, engine]
+    assert watch._look(name, 4.0) is None
+    assert watch._look(name, 5.0) == DEAD_ENGINE
+    assert watch.answers == []
+
+
+def test_a_server_that_names_no_engine_process_is_judged_by_its_answers_alone():
+    watch = ScriptedWatch([(True, (None, "node-a", ())), (True, (None, "node-a", ()))])
+    for now in (0.0, 1.0, 2.0, 3.0):
+        assert watch._look("hf_server_0_0", now) is None
+    assert watch.sent == ["hf_server_0_0", "hf_server_0_0"]
+
+
+def test_a_look_that_fails_is_no_verdict_and_the_watch_goes_on():
+    looks, interrupted = iter([RuntimeError("GCS busy"), None, "stopped: x"]), threading.Event()
+
+    def check():
+        answer = next(looks)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    watch = EngineWatch(0.01, 1.0, interrupt=interrupted.set)
+    watch.check = check
+    with watch:
+        assert interrupted.wait(5)
+    assert watch.failure == "stopped: x"
+
+
+def test_an_interrupt_the_driver_does_not_act_on_is_sent_again(monkeypatch):
+    monkeypatch.setattr(engine_watch, "RESEND_S", 0.01)
+    interrupts = []
+    watch = EngineWatch(0.01, 1.0, interrupt=lambda: interrupts.append(time.monotonic()))
+    watch.check = lambda: "stopped: x"
+    with watch:
+        deadline = time.monotonic() + 5
+        while len(interrupts) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert len(interrupts) >= 3 and not watch._thread.is_alive()
 
 
 def test_the_first_failure_interrupts_the_driver_once_and_is_kept():
