@@ -23,13 +23,13 @@ from __future__ import annotations
 import _thread
 import functools
 import logging
-import os
 import re
 import signal
 import threading
 import time
 from typing import Any, Callable, Optional
 
+from recipe_apo.integration.engine_processes import processes_gone
 from recipe_apo.integration.errors import RecipeConfigError
 from recipe_apo.methods.checks import check_number
 
@@ -74,30 +74,6 @@ def engine_report(server: Any) -> tuple[Optional[str], Optional[str], tuple[int,
     pids = tuple(process.pid for process in getattr(manager, "processes", None) or () if process.pid is not None)
     node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
     return engine_state(server), node, pids
-
-
-def processes_gone(pids: tuple[int, ...]) -> list[int]:
-    """Run on the engines' node: which of ``pids`` no longer run. A killed child its parent has not reaped yet is a
-    zombie (``Z`` in ``/proc/<pid>/stat``): gone too."""
-    gone = []
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as stat:
-                state = stat.read().rsplit(")", 1)[1].split()[0]
-        except FileNotFoundError:
-            gone.append(pid)
-            continue
-        except OSError:  # no /proc here: only whether the process exists
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                gone.append(pid)
-            except PermissionError:
-                pass
-            continue
-        if state in ("Z", "X"):
-            gone.append(pid)
-    return gone
 
 
 @functools.cache

@@ -12,6 +12,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from recipe_apo.integration import engine_watch
+from recipe_apo.integration.engine_processes import processes_gone
 from recipe_apo.integration.engine_watch import (
     DEAD_ENGINE,
     SERVER_NAME,
@@ -20,7 +21,6 @@ from recipe_apo.integration.engine_watch import (
     engine_report,
     engine_state,
     failure_message,
-    processes_gone,
 )
 from recipe_apo.integration.errors import RecipeConfigError
 
