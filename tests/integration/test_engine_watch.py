@@ -334,3 +334,12 @@ def test_after_a_failure_a_server_seen_before_and_no_longer_listed_is_named():
     assert watch.judge_last(["hf_server_0_0", "hf_server_1_0"], 0.0) is None  # both alive and well
     assert "the rollout engine hf_server_0_0 (hf) stopped the run: its Ray actor has died" in failure_message(
         "hf_server_0_0", "its Ray actor has died")
+
+
+def test_after_a_failure_a_server_whose_engine_processes_are_gone_is_named():
+    """The last look asks the engine processes first: a server that does not answer its probe is still named."""
+    watch = ScriptedWatch([(True, [4242]), (True, []), (False, None)])
+    watch._engines.update({"vllm_server_0_0": ("node-a", (4242,)), "vllm_server_1_0": ("node-a", (4343,))})
+    assert watch.judge_last(["vllm_server_0_0"], 0.0) == failure_message("vllm_server_0_0", DEAD_ENGINE)
+    assert watch.judge_last(["vllm_server_1_0"], 0.0) is None  # its engine runs; its probe unanswered: no verdict
+    assert watch.answers == []
