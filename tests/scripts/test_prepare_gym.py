@@ -9,6 +9,7 @@ import sys
 import pandas as pd
 import pytest
 from helpers.paths import ROOT
+from helpers.scripts import load_script, run_main
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -22,9 +23,14 @@ SCRIPT = ROOT / "scripts" / "prepare_data.py"
 LEVELS = ("gym_add_1digit", "gym_addsub_1digit")
 
 
-def prepare(out, *args):
-    result = subprocess.run([sys.executable, str(SCRIPT), "--splits", "arithmetic", "--out-dir", str(out), *args],
-                            capture_output=True, text=True)
+def prepare(out, *args, own_process=False):
+    """The script's arithmetic split into ``out``, in this process (``run_main``: a process of its own imports
+    reasoning-gym and pandas again, about 3 s each) or, ``own_process``, in a process of its own."""
+    command = ["--splits", "arithmetic", "--out-dir", str(out), *args]
+    if own_process:
+        result = subprocess.run([sys.executable, str(SCRIPT), *command], capture_output=True, text=True)
+    else:
+        result = run_main(load_script("prepare_data"), *command)
     assert result.returncode == 0, result.stderr
     return {level: pd.read_parquet(out / f"{level}.parquet") for level in LEVELS}
 
@@ -72,8 +78,8 @@ def test_the_parts_never_share_a_problem_and_a_file_never_repeats_one(parts):
 
 def test_the_one_digit_sums_run_out_and_say_so(tmp_path):
     # a + b with one digit each (0-10): 121 problems, of which the test part (buckets 8-9 of 10) holds about a fifth.
-    result = subprocess.run([sys.executable, str(SCRIPT), "--splits", "gym_add_1digit", "--part", "test", "--size",
-                             "500", "--out-dir", str(tmp_path)], capture_output=True, text=True)
+    result = run_main(load_script("prepare_data"), "--splits", "gym_add_1digit", "--part", "test", "--size", "500",
+                      "--out-dir", tmp_path)
     assert result.returncode == 0, result.stderr
     frame = pd.read_parquet(tmp_path / "gym_add_1digit.parquet")
     assert 5 < len(frame) < 50
@@ -81,8 +87,8 @@ def test_the_one_digit_sums_run_out_and_say_so(tmp_path):
 
 
 def test_a_seed_gives_the_same_file_and_another_seed_other_problems(parts, tmp_path):
-    # The module's train part (seed 5), made again by a process of its own, and with another seed.
-    again = prepare(tmp_path / "again", "--part", "train", "--seed", "5", "--size", "30")
+    # The module's train part (seed 5), made again by a process of its own (its own hash seed), and with another seed.
+    again = prepare(tmp_path / "again", "--part", "train", "--seed", "5", "--size", "30", own_process=True)
     other = prepare(tmp_path / "other", "--part", "train", "--seed", "6", "--size", "30")["gym_addsub_1digit"]
     for level in LEVELS:
         assert parts["train"][level].to_json() == again[level].to_json(), level
