@@ -10,8 +10,10 @@ which shuts Ray down (the hung workers with it) and says one ``recipe-apo: error
 where its log is, exit status 1. A probe is sent at one look and read at the next, so a dead engine ends the run
 within two intervals (10 s by default), an unresponsive one within ``timeout_s`` and two intervals (2 min 10 s).
 
-A server answers on its event loop, which a loaded machine can block for minutes (measured: a killed engine's
-server left unanswered 8 minutes under a full ``make test-vllm``). So the watch also checks the engine processes
+A server answers on its event loop (Ray runs ``__ray_call__`` there: measured, a probe to an actor whose loop was
+busy 20 s answered after 19 s), which a loaded machine can block for minutes; a run whose engine was killed once
+went 8 minutes without its line under a full ``make test-vllm``, which a blocked loop would explain (the log did
+not say). So the watch also checks the engine processes
 themselves, apart from the server: a server's first answer names its engine core processes (vLLM's engine
 manager's) and its Ray node, and at each look a small Ray task on that node says whether they still run; one gone
 ends the run the same way. A failing look never stops the watch, and an interrupt the driver has not acted on is
