@@ -78,6 +78,12 @@ def engine_report(server: Any) -> tuple[Optional[str], Optional[str], tuple[int,
     return engine_state(server), node, pids
 
 
+def processes_state(gone: Any) -> Optional[str]:
+    """A liveness task's answer as the watch judges it: the pids gone (``processes_gone``), or None when the task
+    could not run (no verdict)."""
+    return DEAD_ENGINE if isinstance(gone, list) and gone else None
+
+
 @functools.cache
 def _remote_processes_gone():
     """``processes_gone`` as a Ray task, made once per driver (each remote function is exported to the cluster)."""
@@ -193,7 +199,7 @@ class EngineWatch:
         if not answered:
             return None
         del self._process_checks[name]
-        return DEAD_ENGINE if isinstance(gone, list) and gone else None
+        return processes_state(gone)
 
     @staticmethod
     def _send_process_check(node: str, pids: tuple[int, ...]):
@@ -251,7 +257,7 @@ class EngineWatch:
         for name in names:
             check = self._send_process_check(*self._engines[name]) if name in self._engines else None
             answered, gone = self._read(check, wait_s) if check is not None else (False, None)
-            if answered and isinstance(gone, list) and gone:
+            if answered and processes_state(gone) is not None:
                 return failure_message(name, DEAD_ENGINE)
             probe = self._send(name)
             answered, report = self._read(probe, wait_s) if probe is not None else (False, None)

@@ -1,6 +1,7 @@
 """scripts/prepare_data.py --splits arithmetic: reasoning-gym's basic_arithmetic, generated offline, in verl's layout;
 and the reward its rows get (recipe_apo/reward/gym_answer.py through the recipe's compute_score)."""
 
+import functools
 import importlib.util
 import json
 import subprocess
@@ -23,6 +24,12 @@ SCRIPT = ROOT / "scripts" / "prepare_data.py"
 LEVELS = ("gym_add_1digit", "gym_addsub_1digit")
 
 
+@functools.cache
+def script():
+    """scripts/prepare_data.py as a module, loaded once per process."""
+    return load_script("prepare_data")
+
+
 def prepare(out, *args, own_process=False):
     """The script's arithmetic split into ``out``, in this process (``run_main``: a process of its own imports
     reasoning-gym and pandas again, about 3 s each) or, ``own_process``, in a process of its own."""
@@ -30,7 +37,7 @@ def prepare(out, *args, own_process=False):
     if own_process:
         result = subprocess.run([sys.executable, str(SCRIPT), *command], capture_output=True, text=True)
     else:
-        result = run_main(load_script("prepare_data"), *command)
+        result = run_main(script(), *command)
     assert result.returncode == 0, result.stderr
     return {level: pd.read_parquet(out / f"{level}.parquet") for level in LEVELS}
 
@@ -78,7 +85,7 @@ def test_the_parts_never_share_a_problem_and_a_file_never_repeats_one(parts):
 
 def test_the_one_digit_sums_run_out_and_say_so(tmp_path):
     # a + b with one digit each (0-10): 121 problems, of which the test part (buckets 8-9 of 10) holds about a fifth.
-    result = run_main(load_script("prepare_data"), "--splits", "gym_add_1digit", "--part", "test", "--size", "500",
+    result = run_main(script(), "--splits", "gym_add_1digit", "--part", "test", "--size", "500",
                       "--out-dir", tmp_path)
     assert result.returncode == 0, result.stderr
     frame = pd.read_parquet(tmp_path / "gym_add_1digit.parquet")
