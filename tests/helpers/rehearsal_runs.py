@@ -20,14 +20,18 @@ STATE_FILE = "apo_state.json"  # APO's state file (recipe_apo.methods.apo's decl
 README = ROOT / "README.md"
 SOURCES = ("tiny_add", "tiny_reverse")
 
-# A hung run fails its tests instead of holding CI: each run takes about a minute a job.
+# A hung run fails its tests instead of holding CI. A job takes one to three minutes here, but up to six on a
+# slower CI host while the other xdist worker runs a vLLM job too (CoDaPO's job in tests/vllm/test_baselines.py,
+# 6:15, in a CI run whose three-job multirun then hit a 600-s bound set for the whole command).
 RUN_TIMEOUT_S = 600
 
 
-def run(command, workdir: Path, name: str, metrics: Path, env_extra=None) -> rehearse.RunResult:
+def run(command, workdir: Path, name: str, metrics: Path, env_extra=None, jobs: int = 1) -> rehearse.RunResult:
+    """``command`` run as a user would, logged to ``workdir/<name>.log``; ``jobs``, the Hydra multirun's job count,
+    scales the time bound (each job is its own Ray session)."""
     env = {**rehearse.rehearsal_env(metrics), **(env_extra or {})}
     return rehearse.run_logged(command, workdir / f"{name}.log", cwd=workdir, env=env, label=name,
-                               timeout=RUN_TIMEOUT_S)
+                               timeout=RUN_TIMEOUT_S * jobs)
 
 
 def readme_plain_verl_command() -> list[str]:

@@ -19,7 +19,7 @@ def baselines(tiny, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("vllm-baselines")
     result = run(rehearse.recipe_command(METHODS, tiny, "trainer.total_training_steps=1",
                                          "trainer.val_before_train=false", engine="vllm"),
-                 workdir, "baselines", workdir / "metrics")
+                 workdir, "baselines", workdir / "metrics", jobs=len(METHODS))
     assert result.returncode == 0, tail(result)
     names = rehearse.experiment_names(result.log)
     assert [name.split("-")[0] for name in names] == list(METHODS)
