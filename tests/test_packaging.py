@@ -12,6 +12,7 @@ import sysconfig
 import zipfile
 from pathlib import Path
 
+import pytest
 import tomllib
 from helpers.paths import ROOT
 
@@ -44,6 +45,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.fresh_process
 def test_a_built_wheel_composes_the_presets_in_a_fresh_environment(tmp_path):
     source = tmp_path / "source"
     source.mkdir()

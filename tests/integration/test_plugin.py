@@ -7,6 +7,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from recipe_apo import plugin
 
 
@@ -28,6 +30,7 @@ def last_json_line(stdout):
     return json.loads([line for line in stdout.splitlines() if line.startswith("{")][-1])
 
 
+@pytest.mark.fresh_process
 def test_plain_import_verl_registers_both_in_a_fresh_interpreter():
     result = run_python(
         """
@@ -50,6 +53,7 @@ def test_plain_import_verl_registers_both_in_a_fresh_interpreter():
     assert "recipe-apo" not in result.stderr  # no error and no version warning with the pinned verl
 
 
+@pytest.mark.fresh_process
 def test_a_broken_plugin_import_is_reported_as_an_error():
     # verl logs a failing plugin at DEBUG only; the plugin must say so itself, naming the cause.
     result = run_python(
@@ -96,6 +100,7 @@ def test_register_is_idempotent_and_never_shadows_another_apo():
         plugin.TAKEN.clear()
 
 
+@pytest.mark.fresh_process
 def test_a_name_verl_already_holds_leaves_the_others_registered_and_its_run_refused():
     """verl pull request #7497 registers a ``codapo`` of its own when verl is imported: the recipe's other
     estimators and losses still register, and a run of ``method=codapo`` is refused in one line rather than run

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from helpers.composing import LAUNCHABLE
 from helpers.paths import ROOT
 
@@ -55,6 +56,7 @@ def clean_env() -> dict:
     return {k: v for k, v in os.environ.items() if k not in ("PYTHONWARNINGS", quiet.ENV) and not k.startswith("VERL_")}
 
 
+@pytest.mark.fresh_process
 def test_the_demo_ends_with_its_result_and_unknown_warnings_still_show():
     # python -m recipe_apo, then AFTER in the same process. DeprecationWarnings show by default only in __main__:
     # "default" makes every category visible, so that only the recipe's filters can hide one.
@@ -70,6 +72,7 @@ def test_the_demo_ends_with_its_result_and_unknown_warnings_still_show():
         assert line in result.stderr, f"{line!r} missing from\n{result.stderr}"
 
 
+@pytest.mark.fresh_process
 def test_the_training_entry_keeps_verls_warnings_and_never_loads_the_cpu_rehearsal(tmp_path):
     """A GPU run's process: the recipe entry's dry run, its trainer, task runner and checkpoint hooks, and verl's
     trainer. verl's warnings all show, the platform is verl's own, and recipe_apo.cpu is never imported."""

@@ -276,6 +276,7 @@ def test_cfg_job_prints_the_composed_config_without_starting_ray(tmp_path):
     assert "Ray" not in result.stdout + result.stderr
 
 
+@pytest.mark.fresh_process
 def test_a_bad_setting_stops_the_launch_with_one_line(tmp_path):
     result = run_main("actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.n=8",
                       "algorithm.apo.lambda_scale=-1", cwd=tmp_path)

@@ -138,6 +138,7 @@ def run_child(code, tmp_path):
     return result
 
 
+@pytest.mark.fresh_process
 def test_resume_in_a_new_process_continues_bit_for_bit(tmp_path):
     config_path = tmp_path / "config.yaml"
     OmegaConf.save(trainer_config(tmp_path), config_path)

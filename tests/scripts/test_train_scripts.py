@@ -202,6 +202,7 @@ def dry_run_names(script, *args, cwd, env=None):
     return [line.split("/", 1)[1] for line in result.stdout.splitlines() if line.startswith("experiment: ")]
 
 
+@pytest.mark.fresh_process
 def test_run_names_change_with_data_model_and_method_in_the_dry_run(tmp_path):
     # The bug this guards against: runs differing in data settings or the model shared a name, so
     # resume_mode=auto let the real run resume the smoke test's checkpoint.
@@ -295,6 +296,7 @@ def test_scripts_are_executable_bash():
         assert subprocess.run(["bash", "-n", path]).returncode == 0
 
 
+@pytest.mark.fresh_process
 def test_dry_run_prints_the_composed_config_end_to_end():
     # The real entry point, as a user runs it: python -m recipe_apo.main ... --cfg job (no Ray, no GPU).
     result = script_command(SCRIPTS["1.5b"], "method=drgrpo", dry_run="cfg")

@@ -301,6 +301,7 @@ def test_a_sweep_is_refused_before_its_first_job_when_any_job_would_be(tmp_path)
     assert not sweep.exists()
 
 
+@pytest.mark.fresh_process
 def test_the_process_exits_2_with_one_line_on_stderr(tmp_path):
     """The one test of a real process: its exit status and its whole stderr."""
     out = tmp_path / "out"

@@ -620,6 +620,7 @@ def test_zero_variance_settings_are_checked_before_training(hydra_ctx, tmp_path)
     assert list(method_configs(["method=grpo", "algorithm.zero_variance=exclude"])) == ["grpo[exclude]"]
 
 
+@pytest.mark.fresh_process
 def test_the_same_numbers_under_two_kernel_settings_of_the_machine(tmp_path):
     """python -m recipe_apo.testbed started with the pinned kernels, and as a machine of other kernels would start
     it (torch's scalar ones; the package's import sets the pinned ones before torch loads): the same figures.
