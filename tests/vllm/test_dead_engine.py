@@ -16,7 +16,7 @@ import time
 import uuid
 
 import pytest
-from helpers.rehearsal_runs import checkpoint_root, tail
+from helpers.rehearsal_runs import RUN_TIMEOUT_S, checkpoint_root, tail
 
 from recipe_apo.cpu import rehearse
 
@@ -60,7 +60,7 @@ def killed_run(tiny, tmp_path_factory):
                                       engine="vllm")
     env = {**rehearse.rehearsal_env(workdir / "metrics"), MARKER: marker}
     result = rehearse.run_logged(command, workdir / "dead.log", cwd=workdir, env=env, label="dead",
-                                 say=kill_after_step_1, timeout=600)
+                                 say=kill_after_step_1, timeout=RUN_TIMEOUT_S)
     assert killed, "the run never finished step 1:\n" + tail(result)
     (experiment,) = rehearse.experiment_names(result.log)
     return {"result": result, "ended_after": time.perf_counter() - killed["at"],
