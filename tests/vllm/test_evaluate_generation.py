@@ -16,6 +16,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from helpers.paths import ROOT
+from helpers.rehearsal_runs import RUN_TIMEOUT_S
 from helpers.tiny_generation import BENCHMARKS, MAX_RESPONSE, ROWS, direct_answers
 from transformers import AutoTokenizer
 
@@ -25,8 +26,6 @@ from recipe_apo.cpu import rehearse
 # verl's default attention is flash_attention_2, which has no CPU kernel (the hf server always computes in fp32).
 CPU_GENERATION = ("actor_rollout_ref.rollout.name=hf",
                   "+actor_rollout_ref.model.override_config.attn_implementation=sdpa")
-# A hung run fails its test instead of holding CI (the run takes about a minute here; CI's slow hours: rehearsal_runs).
-RUN_TIMEOUT_S = 900
 
 
 @pytest.fixture(scope="module")
